@@ -1,0 +1,53 @@
+"""Cap the ApiVersions the broker advertises at what the proxy can handle.
+
+The proxy decodes some APIs with kafka-python's schemas; a client that negotiated a newer version
+than those schemas know would send frames the proxy cannot read. APIs whose responses carry broker
+addresses the proxy cannot rewrite are withdrawn altogether: without the proxy's address rewriting
+a client would be sent straight to a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from protocol.apis import Api, response_class
+
+# Responses carry broker addresses (KIP-951 node_endpoints) and kafka-python has no schema for them.
+WITHDRAWN = frozenset({Api.SHARE_FETCH, Api.SHARE_ACKNOWLEDGE})
+
+
+def decode_caps(api_keys: Iterable[int]) -> dict[int, int]:
+    """Highest version of each API the proxy decodes, from the schemas it decodes them with."""
+    caps = {}
+    for key in api_keys:
+        cls = response_class(key)
+        if cls is None:
+            raise ValueError(f"the proxy decodes api {key} but has no schema for it")
+        caps[key] = cls.max_version
+    return caps
+
+
+def cap_api_versions(body: bytes, version: int, caps: Mapping[int, int]) -> bytes | None:
+    """The ApiVersions response body with versions capped, or None when nothing changes."""
+    cls = response_class(Api.API_VERSIONS)
+    msg = cls.decode(body, version=version)
+    if msg.error_code != 0:
+        return None  # an error answer (e.g. unsupported version) is v0-shaped: pass it on as is
+    changed = False
+    kept = []
+    for entry in msg.api_keys:
+        if entry.api_key in WITHDRAWN:
+            changed = True
+            continue
+        cap = caps.get(entry.api_key)
+        if cap is not None and entry.max_version > cap:
+            if entry.min_version > cap:
+                changed = True
+                continue  # nothing both sides speak: withdraw it
+            entry.max_version = cap
+            changed = True
+        kept.append(entry)
+    if not changed:
+        return None
+    msg.api_keys = kept
+    return msg.encode()

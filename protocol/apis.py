@@ -1,0 +1,96 @@
+"""Which Kafka APIs the proxy knows, taken from kafka-python's JSON-schema message classes.
+
+Everything the proxy decodes, it decodes with these classes; an API they lack is still forwarded,
+as opaque bytes, because nothing in the proxy needs to look inside it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from functools import cache
+
+import kafka.protocol.admin  # noqa: F401  (imports register the message classes)
+import kafka.protocol.consumer  # noqa: F401
+import kafka.protocol.metadata  # noqa: F401
+import kafka.protocol.producer  # noqa: F401
+import kafka.protocol.sasl  # noqa: F401
+from kafka.protocol.api_message import ApiMessage
+
+
+class Api(IntEnum):
+    """The API keys the proxy itself names somewhere in its code."""
+
+    PRODUCE = 0
+    FETCH = 1
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
+    DESCRIBE_CLUSTER = 60
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def _collect() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMessage]]]:
+    requests: dict[int, type[ApiMessage]] = {}
+    responses: dict[int, type[ApiMessage]] = {}
+    for sub in _all_subclasses(ApiMessage):
+        if getattr(sub, "_class_version", None) is not None:
+            continue  # versioned wrapper, not the primary class
+        (requests if sub.is_request() else responses)[sub.API_KEY] = sub
+    return requests, responses
+
+
+REQUESTS, RESPONSES = _collect()
+
+
+def request_class(api_key: int) -> type[ApiMessage] | None:
+    return REQUESTS.get(api_key)
+
+
+def response_class(api_key: int) -> type[ApiMessage] | None:
+    return RESPONSES.get(api_key)
+
+
+@cache
+def request_is_flexible(api_key: int, api_version: int) -> bool | None:
+    """Whether the request uses header v2 and compact encodings; None when the API is unknown."""
+    cls = REQUESTS.get(api_key)
+    if cls is None:
+        return None
+    return bool(cls.flexible_version_q(api_version))
+
+
+@cache
+def response_header_is_flexible(api_key: int, api_version: int) -> bool | None:
+    """Response header v1 (with tagged fields) for flexible versions, except ApiVersions, always v0."""
+    if api_key == Api.API_VERSIONS:
+        return False
+    cls = RESPONSES.get(api_key)
+    if cls is None:
+        return None
+    return bool(cls.flexible_version_q(api_version))
+
+
+def api_name(api_key: int) -> str:
+    cls = REQUESTS.get(api_key)
+    if cls is not None:
+        return str(cls.name).removesuffix("Request")
+    try:
+        return Api(api_key).name.title().replace("_", "")
+    except ValueError:
+        return f"Api{api_key}"

@@ -1,0 +1,72 @@
+"""Request and response headers: the only part of every frame the proxy always reads.
+
+Hand-parsed because it runs for every frame and is four fixed fields; the body is left alone.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from protocol.apis import request_is_flexible, response_header_is_flexible
+from protocol.varint import skip_tagged_fields
+
+_REQ = struct.Struct(">hhih")
+_CORR = struct.Struct(">i")
+
+
+class HeaderError(ValueError):
+    """The frame is too short or inconsistent to hold a Kafka header."""
+
+
+@dataclass(slots=True, frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body_offset: int | None
+    """Where the body starts; None when the API is unknown (its header version cannot be known)."""
+
+
+def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
+    if len(frame) < _REQ.size:
+        raise HeaderError(f"request frame of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id, cid_len = _REQ.unpack_from(frame, 0)
+    pos = _REQ.size
+    client_id: str | None = None
+    if cid_len >= 0:
+        end = pos + cid_len
+        if end > len(frame):
+            raise HeaderError("client_id runs past the end of the request frame")
+        try:
+            client_id = bytes(frame[pos:end]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HeaderError("client_id is not valid UTF-8") from exc
+        pos = end
+    elif cid_len != -1:
+        raise HeaderError(f"client_id length {cid_len} is invalid")
+    flexible = request_is_flexible(api_key, api_version)
+    body_offset: int | None = pos
+    if flexible is None:
+        body_offset = None
+    elif flexible:
+        body_offset = skip_tagged_fields(frame, pos)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, body_offset)
+
+
+def response_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise HeaderError(f"response frame of {len(frame)} bytes is shorter than a response header")
+    return _CORR.unpack_from(frame, 0)[0]
+
+
+def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
+    flexible = response_header_is_flexible(api_key, api_version)
+    if flexible is None:
+        raise HeaderError(f"cannot locate the body of a response to unknown api {api_key}")
+    return skip_tagged_fields(frame, 4) if flexible else 4
+
+
+def encode_response_header(correlation_id: int, flexible: bool) -> bytes:
+    return _CORR.pack(correlation_id) + (b"\x00" if flexible else b"")

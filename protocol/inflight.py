@@ -1,0 +1,75 @@
+"""Requests sent upstream and still waiting for their response, in the order they were sent.
+
+Kafka answers the requests of one connection in order, so a FIFO is enough; the correlation id of
+each response is still checked, since a mismatch means the stream is corrupt and must be closed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.apis import Api
+from protocol.headers import RequestHeader
+from protocol.varint import read_uvarint
+
+_I16 = struct.Struct(">h")
+
+
+class CorrelationError(ValueError):
+    """A response arrived that does not answer the oldest outstanding request."""
+
+
+@dataclass(slots=True)
+class Pending:
+    header: RequestHeader
+    sent_at: float
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+class InFlight:
+    __slots__ = ("_queue",)
+
+    def __init__(self) -> None:
+        self._queue: deque[Pending] = deque()
+
+    def push(self, pending: Pending) -> None:
+        self._queue.append(pending)
+
+    def pop(self, correlation_id: int) -> Pending:
+        if not self._queue:
+            raise CorrelationError(f"response with correlation id {correlation_id} answers no request")
+        head = self._queue[0]
+        if head.header.correlation_id != correlation_id:
+            raise CorrelationError(
+                f"response correlation id {correlation_id} does not match the oldest request "
+                f"({head.header.correlation_id})"
+            )
+        return self._queue.popleft()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+def produce_acks(frame: bytes | memoryview, header: RequestHeader) -> int:
+    """The ``acks`` of a Produce request: after the (nullable) transactional id, from v3 on."""
+    pos = header.body_offset
+    if pos is None:
+        raise ValueError("Produce request body offset unknown")
+    if header.api_version >= 3:
+        if header.api_version >= 9:  # flexible: compact nullable string
+            n, pos = read_uvarint(frame, pos)
+            pos += max(n - 1, 0)
+        else:
+            (n,) = _I16.unpack_from(frame, pos)
+            pos += 2 + max(n, 0)
+    if pos + 2 > len(frame):
+        raise ValueError("Produce request too short to hold acks")
+    return _I16.unpack_from(frame, pos)[0]
+
+
+def expects_response(frame: bytes | memoryview, header: RequestHeader) -> bool:
+    """Everything is answered except Produce with acks=0."""
+    return not (header.api_key == Api.PRODUCE and produce_acks(frame, header) == 0)

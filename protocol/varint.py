@@ -1,0 +1,44 @@
+"""Unsigned varints and tagged-field sections, the two primitives of flexible message versions."""
+
+from __future__ import annotations
+
+
+class TruncatedError(ValueError):
+    """A field runs past the end of its frame."""
+
+
+def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    n = len(buf)
+    while True:
+        if pos >= n:
+            raise TruncatedError("varint runs past the end of the frame")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise TruncatedError("varint longer than 5 bytes")
+
+
+def encode_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value & ~0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+    count, pos = read_uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+    if pos > len(buf):
+        raise TruncatedError("tagged field runs past the end of the frame")
+    return pos

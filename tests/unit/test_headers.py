@@ -1,0 +1,60 @@
+import pytest
+from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+
+from protocol.headers import HeaderError, parse_request_header
+from protocol.inflight import CorrelationError, InFlight, Pending, expects_response
+
+
+def _frame(msg, version, corr=7, client_id="cid"):
+    msg = msg
+    msg.API_VERSION = version
+    msg.with_header(correlation_id=corr, client_id=client_id)
+    return msg.encode(header=True)
+
+
+@pytest.mark.parametrize("version", [4, 8, 9, 12, 13])
+def test_metadata_header_and_body_offset(version):
+    frame = _frame(MetadataRequest(topics=None, allow_auto_topic_creation=True), version)
+    h = parse_request_header(frame)
+    assert (h.api_key, h.api_version, h.correlation_id, h.client_id) == (3, version, 7, "cid")
+    body = MetadataRequest.decode(frame[h.body_offset:], version=version)
+    assert body.allow_auto_topic_creation is True
+
+
+def test_null_client_id():
+    frame = _frame(CreateTopicsRequest(topics=[], timeout_ms=5, validate_only=False), 7, client_id=None)
+    h = parse_request_header(frame)
+    assert h.client_id is None and h.body_offset is not None
+
+
+def test_unknown_api_has_no_body_offset():
+    frame = b"\x00\x4c\x00\x00\x00\x00\x00\x01\x00\x01x\x00"  # api 76
+    h = parse_request_header(frame)
+    assert h.api_key == 76 and h.body_offset is None and h.client_id == "x"
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00\x03\x00", b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x09ab"])
+def test_truncated_headers_are_errors(frame):
+    with pytest.raises(HeaderError):
+        parse_request_header(frame)
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 13])
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_produce_acks(version, acks):
+    req = ProduceRequest(transactional_id="tx" if version % 2 else None, acks=acks, timeout_ms=100,
+                         topic_data=[])
+    frame = _frame(req, version)
+    assert expects_response(frame, parse_request_header(frame)) is (acks != 0)
+
+
+def test_inflight_checks_correlation_order():
+    f = InFlight()
+    for corr in (1, 2):
+        f.push(Pending(parse_request_header(_frame(MetadataRequest(topics=[]), 4, corr=corr)), 0.0))
+    with pytest.raises(CorrelationError):
+        f.pop(2)
+    assert f.pop(1).header.correlation_id == 1
+    assert len(f) == 1
