@@ -1,0 +1,142 @@
+"""Test helpers shared by integration tests: the proxy as a real subprocess, and a watcher that
+records every TCP connection a client process opens (to prove nobody bypasses the proxy)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ProxyProcess:
+    """``kafka-throttle-proxy run`` in a subprocess, on free ports, logging to a file."""
+
+    def __init__(self, workdir: Path, bootstrap_servers: str, extra: dict | None = None, name: str = "proxy"):
+        self.workdir = workdir
+        self.config_path = workdir / f"{name}.yaml"
+        self.log_path = workdir / f"{name}.log"
+        doc = {
+            "upstream": {"bootstrap_servers": bootstrap_servers},
+            "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
+            "shutdown_grace_ms": 5000,
+            "log_level": "INFO",
+        }
+        for key, value in (extra or {}).items():
+            node = doc
+            *parents, last = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[last] = value
+        self.config_path.write_text(yaml.safe_dump(doc))
+        self.proc: subprocess.Popen | None = None
+        self.bootstrap = ""
+
+    def start(self, timeout: float = 20) -> ProxyProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", "run", "-c", str(self.config_path)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        m = re.search(r"bootstrap\.servers=(\S+)", line)
+        if not m or time.monotonic() > deadline:
+            raise RuntimeError(f"proxy did not start: {line!r}\n{self.log()}")
+        self.bootstrap = m.group(1)
+        return self
+
+    @property
+    def port(self) -> int:
+        return int(self.bootstrap.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def listening_ports(self) -> set[int]:
+        assert self.proc is not None
+        return {c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN}
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ConnectionWatcher:
+    """Polls the TCP connections of some processes in a background thread.
+
+    Children are not followed by default: the test process is the parent of the brokers and the proxy.
+    """
+
+    def __init__(self, pids: Iterable[int], interval: float = 0.02, children: bool = False) -> None:
+        self.pids = set(pids)
+        self.children = children
+        self.interval = interval
+        self.remote_ports: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval)
+
+    def poll(self) -> None:
+        for pid in list(self.pids):
+            try:
+                proc = psutil.Process(pid)
+                procs = [proc, *proc.children(recursive=True)] if self.children else [proc]
+            except psutil.NoSuchProcess:
+                continue
+            for p in procs:
+                try:
+                    for c in p.net_connections("tcp"):
+                        if c.raddr:
+                            self.remote_ports.add(c.raddr.port)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    pass
+
+    def add(self, pid: int) -> None:
+        self.pids.add(pid)
+
+    def __enter__(self) -> ConnectionWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
