@@ -155,6 +155,9 @@ class Connection:
         try:
             header = parse_request_header(frame)
             api = f"{api_name(header.api_key)} v{header.api_version}"
+            cap = self.proxy.version_caps.get(header.api_key)
+            if cap is not None and header.api_version > cap:
+                raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
             if header.api_key == Api.PRODUCE:
                 expects_response(frame, header)  # validates that acks can be read
             return header

@@ -140,3 +140,53 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+class KafkaWire:
+    """A bare Kafka connection speaking kafka-python's message classes: for tests that need to
+    control exactly which bytes go out and when (in-flight requests at shutdown, bad frames)."""
+
+    def __init__(self, address: str, timeout: float = 30) -> None:
+        import socket
+
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self._corr = 0
+        self._pending: dict[int, type] = {}
+
+    def send(self, request, version: int, client_id: str = "kafka-wire") -> int:
+        self._corr += 1
+        request.API_VERSION = version
+        request.with_header(correlation_id=self._corr, client_id=client_id)
+        self.sock.sendall(request.encode(header=True, framed=True))
+        self._pending[self._corr] = request.header.get_response_class()
+        return self._corr
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("connection closed")
+            buf += chunk
+        return buf
+
+    def recv(self):
+        size = int.from_bytes(self._read(4), "big")
+        frame = self._read(size)
+        corr = int.from_bytes(frame[:4], "big")
+        cls = self._pending.pop(corr)
+        return corr, cls.decode(frame, header=True)
+
+    def closed_by_peer(self, timeout: float = 10) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,84 @@
+"""Bad input closes one connection with one log line; shutdown drains; the proxy never falls over."""
+
+from __future__ import annotations
+
+import re
+import struct
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.metadata import MetadataRequest
+
+from tests.support import KafkaWire, wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+def _produce_ok(bootstrap: str, topic: str) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "message.timeout.ms": 20000})
+    errors: list = []
+    p.produce(topic, b"still-fine", on_delivery=lambda err, _m: errors.append(err))
+    assert p.flush(30) == 0
+    assert errors == [None]
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (struct.pack(">i", 2) + b"\x00\x03", "shorter than a request header"),
+        (struct.pack(">i", 200 * 1024 * 1024), "exceeds the maximum"),
+        (struct.pack(">i", -7), "negative frame size"),
+        (struct.pack(">i", 12) + struct.pack(">hhih", 3, 4, 1, 40) + b"ab", "client_id runs past"),
+        (struct.pack(">i", 11) + struct.pack(">hhih", 3, 99, 1, -1) + b"\x00", "beyond what the proxy decodes"),
+        (struct.pack(">i", 11) + struct.pack(">hhih", 0, 9, 1, -1) + b"\x00", "malformed request (Produce v9)"),
+    ],
+    ids=["short-header", "oversized", "negative-size", "bad-client-id", "undecodable-version", "truncated-produce"],
+)
+def test_bad_frame_closes_only_that_connection(proxy, payload, reason):
+    bystander = KafkaWire(proxy.bootstrap)
+    bad = KafkaWire(proxy.bootstrap)
+    bad.send_raw(payload)
+    assert bad.closed_by_peer(), "the proxy must close a connection that sent a bad frame"
+    # The proxy and its other connections carry on.
+    bystander.send(MetadataRequest(topics=[]), 4)
+    _corr, md = bystander.recv()
+    assert len(md.brokers) == 3
+    _produce_ok(proxy.bootstrap, "faults")
+    lines = wait_until(lambda: [ln for ln in proxy.log().splitlines() if reason in ln], 5, what=reason)
+    assert len(lines) == 1, lines
+    assert re.search(r"127\.0\.0\.1:\d+ via bootstrap", lines[0]), "the log line names the peer"
+    assert proxy.alive()
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(cluster, fresh_proxy):
+    p = fresh_proxy()
+    topic = f"drain-{uuid.uuid4().hex[:6]}"
+    _produce_ok(p.bootstrap, topic)  # creates the topic (auto-create) and learns its leader
+    wire = KafkaWire(p.bootstrap)
+    wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)]), 12)
+    _, md = wire.recv()
+    leader = md.topics[0].partitions[0].leader_id
+    broker = next(b for b in md.brokers if b.node_id == leader)
+    fetch = KafkaWire(f"{broker.host}:{broker.port}")
+    T = FetchRequest.FetchTopic
+    req = FetchRequest(replica_id=-1, max_wait_ms=3000, min_bytes=10_000_000, max_bytes=1 << 20,
+                       isolation_level=0, session_id=0, session_epoch=-1,
+                       topics=[T(topic=topic, partitions=[T.FetchPartition(partition=0, current_leader_epoch=-1,
+                                                                         fetch_offset=1, log_start_offset=-1,
+                                                                         partition_max_bytes=1 << 20)])],
+                       forgotten_topics_data=[], rack_id="")
+    corr = fetch.send(req, 12)
+    time.sleep(0.5)  # the broker now holds the fetch (min_bytes not reached) for ~3 s
+    started = time.monotonic()
+    p.proc.send_signal(15)
+    got_corr, resp = fetch.recv()
+    waited = time.monotonic() - started
+    assert got_corr == corr and resp.responses[0].partitions[0].error_code == 0
+    assert waited > 1.5, "the response came from the broker's long poll, delivered after SIGTERM"
+    assert fetch.closed_by_peer(), "after the in-flight request, the connection is closed"
+    assert p.proc.wait(20) == 0
+    with pytest.raises(OSError):
+        KafkaWire(p.bootstrap, timeout=2)
