@@ -1,0 +1,51 @@
+"""The proxy in front of a local single-node Kafka: the quickest way to see it work.
+
+The broker comes from the test harness (Apache Kafka's jars from Maven Central, cached); the
+proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from config.load import load_config
+from proxy.server import Proxy
+from tests.harness import KafkaCluster
+
+
+async def _serve(bootstrap: str, port: int) -> None:
+    config = load_config(None, {"upstream.bootstrap_servers": bootstrap, "listen.bootstrap_port": port,
+                                "listen.broker_ports": f"{port + 1}-{port + 100}"})
+    proxy = Proxy(config)
+    await proxy.start()
+    print(f"\nKafka is at {bootstrap} (do not use it directly).\n"
+          f"Point clients at the proxy:  bootstrap.servers={proxy.bootstrap_address}\n"
+          f"  e.g. kcat -b {proxy.bootstrap_address} -L\n"
+          "Ctrl-C stops the proxy and the broker.\n", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proxy.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=19092, help="proxy bootstrap port (brokers get the next 100)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print("starting a single-node Apache Kafka (the first run downloads its jars)...", flush=True)
+    with KafkaCluster(1) as cluster:
+        uvloop.run(_serve(cluster.bootstrap, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
