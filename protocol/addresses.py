@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kafka.protocol.api_message import ApiMessage
 
-from protocol.apis import Api, response_class
+from protocol.apis import Api, decode_body, response_class
 from protocol.skim import layout
 
 _NODE_ENDPOINTS_TAG = 0
@@ -76,7 +76,7 @@ def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedRespon
             return None
         if _NODE_ENDPOINTS_TAG not in layout(cls, version, body).tags:
             return None
-    return AddressedResponse(api_key, version, cls.decode(body, version=version))
+    return AddressedResponse(api_key, version, decode_body(cls, body, version))
 
 
 def _entries(api_key: int, msg: ApiMessage):

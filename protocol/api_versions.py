@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from protocol.apis import Api, response_class
+from protocol.apis import Api, decode_body, response_class
 
 # Responses carry broker addresses (KIP-951 node_endpoints) and kafka-python has no schema for them.
 WITHDRAWN = frozenset({Api.SHARE_FETCH, Api.SHARE_ACKNOWLEDGE})
@@ -30,7 +30,7 @@ def decode_caps(api_keys: Iterable[int]) -> dict[int, int]:
 def cap_api_versions(body: bytes, version: int, caps: Mapping[int, int]) -> bytes | None:
     """The ApiVersions response body with versions capped, or None when nothing changes."""
     cls = response_class(Api.API_VERSIONS)
-    msg = cls.decode(body, version=version)
+    msg = decode_body(cls, body, version)
     if msg.error_code != 0:
         return None  # an error answer (e.g. unsupported version) is v0-shaped: pass it on as is
     changed = False

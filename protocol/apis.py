@@ -94,3 +94,15 @@ def api_name(api_key: int) -> str:
         return Api(api_key).name.title().replace("_", "")
     except ValueError:
         return f"Api{api_key}"
+
+
+class DecodeError(ValueError):
+    """A body does not parse as the message it claims to be."""
+
+
+def decode_body(cls: type[ApiMessage], body: bytes | memoryview, version: int) -> ApiMessage:
+    """kafka-python's decode, with whatever it raises on bad bytes turned into one DecodeError."""
+    try:
+        return cls.decode(body, version=version)
+    except Exception as exc:  # noqa: BLE001 - IndexError, struct.error, UnicodeDecodeError, ...
+        raise DecodeError(f"{cls.name} v{version} does not parse: {type(exc).__name__}: {exc}") from None

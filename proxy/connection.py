@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from typing import TYPE_CHECKING
 
-from protocol.apis import Api, api_name, request_class
+from protocol.apis import Api, api_name, decode_body, request_class
 from protocol.frames import FrameError, frame_size
 from protocol.headers import RequestHeader, parse_request_header, response_correlation_id
 from protocol.inflight import InFlight, Pending, expects_response
@@ -161,13 +162,13 @@ class Connection:
             if header.api_key == Api.PRODUCE:
                 expects_response(frame, header)  # validates that acks can be read
             return header
-        except ValueError as exc:
+        except (ValueError, struct.error) as exc:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
 
     @staticmethod
     def _handshake_mechanism(frame: bytes, header: RequestHeader) -> str | None:
         try:
-            return request_class(Api.SASL_HANDSHAKE).decode(frame[header.body_offset:], version=0).mechanism
+            return decode_body(request_class(Api.SASL_HANDSHAKE), frame[header.body_offset:], 0).mechanism
         except Exception:  # noqa: BLE001 - the broker will reject it; we only lose the raw-token count
             return None
 
