@@ -10,7 +10,7 @@ the rare case that the broker actually sent ``node_endpoints`` (after a leadersh
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kafka.protocol.api_message import ApiMessage
@@ -106,14 +106,3 @@ def _entries(api_key: int, msg: ApiMessage):
         for e in msg.node_endpoints or ():
             yield e.node_id, e.host, e.port, e.rack, setter_for(e)
 
-
-def remap_with(table: Mapping[int, tuple[str, int]]) -> Callable[[BrokerEndpoint], tuple[str, int]]:
-    """A mapping that looks each node up in ``table``; an unknown node is an error, never a leak."""
-
-    def mapping(ep: BrokerEndpoint) -> tuple[str, int]:
-        try:
-            return table[ep.node_id]
-        except KeyError:
-            raise LookupError(f"no proxy listener for broker {ep.node_id}") from None
-
-    return mapping

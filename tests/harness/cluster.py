@@ -324,15 +324,14 @@ class KafkaCluster:
         return subprocess.Popen(cmd, start_new_session=True, **kw)
 
     def _format(self) -> None:
-        scram = [
-            a for u, p in self.users.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={p}]")
-        ]
+        scram = [a for u, p in self.users.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={u},password={p}]")]
         assert self.dist is not None
+        log4j = {"log4j2.configurationFile": str(self.workdir / "log4j2-tools.properties")}
         procs = []
         for b in self.brokers:
             cmd = self.dist.java(
                 "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(b.config_path), *scram,
-                jvm_opts=TOOL_JVM_OPTS, sys_props={"log4j2.configurationFile": str(self.workdir / "log4j2-tools.properties")},
+                jvm_opts=TOOL_JVM_OPTS, sys_props=log4j,
             )  # fmt: skip
             procs.append((b, self._popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         for b, p in procs:
@@ -370,10 +369,18 @@ class KafkaCluster:
             for b in self.brokers:
                 self._spawn(b)
             self.wait_ready(timeout)
-        except BaseException:
-            logs = "\n".join(f"--- node {b.node_id} ({b.log_path}):\n{_tail(b.log_path)}" for b in self.brokers)
-            self.stop(timeout=0, keep_workdir=True)
-            raise RuntimeError(f"Kafka cluster failed to start (workdir {self.workdir}):\n{logs}") from None
+        except BaseException as e:
+            logs = "\n".join(
+                f"--- node {b.node_id} ({b.log_path}):\n{_tail(b.log_path)}"
+                for b in self.brokers
+                if b.log_path.exists()
+            )
+            keep = self.keep_workdir or not self._own_workdir
+            self.stop(timeout=0)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            where = f"workdir {self.workdir}" if keep else "set KTP_KEEP_WORKDIR=1 to keep the workdir"
+            raise RuntimeError(f"Kafka cluster failed to start ({where}): {e}\n{logs}") from e
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -435,14 +442,21 @@ class KafkaCluster:
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
 
-    def stop(self, timeout: float = 15, *, keep_workdir: bool | None = None) -> None:
-        """Stop all nodes (SIGTERM, then SIGKILL after ``timeout``; 0 = kill now)."""
+    def stop(self, timeout: float | None = None, *, keep_workdir: bool | None = None) -> None:
+        """Stop all nodes: SIGTERM, then SIGKILL after ``timeout`` seconds (0 = kill now).
+
+        ``timeout=None``: kill at once unless the workdir is kept (its data may be
+        reused), where a clean 15 s shutdown is allowed.  Stopping all combined
+        nodes gracefully is slow (~7 s: the last ones lose the quorum).
+        """
+        keep = self.keep_workdir if keep_workdir is None else keep_workdir
+        if timeout is None:
+            timeout = 15 if keep else 0
         procs = [b.proc for b in self.brokers if b.proc is not None]
         self._terminate(procs, timeout)
         for b in self.brokers:
             b.proc = None
         _LIVE.discard(self)
-        keep = self.keep_workdir if keep_workdir is None else keep_workdir
         if self._own_workdir and not keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -501,6 +515,7 @@ def _self_check() -> None:  # pragma: no cover - manual smoke test
     ap.add_argument("-n", "--brokers", type=int, default=3)
     ap.add_argument("--version", default=DEFAULT_KAFKA_VERSION)
     ap.add_argument("--failover", action="store_true", help="also stop/restart node 1")
+    ap.add_argument("--tools", action="store_true", help="also run every MAIN tool once")
     opts = ap.parse_args()
 
     def step(msg: str, t0: float) -> float:
@@ -515,8 +530,10 @@ def _self_check() -> None:  # pragma: no cover - manual smoke test
     with cluster:
         t = step(f"start {opts.brokers} nodes, bootstrap={cluster.bootstrap} sasl={cluster.sasl_bootstrap}", t)
         rf = min(opts.brokers, 3)
-        cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", "smoke",
-                     "--partitions", "3", "--replication-factor", str(rf), check=True)  # fmt: skip
+        r = cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", "smoke",
+                         "--partitions", "3", "--replication-factor", str(rf))  # fmt: skip
+        if r.returncode != 0:
+            sys.exit(f"TopicCommand failed:\n{r.stdout}\n{r.stderr}")
         t = step("TopicCommand --create", t)
         for user, mech in (("alice", "SCRAM-SHA-512"), ("bob", "PLAIN")):
             conf = cluster.client_config(user, mech)
@@ -524,6 +541,7 @@ def _self_check() -> None:  # pragma: no cover - manual smoke test
             p.produce("smoke", key=user.encode(), value=f"hello from {user}".encode())
             if p.flush(30) != 0:
                 sys.exit(f"produce as {user}/{mech} failed")
+            del p  # destroy the client now (it would log disconnects at shutdown)
             c = Consumer({**conf, "group.id": f"g-{user}", "auto.offset.reset": "earliest"})
             c.subscribe(["smoke"])
             got = None
@@ -536,6 +554,25 @@ def _self_check() -> None:  # pragma: no cover - manual smoke test
             if got is None:
                 sys.exit(f"consume as {user}/{mech} failed")
             t = step(f"produce+consume as {user} over SASL {mech}: {got!r}", t)
+        if opts.tools:
+            bs, cfg = cluster.bootstrap, str(cluster.java_client_props("alice"))
+            runs: list[tuple[str, tuple[str, ...], str | None]] = [
+                ("console_producer", ("--bootstrap-server", cluster.sasl_bootstrap, "--topic", "smoke",
+                                      "--command-config", cfg), "a\nb\n"),
+                ("console_consumer", ("--bootstrap-server", bs, "--topic", "smoke", "--from-beginning",
+                                      "--max-messages", "4", "--timeout-ms", "30000"), None),
+                ("producer_perf", ("--topic", "perf", "--num-records", "1000", "--record-size", "100",
+                                   "--throughput", "-1", "--producer-props", f"bootstrap.servers={bs}"), None),
+                ("consumer_perf", ("--bootstrap-server", bs, "--topic", "perf", "--messages", "1000"), None),
+                ("configs", ("--bootstrap-server", bs, "--alter", "--entity-type", "users", "--entity-name",
+                             "alice", "--add-config", "producer_byte_rate=1048576"), None),
+                ("configs", ("--bootstrap-server", bs, "--describe", "--entity-type", "users"), None),
+            ]  # fmt: skip
+            for name, args, stdin in runs:
+                r = cluster.tool(name, *args, input=stdin)
+                if r.returncode != 0:
+                    sys.exit(f"{name} failed:\n{r.stdout}\n{r.stderr}")
+                t = step(f"{name} -> {r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else ''}", t)
         if opts.failover and opts.brokers > 1:
             cluster.stop_broker(1)
             t = step("stop_broker(1) (controlled shutdown)", t)

@@ -6,37 +6,54 @@ on Maven Central; ``pom.xml`` next to this file lists them and
 ``mvn dependency:copy-dependencies`` copies the resolved runtime classpath into a
 cache directory that is reused across runs (a marker file records completion).
 
-Version notes (checked against Central):
-  * 4.4.0: ``kafka_2.13``/server jars are published but ``kafka-tools`` 4.4.0 is
-    not, so ``ensure_kafka("4.4.0")`` pairs it with tools 4.3.1 (see
-    ``TOOLS_VERSION_FALLBACK``).
-  * 4.3.1: complete; the default.
+Versions (checked against Central):
+  * 4.4.0 (default): broker jars are published, but ``kafka-tools`` 4.4.0 is
+    not.  So the broker side (``kafka.Kafka``, ``StorageTool``) runs from a
+    4.4.0 classpath and the CLI tools from a separate, complete 4.3.1 classpath
+    (``TOOLS_VERSION_FALLBACK``).  Mixing both on one classpath fails:
+    tools 4.3.1 need ``org.apache.kafka.common.utils.Exit``, gone in 4.4.0
+    clients.  4.4.0 also moved ConfigCommand out of ``kafka_2.13``.
+  * 4.3.1: complete; ``ensure_kafka("4.3.1")`` uses one classpath for everything.
 
-Main classes (Kafka 4.x; the old ``kafka.tools.*`` / ``kafka.admin.TopicCommand``
-Scala tools were moved to ``org.apache.kafka.tools``, except ConfigCommand and
-StorageTool which are still Scala in ``kafka_2.13``) are in ``MAIN``.
+Main classes: Kafka 4.x moved most Scala tools (``kafka.tools.*``,
+``kafka.admin.TopicCommand``) to ``org.apache.kafka.tools``; ConfigCommand stayed
+``kafka.admin.ConfigCommand`` up to 4.3.  ``KafkaDist.main_class()`` picks the
+name present in the jars; ``MAIN`` holds the names used by the default version.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_KAFKA_VERSION = "4.3.1"
-# Kafka versions whose kafka-tools artifact is missing on Central -> tools version to use.
+DEFAULT_KAFKA_VERSION = "4.4.0"
+#: Kafka versions whose kafka-tools artifact is missing on Central -> tools release to use.
 TOOLS_VERSION_FALLBACK: dict[str, str] = {"4.4.0": "4.3.1"}
 POM = Path(__file__).with_name("pom.xml")
 
-#: Fully-qualified main classes for the Kafka 4.x runtime fetched here.
+#: Short name -> candidate main classes, newest layout first.
+MAIN_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "broker": ("kafka.Kafka",),
+    "storage": ("kafka.tools.StorageTool",),
+    "console_producer": ("org.apache.kafka.tools.ConsoleProducer", "kafka.tools.ConsoleProducer"),
+    "console_consumer": ("org.apache.kafka.tools.consumer.ConsoleConsumer", "kafka.tools.ConsoleConsumer"),
+    "producer_perf": ("org.apache.kafka.tools.ProducerPerformance",),
+    "consumer_perf": ("org.apache.kafka.tools.ConsumerPerformance", "kafka.tools.ConsumerPerformance"),
+    "topics": ("org.apache.kafka.tools.TopicCommand", "kafka.admin.TopicCommand"),
+    "configs": ("org.apache.kafka.tools.ConfigCommand", "kafka.admin.ConfigCommand"),
+}
+#: Resolved names for the default version (4.4.0 broker + 4.3.1 tools).
 MAIN: dict[str, str] = {
     "broker": "kafka.Kafka",
     "storage": "kafka.tools.StorageTool",
@@ -47,6 +64,8 @@ MAIN: dict[str, str] = {
     "topics": "org.apache.kafka.tools.TopicCommand",
     "configs": "kafka.admin.ConfigCommand",
 }
+#: Main classes that run on the broker classpath; everything else uses the tools one.
+BROKER_SIDE = frozenset({"kafka.Kafka", "kafka.tools.StorageTool"})
 
 
 def cache_root() -> Path:
@@ -66,13 +85,28 @@ def java_executable() -> str:
     return found
 
 
+@functools.cache
+def _classes_in(libs_dir: Path) -> frozenset[str]:
+    """Class names in the Kafka jars of a libs dir (to pick main class names)."""
+    names: set[str] = set()
+    for jar in libs_dir.glob("kafka*.jar"):
+        with zipfile.ZipFile(jar) as z:
+            names.update(n[:-6].replace("/", ".") for n in z.namelist() if n.endswith(".class") and "$" not in n)
+    return frozenset(names)
+
+
 @dataclass(frozen=True)
 class KafkaDist:
-    """A resolved Kafka runtime: a directory of jars and a way to run them."""
+    """A resolved Kafka runtime: jar directories and a way to run them.
+
+    ``libs_dir`` runs the broker and StorageTool; ``tools_libs_dir`` the CLI
+    tools (the same directory unless the tools come from another release).
+    """
 
     version: str
     tools_version: str
     libs_dir: Path
+    tools_libs_dir: Path
     java_bin: str = field(default_factory=java_executable)
 
     @property
@@ -81,8 +115,21 @@ class KafkaDist:
         return str(self.libs_dir / "*")
 
     @property
+    def tools_classpath(self) -> str:
+        return str(self.tools_libs_dir / "*")
+
+    @property
     def jars(self) -> list[Path]:
         return sorted(self.libs_dir.glob("*.jar"))
+
+    def main_class(self, name: str) -> str:
+        """Resolve a ``MAIN_CANDIDATES`` key (or pass a class name through)."""
+        if name not in MAIN_CANDIDATES:
+            return name
+        cands = MAIN_CANDIDATES[name]
+        libs = self.libs_dir if cands[0] in BROKER_SIDE else self.tools_libs_dir
+        present = _classes_in(libs)
+        return next((c for c in cands if c in present), cands[0])
 
     def java(
         self,
@@ -91,19 +138,11 @@ class KafkaDist:
         jvm_opts: Sequence[str] = ("-Xmx512m",),
         sys_props: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """Command line running ``main_class`` (or a ``MAIN`` key) on this classpath."""
-        main_class = MAIN.get(main_class, main_class)
+        """Command line running ``main_class`` (or a ``MAIN`` key) on the right classpath."""
+        main_class = self.main_class(main_class)
+        cp = self.classpath if main_class in BROKER_SIDE else self.tools_classpath
         props = [f"-D{k}={v}" for k, v in (sys_props or {}).items()]
-        return [
-            self.java_bin,
-            *jvm_opts,
-            "-Djava.awt.headless=true",
-            *props,
-            "-cp",
-            self.classpath,
-            main_class,
-            *map(str, args),
-        ]
+        return [self.java_bin, *jvm_opts, "-Djava.awt.headless=true", *props, "-cp", cp, main_class, *map(str, args)]
 
 
 @contextlib.contextmanager
@@ -118,6 +157,47 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str) -> Path:
+    """Copy the runtime jars of one Kafka release into the cache (once) and return the dir.
+
+    The marker stores a hash of the pom and options, so editing ``pom.xml``
+    invalidates the cache.  Jars go to a temp dir that is renamed into place, so
+    an interrupted run never leaves a half-filled ``libs`` dir behind.
+    """
+    base = cache_root() / (f"kafka-{version}-broker" if broker_only else f"kafka-{version}")
+    libs, marker = base / "libs", base / ".complete"
+    stamp = hashlib.sha256(POM.read_bytes() + f"{version}/{broker_only}".encode()).hexdigest()
+
+    def ready() -> bool:
+        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob("kafka_2.13-*.jar"))
+
+    if ready():
+        return libs
+    with _locked(base.with_name(base.name + ".lock")):
+        if ready():
+            return libs
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
+        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+               f"-Dkafka.version={version}", f"-DoutputDirectory={tmp}"]  # fmt: skip
+        if broker_only:
+            cmd.append("-Dbroker-only")
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"mvn failed ({proc.returncode}) fetching Kafka {version}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+                )
+            shutil.rmtree(libs, ignore_errors=True)
+            tmp.rename(libs)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        marker.write_text(stamp + "\n")
+        (base / "fetch-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
+    return libs
+
+
 def ensure_kafka(
     version: str = DEFAULT_KAFKA_VERSION,
     *,
@@ -127,43 +207,16 @@ def ensure_kafka(
 ) -> KafkaDist:
     """Return a cached Kafka runtime, downloading it with Maven on first use.
 
-    The marker stores a hash of the pom and versions, so editing ``pom.xml``
-    invalidates the cache.  Download goes to a temp dir that is renamed into
-    place, so an interrupted run never leaves a half-filled ``libs`` dir behind.
+    ``tools_version`` defaults to ``version`` (or ``TOOLS_VERSION_FALLBACK``);
+    when it differs, the broker and the tools get separate classpaths.
     """
     tools_version = tools_version or TOOLS_VERSION_FALLBACK.get(version, version)
-    base = cache_root() / (f"kafka-{version}" if tools_version == version else f"kafka-{version}-tools-{tools_version}")
-    libs, marker = base / "libs", base / ".complete"
-    stamp = hashlib.sha256(POM.read_bytes() + f"{version}/{tools_version}".encode()).hexdigest()
-
-    def ready() -> bool:
-        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob("kafka_2.13-*.jar"))
-
-    if not ready():
-        with _locked(base.with_name(base.name + ".lock")):
-            if not ready():
-                base.mkdir(parents=True, exist_ok=True)
-                tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
-                cmd = [
-                    mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                    f"-Dkafka.version={version}", f"-Dkafka.tools.version={tools_version}",
-                    f"-DoutputDirectory={tmp}",
-                ]  # fmt: skip
-                t0 = time.monotonic()
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-                    if proc.returncode != 0:
-                        raise RuntimeError(
-                            f"mvn failed ({proc.returncode}) fetching Kafka {version}:\n"
-                            f"{(proc.stdout + proc.stderr)[-4000:]}"
-                        )
-                    shutil.rmtree(libs, ignore_errors=True)
-                    tmp.rename(libs)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                marker.write_text(stamp + "\n")
-                (base / "fetch-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
-    return KafkaDist(version=version, tools_version=tools_version, libs_dir=libs)
+    if tools_version == version:
+        libs = tools_libs = _fetch(version, broker_only=False, timeout=timeout, mvn=mvn)
+    else:
+        libs = _fetch(version, broker_only=True, timeout=timeout, mvn=mvn)
+        tools_libs = _fetch(tools_version, broker_only=False, timeout=timeout, mvn=mvn)
+    return KafkaDist(version=version, tools_version=tools_version, libs_dir=libs, tools_libs_dir=tools_libs)
 
 
 if __name__ == "__main__":
@@ -171,4 +224,7 @@ if __name__ == "__main__":
 
     t = time.monotonic()
     d = ensure_kafka(*sys.argv[1:2])
-    print(f"Kafka {d.version} (tools {d.tools_version}): {len(d.jars)} jars in {d.libs_dir} ({time.monotonic() - t:.1f}s)")
+    print(f"Kafka {d.version} (tools {d.tools_version}) in {time.monotonic() - t:.1f}s")
+    print(f"  broker libs: {d.libs_dir}\n  tools libs:  {d.tools_libs_dir}")
+    for key in MAIN_CANDIDATES:
+        print(f"  {key:17} {d.main_class(key)}")

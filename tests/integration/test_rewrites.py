@@ -1,0 +1,145 @@
+"""Every response that can carry a broker address, at every version the cluster and the proxy both
+speak, names only the proxy's listeners — checked on the wire, against the real cluster."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kafka.protocol.admin import DescribeClusterRequest
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from protocol.api_versions import WITHDRAWN
+from protocol.apis import response_class
+from tests.support import KafkaWire
+
+pytestmark = pytest.mark.cluster
+
+
+def _versions(address: str) -> dict[int, tuple[int, int]]:
+    wire = KafkaWire(address)
+    wire.send(ApiVersionsRequest(client_software_name="t", client_software_version="1"), 3)
+    _, resp = wire.recv()
+    wire.close()
+    assert resp.error_code == 0
+    return {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+
+
+@pytest.fixture(scope="module")
+def via_proxy(proxy):
+    return _versions(proxy.bootstrap)
+
+
+def _assert_proxy_address(proxy, host: str, port: int) -> None:
+    assert host == "127.0.0.1"
+    assert port in proxy.listening_ports(), f"{host}:{port} is not one of the proxy's listeners"
+
+
+def test_api_versions_are_the_brokers_capped_at_what_the_proxy_decodes(cluster, via_proxy):
+    direct = _versions(cluster.brokers[0].bootstrap)
+    for key, (lo, hi) in direct.items():
+        if key in WITHDRAWN:
+            assert key not in via_proxy
+            continue
+        cls = response_class(key)
+        expected_hi = min(hi, cls.max_version) if key in (0, 1, 3, 10, 18, 60) else hi
+        assert via_proxy[key] == (lo, expected_hi), f"api {key}"
+    assert set(via_proxy) == set(direct) - WITHDRAWN
+
+
+def test_metadata_every_version(proxy, via_proxy):
+    lo, hi = via_proxy[3]
+    wire = KafkaWire(proxy.bootstrap)
+    for v in range(lo, hi + 1):
+        wire.send(MetadataRequest(topics=None, allow_auto_topic_creation=False), v)
+        _, md = wire.recv()
+        assert len(md.brokers) == 3, f"v{v}"
+        for b in md.brokers:
+            _assert_proxy_address(proxy, b.host, b.port)
+
+
+def test_find_coordinator_every_version(proxy, via_proxy):
+    lo, hi = via_proxy[10]
+    wire = KafkaWire(proxy.bootstrap)
+    for v in range(lo, hi + 1):
+        req = FindCoordinatorRequest(key="grp-a", key_type=0, coordinator_keys=["grp-a", "grp-b"])
+        for _ in range(30):  # the offsets topic may still be being created on a fresh cluster
+            wire.send(req, v)
+            _, resp = wire.recv()
+            entries = resp.coordinators if v >= 4 else [resp]
+            if all(e.error_code == 0 for e in entries):
+                break
+        else:
+            pytest.fail(f"FindCoordinator v{v} kept failing: {resp}")
+        assert len(entries) == (2 if v >= 4 else 1)
+        for e in entries:
+            _assert_proxy_address(proxy, e.host, e.port)
+
+
+def test_describe_cluster_every_version(proxy, via_proxy):
+    lo, hi = via_proxy[60]
+    wire = KafkaWire(proxy.bootstrap)
+    for v in range(lo, hi + 1):
+        wire.send(DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=1,
+                                         include_fenced_brokers=False), v)
+        _, resp = wire.recv()
+        assert resp.error_code == 0 and len(resp.brokers) == 3, f"v{v}"
+        for b in resp.brokers:
+            _assert_proxy_address(proxy, b.host, b.port)
+
+
+def _topic_on_one_broker(proxy):
+    """A single-replica topic, its id, its leader and a proxy listener of a broker that is not it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"kip951-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    wire = KafkaWire(proxy.bootstrap)
+    for _ in range(50):
+        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
+                                  allow_auto_topic_creation=False), 12)
+        _, md = wire.recv()
+        t = md.topics[0]
+        if t.error_code == 0 and t.partitions and t.partitions[0].leader_id >= 0:
+            break
+    leader = t.partitions[0].leader_id
+    other = next(b for b in md.brokers if b.node_id != leader)
+    return topic, t.topic_id, leader, f"{other.host}:{other.port}"
+
+
+def test_kip951_node_endpoints_in_produce_and_fetch(proxy, via_proxy):
+    topic, topic_id, leader, follower_addr = _topic_on_one_broker(proxy)
+    wire = KafkaWire(follower_addr)
+
+    pv = min(via_proxy[0][1], 12)
+    assert pv >= 10, "the cluster speaks Produce v10+ (KIP-951)"
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(0, None, b"v", [])
+    builder.close()
+    T = ProduceRequest.TopicProduceData
+    wire.send(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+        T(name=topic, topic_id=topic_id, partition_data=[T.PartitionProduceData(index=0, records=builder.buffer())])]),
+        pv)
+    _, resp = wire.recv()
+    assert resp.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
+    assert [e.node_id for e in resp.node_endpoints] == [leader]
+    for e in resp.node_endpoints:
+        _assert_proxy_address(proxy, e.host, e.port)
+
+    fv = via_proxy[1][1]
+    assert fv >= 16, "the cluster speaks Fetch v16+ (KIP-951)"
+    F = FetchRequest.FetchTopic
+    wire.send(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                           session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[],
+                           topics=[F(topic=topic, topic_id=topic_id, partitions=[F.FetchPartition(
+                               partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                               last_fetched_epoch=-1, partition_max_bytes=1 << 20)])]), fv)
+    _, resp = wire.recv()
+    assert resp.responses[0].partitions[0].error_code == 6
+    assert [e.node_id for e in resp.node_endpoints] == [leader]
+    for e in resp.node_endpoints:
+        _assert_proxy_address(proxy, e.host, e.port)
