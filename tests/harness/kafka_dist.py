@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,44 @@ def _classes_in(libs_dir: Path) -> frozenset[str]:
     return frozenset(names)
 
 
+@functools.cache
+def _jdk_key(java_bin: str) -> str:
+    """Identifies the JDK build (CDS archives only work with the JVM that wrote them)."""
+    real = Path(os.path.realpath(java_bin))
+    parts = []
+    for f in (real, real.parent.parent / "lib" / "server" / "libjvm.so"):
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def cds_enabled() -> bool:
+    """AppCDS archives on unless ``KTP_CDS=0``."""
+    return os.environ.get("KTP_CDS", "1") != "0"
+
+
+@dataclass(frozen=True)
+class CdsDump:
+    """A pending AppCDS archive: the JVM writes ``tmp`` at exit; ``commit`` moves it to ``final``.
+
+    Why: class-data sharing cuts JVM start time by about a third (3-node cluster
+    start ~16.5 s -> ~11.5 s, a CLI tool ~2.5 s -> ~1.5 s on 2 cores).  JDK 17 has
+    no -XX:+AutoCreateSharedArchive, so the first run of each classpath dumps one.
+    """
+
+    tmp: Path
+    final: Path
+
+    def commit(self, ok: bool) -> None:
+        """Keep the archive if the JVM exited normally (a killed JVM may leave half a file)."""
+        try:
+            if ok and self.tmp.exists() and self.tmp.stat().st_size > 0 and not self.final.exists():
+                os.replace(self.tmp, self.final)
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class KafkaDist:
     """A resolved Kafka runtime: jar directories and a way to run them.
@@ -131,18 +170,45 @@ class KafkaDist:
         present = _classes_in(libs)
         return next((c for c in cands if c in present), cands[0])
 
+    def cds_archive(self, main_class: str) -> Path:
+        """Where the AppCDS archive for ``main_class``'s classpath lives (one per classpath and JDK)."""
+        broker = self.main_class(main_class) in BROKER_SIDE
+        base = (self.libs_dir if broker else self.tools_libs_dir).parent / "cds"
+        return base / f"{'broker' if broker else 'tools'}-{_jdk_key(self.java_bin)}.jsa"
+
+    def cds_dump(self, main_class: str) -> CdsDump | None:
+        """A ``CdsDump`` to pass to ``java()`` if no archive exists yet for this classpath."""
+        final = self.cds_archive(main_class)
+        if not cds_enabled() or final.exists():
+            return None
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return CdsDump(final.with_name(f"{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"), final)
+
     def java(
         self,
         main_class: str,
         *args: str,
         jvm_opts: Sequence[str] = ("-Xmx512m",),
         sys_props: Mapping[str, str] | None = None,
+        cds_dump: CdsDump | None = None,
     ) -> list[str]:
-        """Command line running ``main_class`` (or a ``MAIN`` key) on the right classpath."""
+        """Command line running ``main_class`` (or a ``MAIN`` key) on the right classpath.
+
+        Uses the classpath's AppCDS archive when present, or writes one at JVM exit
+        when ``cds_dump`` is given.  JVM warnings go to stderr, never stdout.
+        """
         main_class = self.main_class(main_class)
         cp = self.classpath if main_class in BROKER_SIDE else self.tools_classpath
+        cds: list[str] = []
+        if cds_dump is not None:
+            cds = [f"-XX:ArchiveClassesAtExit={cds_dump.tmp}"]
+        elif cds_enabled() and (archive := self.cds_archive(main_class)).exists():
+            cds = [f"-XX:SharedArchiveFile={archive}"]
         props = [f"-D{k}={v}" for k, v in (sys_props or {}).items()]
-        return [self.java_bin, *jvm_opts, "-Djava.awt.headless=true", *props, "-cp", cp, main_class, *map(str, args)]
+        return [
+            self.java_bin, "-Xlog:disable", "-Xlog:all=warning:stderr", *jvm_opts, *cds, "-Djava.awt.headless=true",
+            *props, "-cp", cp, main_class, *map(str, args),
+        ]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -190,6 +256,7 @@ def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str) -> Path
                     f"mvn failed ({proc.returncode}) fetching Kafka {version}:\n{(proc.stdout + proc.stderr)[-4000:]}"
                 )
             shutil.rmtree(libs, ignore_errors=True)
+            shutil.rmtree(base / "cds", ignore_errors=True)  # archives are tied to the jars
             tmp.rename(libs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
