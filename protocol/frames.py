@@ -17,37 +17,6 @@ class FrameError(Exception):
     """The stream cannot be split into frames any more; the connection must be closed."""
 
 
-class FrameSplitter:
-    """Accumulates bytes and yields whole frames (without the size prefix)."""
-
-    __slots__ = ("_buf", "_max")
-
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray()
-        self._max = max_frame_bytes
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += data
-        frames: list[bytes] = []
-        pos = 0
-        end = len(buf)
-        while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(buf, pos)
-            check_frame_size(size, self._max)
-            if end - pos - 4 < size:
-                break
-            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
-        return frames
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-
 def check_frame_size(size: int, max_frame_bytes: int) -> None:
     if size < 0:
         raise FrameError(f"negative frame size {size}")
@@ -64,3 +33,77 @@ def frame_size(prefix: bytes, max_frame_bytes: int) -> int:
 
 def encode_frame(payload: bytes) -> bytes:
     return _SIZE.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Incremental splitter that hands out whole frames *with* their size prefix, without copying
+    when it can: a frame that lies wholly inside one received chunk is returned as a memoryview of
+    that chunk; only a frame spread over several chunks is assembled, into a buffer allocated once
+    at its announced (and already checked) size.
+
+    Why: a proxy forwards most frames unchanged, so the cheapest frame is one passed on as the very
+    bytes that arrived. Returned views stay valid (the chunks are immutable ``bytes``).
+    """
+
+    __slots__ = ("_max", "_head", "_partial", "_filled")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._max = max_frame_bytes
+        self._head = b""  # < 4 bytes of a size prefix
+        self._partial: bytearray | None = None
+        self._filled = 0
+
+    def feed(self, data: bytes) -> list[memoryview | bytearray]:
+        out: list[memoryview | bytearray] = []
+        view = memoryview(data)
+        pos = 0
+        end = len(data)
+        partial = self._partial
+        if partial is not None:
+            take = min(len(partial) - self._filled, end)
+            partial[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            pos = take
+            if self._filled < len(partial):
+                return out
+            out.append(partial)
+            self._partial = None
+        if self._head:
+            need = 4 - len(self._head)
+            if end - pos < need:
+                self._head += bytes(view[pos:end])
+                return out
+            prefix = self._head + bytes(view[pos : pos + need])
+            self._head = b""
+            pos += need
+            size = _SIZE.unpack(prefix)[0]
+            check_frame_size(size, self._max)
+            frame = bytearray(4 + size)
+            frame[:4] = prefix
+            take = min(size, end - pos)
+            frame[4 : 4 + take] = view[pos : pos + take]
+            pos += take
+            if take < size:
+                self._partial, self._filled = frame, 4 + take
+                return out
+            out.append(frame)
+        while end - pos >= 4:
+            (size,) = _SIZE.unpack_from(data, pos)
+            check_frame_size(size, self._max)
+            if end - pos - 4 >= size:
+                out.append(view[pos : pos + 4 + size])
+                pos += 4 + size
+                continue
+            frame = bytearray(4 + size)
+            avail = end - pos
+            frame[:avail] = view[pos:end]
+            self._partial, self._filled = frame, avail
+            return out
+        if pos < end:
+            self._head = bytes(view[pos:end])
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """No partial frame buffered (a clean point to close a connection at)."""
+        return self._partial is None and not self._head

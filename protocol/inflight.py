@@ -49,6 +49,9 @@ class InFlight:
             )
         return self._queue.popleft()
 
+    def head(self) -> Pending | None:
+        return self._queue[0] if self._queue else None
+
     def __len__(self) -> int:
         return len(self._queue)
 

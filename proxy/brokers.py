@@ -49,8 +49,9 @@ class BrokerDirectory:
         except KeyError:
             raise LookupError(f"no proxy listener for broker {ep.node_id}") from None
 
-    async def learn(self, endpoints: Iterable[BrokerEndpoint]) -> None:
-        """Record where each broker is and make sure it has a listener."""
+    def observe(self, endpoints: Iterable[BrokerEndpoint]) -> list[BrokerEndpoint]:
+        """Record where each broker is; return the ones that still need a listener."""
+        missing = []
         for ep in endpoints:
             addr = (ep.host, ep.port)
             old = self.upstream.get(ep.node_id)
@@ -58,6 +59,14 @@ class BrokerDirectory:
                 if old is not None:
                     log.info("broker %d moved from %s:%d to %s:%d", ep.node_id, *old, *addr)
                 self.upstream[ep.node_id] = addr
+            if ep.node_id not in self.ports:
+                missing.append(ep)
+        return missing
+
+    async def learn(self, endpoints: Iterable[BrokerEndpoint]) -> None:
+        """Record where each broker is and make sure it has a listener."""
+        for ep in self.observe(endpoints):
+            addr = (ep.host, ep.port)
             if ep.node_id not in self.ports:
                 async with self._lock:
                     if ep.node_id not in self.ports:

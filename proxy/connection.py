@@ -1,24 +1,28 @@
 """One client connection paired with one upstream broker connection.
 
-Two pumps run side by side: requests client → broker, responses broker → client. Frames are read
-whole, their header looked at, and written on unchanged unless a response must be rewritten.
+Built on asyncio Protocols rather than streams because this is the hot path: a received chunk is
+split into frames without copying (``FrameReader``), each request header is read, and the frames are
+written on in one ``writelines`` call, usually as views of the very chunk that arrived. Reading is
+paused, never buffered without bound: when the other side's write buffer is full (backpressure),
+while a response waits for a new broker listener, while connecting, and while draining.
+
 Anything malformed closes this connection only, with one log line naming the peer, api and reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import struct
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from protocol.apis import Api, api_name, decode_body, request_class
-from protocol.frames import FrameError, frame_size
+from protocol.frames import FrameError, FrameReader
 from protocol.headers import RequestHeader, parse_request_header, response_correlation_id
 from protocol.inflight import InFlight, Pending, expects_response
-from proxy.responses import rewrite_response
+from proxy.responses import AddressEdit, inspect_response
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -28,187 +32,273 @@ log = logging.getLogger(__name__)
 # SaslHandshake v0 is followed by raw SASL tokens, framed but without Kafka headers.
 _RAW = RequestHeader(-1, 0, 0, None, None)
 _RAW_ROUND_TRIPS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
+_SIZE = struct.Struct(">i")
 
 
 class ProtocolViolation(Exception):
     """This connection's byte stream cannot be followed any more."""
 
 
+class _Side(asyncio.Protocol):
+    """One socket of a Connection; every event goes straight to the Connection."""
+
+    def __init__(self, conn: Connection, is_client: bool) -> None:
+        self.conn = conn
+        self.is_client = is_client
+        self.transport: asyncio.Transport | None = None
+        self.pauses: set[str] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.is_client:
+            self.conn.client_connected()
+
+    def data_received(self, data: bytes) -> None:
+        if self.is_client:
+            self.conn.requests_received(data)
+        else:
+            self.conn.responses_received(data)
+
+    def eof_received(self) -> bool:
+        self.conn.side_closed(self, eof=True)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.side_closed(self, eof=False)
+
+    def pause_writing(self) -> None:
+        self.conn.pause(self.conn.other(self), "backpressure")
+
+    def resume_writing(self) -> None:
+        self.conn.resume(self.conn.other(self), "backpressure")
+
+
 class Connection:
-    def __init__(
-        self,
-        proxy: Proxy,
-        client_reader: asyncio.StreamReader,
-        client_writer: asyncio.StreamWriter,
-        upstream: list[tuple[str, int]],
-        label: str,
-    ) -> None:
+    def __init__(self, proxy: Proxy, candidates: list[tuple[str, int]], label: str) -> None:
         self.proxy = proxy
-        self.client_reader = client_reader
-        self.client_writer = client_writer
-        self.candidates = upstream
-        self.upstream_addr: tuple[str, int] = upstream[0] if upstream else ("?", 0)
+        self.candidates = candidates
         self.label = label
-        peer = client_writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.client = _Side(self, is_client=True)
+        self.upstream = _Side(self, is_client=False)
+        max_frame = proxy.config.max_frame_bytes
+        self._requests = FrameReader(max_frame)
+        self._responses = FrameReader(max_frame)
         self.inflight = InFlight()
+        self.peer = "?"
+        self.upstream_addr: tuple[str, int] | None = None
         self.raw_tokens_left = 0
         self._sasl_mechanism: str | None = None
+        self._held: deque | None = None  # responses held behind one waiting for a new listener
+        self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
-        self._request_task: asyncio.Task | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.closed = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> None:
-        connected = await self._connect_upstream()
-        if connected is None:
-            await self._close_client()
-            return
-        up_reader, up_writer = connected
-        requests = asyncio.create_task(self._pump_requests(up_writer))
-        responses = asyncio.create_task(self._pump_responses(up_reader))
-        self._request_task = requests
-        try:
-            done, _ = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
-            if requests in done and self.draining:
-                # Shutdown: no new requests are read; the ones in flight still get their answers.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), self.proxy.config.shutdown_grace_ms / 1000)
-        finally:
-            for task in (requests, responses):
-                task.cancel()
-            for task in (requests, responses):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            up_writer.close()
-            await self._close_client()
+    def other(self, side: _Side) -> _Side:
+        return self.upstream if side is self.client else self.client
 
-    async def _connect_upstream(self):
+    # -- reading control ---------------------------------------------------------------------------
+    def pause(self, side: _Side, reason: str) -> None:
+        if not side.pauses and side.transport is not None and not self.closed:
+            side.transport.pause_reading()
+        side.pauses.add(reason)
+
+    def resume(self, side: _Side, reason: str) -> None:
+        side.pauses.discard(reason)
+        if not side.pauses and side.transport is not None and not self.closed:
+            side.transport.resume_reading()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def client_connected(self) -> None:
+        peer = self.client.transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.pause(self.client, "connecting")
+        asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
         timeout = self.proxy.config.upstream.connect_timeout_ms / 1000
         for host, port in self.candidates:
+            if self.closed:
+                return
             try:
-                conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                await asyncio.wait_for(loop.create_connection(lambda: self.upstream, host, port), timeout)
             except (OSError, TimeoutError) as exc:
-                log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label,
-                            host, port, exc or "timeout")
+                log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port,
+                            exc or "timeout")
                 continue
             self.upstream_addr = (host, port)
-            return conn
-        log.warning("%s via %s: no broker reachable; closing", self.peer, self.label)
-        return None
+            if self.closed:  # the client left while we were connecting
+                self.upstream.transport.close()
+                return
+            self.resume(self.client, "connecting")
+            early, self._early = self._early, []
+            for data in early:
+                self.requests_received(data)
+            return
+        self.close(f"no broker reachable among {self._candidates_text()}")
+
+    def _candidates_text(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.candidates) or "(unknown broker address)"
+
+    def side_closed(self, side: _Side, eof: bool) -> None:
+        if self.closed:
+            return
+        if side is self.upstream:
+            host, port = self.upstream_addr or ("?", 0)
+            log.info("%s via %s: broker %s:%d closed the connection", self.peer, self.label, host, port)
+        self.close()
 
     def drain(self) -> None:
-        """Stop reading requests; ``run`` returns once in-flight requests are answered (or grace ends)."""
+        """Stop reading requests; close once every request in flight has been answered."""
         self.draining = True
-        if self._request_task is not None:
-            self._request_task.cancel()
+        self.pause(self.client, "draining")
+        if not self.inflight:
+            self.close()
 
-    async def _read_frame(self, reader: asyncio.StreamReader, what: str) -> bytes | None:
+    def close(self, reason: str | None = None) -> None:
+        if self.closed:
+            return
+        if reason:
+            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
+        self.closed = True
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.close()  # flushes what is already written
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def abort(self) -> None:
+        self.close()
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.abort()
+
+    # -- requests: client → broker -----------------------------------------------------------------
+    def requests_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.upstream.transport is None:
+            # The event loop may deliver a first read before a pause takes effect: keep it (one
+            # chunk at most) and pause again; it is replayed once the upstream connection is up.
+            self._early.append(data)
+            self.client.transport.pause_reading()
+            return
         try:
-            prefix = await reader.readexactly(4)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise ProtocolViolation(f"{what} stream ended inside a frame size") from None
-            return None
-        try:
-            size = frame_size(prefix, self.proxy.config.max_frame_bytes)
+            frames = self._requests.feed(data)
+            for frame in frames:
+                self._on_request(frame)
         except FrameError as exc:
-            raise ProtocolViolation(f"{what}: {exc}") from None
-        try:
-            return await reader.readexactly(size)
-        except asyncio.IncompleteReadError:
-            raise ProtocolViolation(f"{what} stream ended inside a frame") from None
-
-    async def _pump_requests(self, up_writer: asyncio.StreamWriter) -> None:
-        try:
-            await self._forward_requests(up_writer)
+            self.close(f"request stream: {exc}")
+            return
         except ProtocolViolation as exc:
-            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, exc)
-        except (ConnectionError, OSError):
-            pass
+            self.close(str(exc))
+            return
+        if frames:
+            self.upstream.transport.writelines(frames)
 
-    async def _forward_requests(self, up_writer: asyncio.StreamWriter) -> None:
-        reader = self.client_reader
-        while True:
-            frame = await self._read_frame(reader, "request")
-            if frame is None:
-                return
-            if self.raw_tokens_left > 0:
-                self.raw_tokens_left -= 1
-                self._push(Pending(_RAW, time.monotonic()))
-            else:
-                header = self._parse_request(frame)
-                if header.api_key == Api.SASL_HANDSHAKE and header.api_version == 0:
-                    self._sasl_mechanism = self._handshake_mechanism(frame, header)
-                if expects_response(frame, header):
-                    self._push(Pending(header, time.monotonic()))
-                self.proxy.stats.requests += 1
-            up_writer.write(len(frame).to_bytes(4, "big"))
-            up_writer.write(frame)
-            await up_writer.drain()
-
-    def _push(self, pending: Pending) -> None:
-        self.inflight.push(pending)
-        self._idle.clear()
-
-    def _parse_request(self, frame: bytes) -> RequestHeader:
+    def _on_request(self, frame: memoryview | bytearray) -> None:
+        now = time.monotonic()
+        if self.raw_tokens_left > 0:
+            self.raw_tokens_left -= 1
+            self.inflight.push(Pending(_RAW, now))
+            return
+        body = frame[4:]
         api = "?"
         try:
-            header = parse_request_header(frame)
+            header = parse_request_header(body)
             api = f"{api_name(header.api_key)} v{header.api_version}"
             cap = self.proxy.version_caps.get(header.api_key)
             if cap is not None and header.api_version > cap:
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
-            if header.api_key == Api.PRODUCE:
-                expects_response(frame, header)  # validates that acks can be read
-            return header
+            answered = expects_response(body, header)
         except (ValueError, struct.error) as exc:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
+        if header.api_key == Api.SASL_HANDSHAKE and header.api_version == 0:
+            self._sasl_mechanism = self._handshake_mechanism(body, header)
+        if answered:
+            self.inflight.push(Pending(header, now))
+        self.proxy.stats.requests += 1
 
     @staticmethod
-    def _handshake_mechanism(frame: bytes, header: RequestHeader) -> str | None:
+    def _handshake_mechanism(body, header: RequestHeader) -> str | None:
         try:
-            return decode_body(request_class(Api.SASL_HANDSHAKE), frame[header.body_offset:], 0).mechanism
-        except Exception:  # noqa: BLE001 - the broker will reject it; we only lose the raw-token count
-            return None
+            return decode_body(request_class(Api.SASL_HANDSHAKE), body[header.body_offset:], 0).mechanism
+        except ValueError:
+            return None  # the broker will reject it; only the raw-token count is lost
 
-    async def _pump_responses(self, up_reader: asyncio.StreamReader) -> None:
-        writer = self.client_writer
-        proxy = self.proxy
+    # -- responses: broker → client ----------------------------------------------------------------
+    def responses_received(self, data: bytes) -> None:
+        if self.closed:
+            return
         try:
-            while True:
-                frame = await self._read_frame(up_reader, "response")
-                if frame is None:
-                    log.info("%s via %s: broker %s:%d closed the connection", self.peer, self.label,
-                             *self.upstream_addr)
-                    return
-                if self.inflight and self.inflight._queue[0].header is _RAW:
-                    self.inflight._queue.popleft()
+            frames = self._responses.feed(data)
+        except FrameError as exc:
+            self.close(f"response stream from broker: {exc}")
+            return
+        self._deliver(frames)
+
+    def _deliver(self, frames) -> None:
+        out: list = []
+        try:
+            for frame in frames:
+                if self._held is not None:
+                    self._held.append(frame)
                 else:
-                    pending = self.inflight.pop(response_correlation_id(frame))
-                    frame = await rewrite_response(
-                        pending, frame, proxy.directory, proxy.topic_ids, proxy.version_caps
-                    )
-                    if pending.header.api_key == Api.SASL_HANDSHAKE and pending.header.api_version == 0:
-                        self._after_handshake_v0(frame)
-                if not self.inflight:
-                    self._idle.set()
-                writer.write(len(frame).to_bytes(4, "big"))
-                writer.write(frame)
-                await writer.drain()
-        except ProtocolViolation as exc:
-            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, exc)
-        except (ConnectionError, OSError):
-            pass
+                    self._on_response(frame, out)
         except Exception as exc:  # noqa: BLE001 - a bad response closes one connection, never the proxy
-            log.warning("%s via %s: cannot process response: %s: %s; closing the connection",
-                        self.peer, self.label, type(exc).__name__, exc)
+            if out:
+                self.client.transport.writelines(out)
+            self.close(f"cannot process response: {type(exc).__name__}: {exc}")
+            return
+        if out:
+            self.client.transport.writelines(out)
+        if self.draining and not self.inflight and self._held is None:
+            self.close()
 
-    def _after_handshake_v0(self, frame: bytes) -> None:
-        if len(frame) >= 6 and frame[4:6] == b"\x00\x00":
+    def _on_response(self, frame, out: list) -> None:
+        head = self.inflight.head()
+        if head is not None and head.header is _RAW:
+            self.inflight.pop(head.header.correlation_id)
+            out.append(frame)
+            return
+        body = frame[4:]
+        pending = self.inflight.pop(response_correlation_id(body))
+        result = inspect_response(pending, body, self.proxy.directory, self.proxy.topic_ids,
+                                  self.proxy.version_caps)
+        if result is None:
+            out.append(frame)
+        elif isinstance(result, AddressEdit):
+            # A broker without a listener yet: hold this and later responses (order is kept) and
+            # stop reading the broker until the listener is up.
+            self._held = deque()
+            self.pause(self.upstream, "new-listener")
+            if out:
+                self.client.transport.writelines(out)
+                out.clear()
+            asyncio.get_running_loop().create_task(self._finish_edit(pending, result))
+            return
+        else:
+            out.append(_SIZE.pack(len(result)))
+            out.append(result)
+        if pending.header.api_key == Api.SASL_HANDSHAKE and pending.header.api_version == 0:
+            self._after_handshake_v0(body)
+
+    async def _finish_edit(self, pending: Pending, edit: AddressEdit) -> None:
+        try:
+            await self.proxy.directory.learn(edit.endpoints)
+            rendered = edit.render(self.proxy.directory)
+        except Exception as exc:  # noqa: BLE001 - e.g. no free port left in the configured range
+            self.close(f"cannot rewrite broker addresses: {type(exc).__name__}: {exc}")
+            return
+        if self.closed:
+            return
+        self.client.transport.writelines([_SIZE.pack(len(rendered)), rendered])
+        held, self._held = self._held, None
+        self._deliver(list(held or ()))
+        if self._held is None:
+            self.resume(self.upstream, "new-listener")
+
+    def _after_handshake_v0(self, body) -> None:
+        if len(body) >= 6 and body[4:6] == b"\x00\x00":
             self.raw_tokens_left = _RAW_ROUND_TRIPS.get(self._sasl_mechanism or "", 1)
-
-    async def _close_client(self) -> None:
-        self.client_writer.close()
-        with contextlib.suppress(Exception):
-            await self.client_writer.wait_closed()

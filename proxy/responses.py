@@ -1,14 +1,17 @@
 """What happens to a response on its way back: broker addresses and ApiVersions rewritten.
 
-Anything else passes as the very bytes the broker sent.
+Anything else passes on as the very bytes the broker sent. Rewriting is synchronous except when a
+response names a broker the proxy has no listener for yet: then the caller must first await
+``BrokerDirectory.learn`` and only then render the edit.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from protocol.addresses import ADDRESS_APIS, decode_addressed
+from protocol.addresses import ADDRESS_APIS, AddressedResponse, BrokerEndpoint, decode_addressed
 from protocol.api_versions import cap_api_versions
 from protocol.apis import Api
 from protocol.headers import response_body_offset
@@ -31,27 +34,42 @@ class TopicIds:
         return self.by_id.get(topic_id)
 
 
-async def rewrite_response(
+@dataclass(slots=True)
+class AddressEdit:
+    """A response whose broker addresses must be rewritten once every broker has a listener."""
+
+    header: bytes
+    decoded: AddressedResponse
+    endpoints: list[BrokerEndpoint]
+
+    def render(self, directory: BrokerDirectory) -> bytes:
+        return self.header + self.decoded.encode(directory.map_endpoint)
+
+
+def inspect_response(
     pending: Pending,
-    frame: bytes,
+    frame: memoryview | bytes,
     directory: BrokerDirectory,
     topics: TopicIds,
     version_caps: Mapping[int, int],
-) -> bytes:
-    """The frame to send to the client for ``pending``'s response (``frame`` itself if unchanged)."""
+) -> bytes | AddressEdit | None:
+    """For a response ``frame`` (without size prefix): None when it passes unchanged, the new frame
+    when it could be rewritten at once, or an AddressEdit that needs listeners started first."""
     key = pending.header.api_key
     version = pending.header.api_version
     if key in ADDRESS_APIS:
         offset = response_body_offset(frame, key, version)
         decoded = decode_addressed(key, version, frame[offset:])
         if decoded is None:
-            return frame
+            return None
         endpoints = decoded.endpoints()
-        await directory.learn(endpoints)
         topics.update(decoded.topic_ids())
-        return frame[:offset] + decoded.encode(directory.map_endpoint)
+        edit = AddressEdit(bytes(frame[:offset]), decoded, endpoints)
+        if directory.observe(endpoints):
+            return edit
+        return edit.render(directory)
     if key == Api.API_VERSIONS:
         offset = response_body_offset(frame, key, version)
         body = cap_api_versions(frame[offset:], version, version_caps)
-        return frame if body is None else frame[:offset] + body
-    return frame
+        return None if body is None else bytes(frame[:offset]) + body
+    return None

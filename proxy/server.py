@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from protocol.api_versions import decode_caps
 from protocol.apis import Api
 from proxy.brokers import BrokerDirectory
 from proxy.connection import Connection
+from proxy.discovery import discover_brokers
 from proxy.responses import TopicIds
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ class Proxy:
         self.stats = Stats()
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.AbstractServer] = {}
-        self._tasks: set[asyncio.Task] = set()
         self._bootstrap_rr = itertools.count()
         self._closing = False
 
@@ -50,8 +49,15 @@ class Proxy:
 
     async def start(self) -> None:
         listen = self.config.listen
-        self._servers[None] = await asyncio.start_server(
-            self._on_bootstrap_client, listen.host, listen.bootstrap_port, reuse_address=True
+        loop = asyncio.get_running_loop()
+        brokers = await discover_brokers(
+            self.config.upstream.addresses(), self.config.upstream.connect_timeout_ms / 1000,
+            self.config.max_frame_bytes,
+        )
+        if brokers:
+            await self.directory.learn(brokers)
+        self._servers[None] = await loop.create_server(
+            lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True
         )
         log.info(
             "bootstrap listener on %s:%d for %s; point clients at %s",
@@ -60,20 +66,15 @@ class Proxy:
         )
 
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._serve(reader, writer, node_id)
-
-        server = await asyncio.start_server(on_client, self.config.listen.host, port, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True
+        )
         self._servers[node_id] = server
         return server.sockets[0].getsockname()[1]
 
-    async def _on_bootstrap_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._serve(reader, writer, None)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, node_id: int | None):
-        if self._closing:
-            writer.close()
-            return
+    def _accept(self, node_id: int | None):
+        """A new client socket: pair it with an upstream connection (made by the Connection)."""
         if node_id is None:
             addrs = self.config.upstream.addresses()
             start = next(self._bootstrap_rr) % len(addrs)
@@ -83,20 +84,13 @@ class Proxy:
             target = self.directory.upstream_of(node_id)
             candidates = [target] if target else []
             label = f"broker {node_id}"
-        conn = Connection(self, reader, writer, candidates, label)
+        conn = Connection(self, candidates, label)
         self.connections.add(conn)
         self.stats.connections_total += 1
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            await conn.run()
-        except Exception:  # noqa: BLE001 - one connection's failure never reaches the listener
-            log.exception("%s via %s: unexpected error; connection closed", conn.peer, label)
-        finally:
-            self.connections.discard(conn)
-            if task is not None:
-                self._tasks.discard(task)
+        conn.done.add_done_callback(lambda _f: self.connections.discard(conn))
+        if self._closing:
+            conn.drain()
+        return conn.client
 
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the grace period), close everything."""
@@ -106,18 +100,15 @@ class Proxy:
         log.info("shutting down: %d connections to drain", len(self.connections))
         for server in self._servers.values():
             server.close()
-        for conn in list(self.connections):
+        conns = list(self.connections)
+        for conn in conns:
             conn.drain()
-        pending = list(self._tasks)
-        if pending:
-            grace = self.config.shutdown_grace_ms / 1000 + 1
-            _, still = await asyncio.wait(pending, timeout=grace)
-            for task in still:
-                task.cancel()
-            for task in still:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        if conns:
+            _, late = await asyncio.wait([c.done for c in conns], timeout=self.config.shutdown_grace_ms / 1000)
+            if late:
+                log.warning("%d connections still had requests in flight after the grace period", len(late))
+            for conn in conns:
+                conn.abort()
         for server in self._servers.values():
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+            await server.wait_closed()
         log.info("shut down")

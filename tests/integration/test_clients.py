@@ -66,7 +66,7 @@ def test_confluent_kafka_librdkafka(cluster, proxy):
             producer.produce(topic, value=f"m{i}".encode(), key=str(i % 4).encode())
         assert producer.flush(30) == 0
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": _topic("g"),
-                             "auto.offset.reset": "earliest"})
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
         consumer.subscribe([topic])
         got = _consume(consumer, N)
         consumer.commit(asynchronous=False)

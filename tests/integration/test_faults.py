@@ -82,3 +82,21 @@ def test_sigterm_finishes_in_flight_requests_then_exits(cluster, fresh_proxy):
     assert p.proc.wait(20) == 0
     with pytest.raises(OSError):
         KafkaWire(p.bootstrap, timeout=2)
+
+
+def test_broker_listeners_exist_from_startup(cluster, fresh_proxy):
+    """A client that cached broker addresses (say, across a proxy restart) reconnects at once: the
+    proxy asks the cluster for its brokers at startup instead of waiting for a Metadata response."""
+    from kafka.protocol.metadata import ApiVersionsRequest
+
+    from tests.harness import free_port
+
+    first = free_port()
+    p = fresh_proxy(**{"listen.broker_ports": f"{first}-{first + 10}"})
+    for b in cluster.brokers:
+        wire = KafkaWire(f"127.0.0.1:{first + b.node_id}")  # never told about it by the proxy
+        wire.send(ApiVersionsRequest(client_software_name="t", client_software_version="1"), 3)
+        _, resp = wire.recv()
+        assert resp.error_code == 0
+        wire.close()
+    assert p.alive()
