@@ -203,7 +203,7 @@ class Connection:
             self.raw_tokens_left -= 1
             self.inflight.push(Pending(_RAW, now))
             return
-        body = frame[4:]
+        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
         api = "?"
         try:
             header = parse_request_header(body)
@@ -262,7 +262,7 @@ class Connection:
             self.inflight.pop(head.header.correlation_id)
             out.append(frame)
             return
-        body = frame[4:]
+        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
         pending = self.inflight.pop(response_correlation_id(body))
         result = inspect_response(pending, body, self.proxy.directory, self.proxy.topic_ids,
                                   self.proxy.version_caps)
