@@ -1,0 +1,483 @@
+"""Pass-through cost of the proxy: real Kafka clients direct to a 3-broker cluster vs through the proxy.
+
+    .venv/bin/python -m bench.run [--records N] [--repeats R] [--quick] [--profile] [--output PATH]
+
+Why it is built this way:
+  * One cluster, one topic (3 partitions, RF 3) and one proxy process for every measurement, so the
+    only difference between a "direct" and a "proxy" sample is the extra hop.
+  * Direct and proxy runs are interleaved per workload (ABBA order across repeats) and the medians are
+    compared: the machine is small and noisy, so drift over the run must hit both sides alike.
+  * Two client stacks (Java: producer/consumer-perf-test; librdkafka: kcat, confluent-kafka), because
+    they batch and pipeline differently and a proxy can be fine for one and a bottleneck for the other.
+  * Java perf tools print latency percentiles in whole milliseconds, too coarse for a 0.2 ms target, so
+    a sequential confluent-kafka producer (one 1 KiB acks=all record in flight at a time) measures
+    round trips with sub-millisecond resolution.
+  * The proxy's CPU (psutil cpu_times before/after each proxy run) shows how close it is to saturating
+    its single event-loop thread, which is what limits a Python proxy.
+  * Profiling (``--profile``) attaches py-spy to the same warm proxy only after all measurements, so the
+    numbers in the table are never taken under a profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tests.harness import KafkaCluster
+from tests.support import REPO, ProxyProcess
+
+TOPIC = "bench"
+RECORD = 1024
+MIB = 1024 * 1024
+PERF_JVM = ("-Xmx512m",)  # full tiered JIT: the harness's C1-only tool default would make the client the bottleneck
+THROUGHPUT_TARGET = 0.95  # proxy/direct
+LATENCY_TARGET_MS = 0.2  # added p50
+PROFILE_DIR = REPO / "bench" / "profiles"
+
+Metrics = dict[str, float]  # "_active_s": seconds of actual work in the run (for the proxy's % of a core)
+
+
+def _run(cmd: list[str], timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run a client to completion; fail loudly (a silently failed run would be a fake number)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd[:3])}… exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p, wall
+
+
+_PERF_LINE = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+    r"[\d.]+ ms max latency, (\d+) ms 50th, \d+ ms 95th, (\d+) ms 99th"
+)
+
+
+def java_produce(cluster: KafkaCluster, bootstrap: str, n: int, throughput: int) -> Metrics:
+    """producer-perf-test, 1 KiB records, acks=all, other producer settings at their defaults."""
+    cmd = cluster.tool_cmd(
+        "producer_perf", "--bootstrap-server", bootstrap, "--topic", TOPIC, "--num-records", str(n),
+        "--record-size", str(RECORD), "--throughput", str(throughput), "--command-property", "acks=all",
+        jvm_opts=PERF_JVM,
+    )  # fmt: skip
+    p, _ = _run(cmd)
+    found = _PERF_LINE.findall(p.stdout)
+    if not found or int(found[-1][0]) != n:
+        raise RuntimeError(f"producer-perf-test summary missing or short:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    _, rps, mbps, avg, p50, p99 = map(float, found[-1])
+    return {"rps": rps, "mbps": mbps, "avg": avg, "p50": p50, "p99": p99, "_active_s": n / rps}
+
+
+def java_consume(cluster: KafkaCluster, bootstrap: str, n: int) -> Metrics:
+    """consumer-perf-test from the beginning with a fresh group; fetch MB/s excludes the group join."""
+    cmd = cluster.tool_cmd(
+        "consumer_perf", "--bootstrap-server", bootstrap, "--topic", TOPIC, "--num-records", str(n),
+        "--group", f"bench-{time.time_ns()}", "--timeout", "30000", jvm_opts=PERF_JVM,
+    )  # fmt: skip
+    p, _ = _run(cmd)
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("start.time"))
+    row = dict(zip((h.strip() for h in lines[i].split(",")), (v.strip() for v in lines[i + 1].split(",")), strict=True))
+    if int(row["data.consumed.in.nMsg"]) < n:
+        raise RuntimeError(f"consumer-perf-test read only {row['data.consumed.in.nMsg']} of {n} records")
+    fetch_s = float(row["fetch.time.ms"]) / 1000
+    return {"mbps": float(row["MB.sec"]), "fetch_mbps": float(row["fetch.MB.sec"]), "_active_s": fetch_s}
+
+
+def kcat_produce(bootstrap: str, payload: Path, n: int) -> Metrics:
+    """kcat (librdkafka) producing n 1 KiB lines from a file; wall clock includes its (small) startup."""
+    cmd = ["kcat", "-P", "-b", bootstrap, "-t", TOPIC, "-X", "acks=all", "-X", "linger.ms=5", "-l", str(payload)]
+    p, wall = _run(cmd)
+    if re.search(r"fail|error", p.stderr, re.IGNORECASE):
+        raise RuntimeError(f"kcat producer reported errors:\n{p.stderr[-2000:]}")
+    return {"mbps": n * RECORD / MIB / wall, "_active_s": wall}
+
+
+def kcat_consume(bootstrap: str, n: int) -> Metrics:
+    """kcat reading n records from the beginning; prints one byte per record so we can count them."""
+    p, wall = _run(["kcat", "-C", "-b", bootstrap, "-t", TOPIC, "-o", "beginning", "-e", "-c", str(n), "-q", "-f", "."])
+    if len(p.stdout) != n:
+        raise RuntimeError(f"kcat consumed {len(p.stdout)} of {n} records:\n{p.stderr[-2000:]}")
+    return {"mbps": n * RECORD / MIB / wall, "_active_s": wall}
+
+
+def probe_latency(bootstrap: str, n: int) -> Metrics:
+    """Sequential acks=all produce round trips (one record in flight) timed with perf_counter."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "socket.nagle.disable": True})
+    value, warmup, lat = os.urandom(RECORD), 50, []
+    for i in range(n + warmup):
+        t0 = time.perf_counter()
+        producer.produce(TOPIC, value, partition=i % 3)
+        if producer.flush(10) != 0:
+            raise RuntimeError("probe record not delivered within 10 s")
+        if i >= warmup:
+            lat.append((time.perf_counter() - t0) * 1000)
+    q = statistics.quantiles(lat, n=100)
+    return {"p50": statistics.median(lat), "p99": q[98], "_active_s": sum(lat) / 1000}
+
+
+@dataclass
+class Workload:
+    """One client run, measured on both sides; samples are kept per side for medians."""
+
+    name: str
+    run: Callable[[str], Metrics]
+    samples: dict[str, list[Metrics]] = field(default_factory=lambda: {"direct": [], "proxy": []})
+    proxy_cpu: list[tuple[float, float]] = field(default_factory=list)  # (CPU seconds, active seconds) per run
+
+
+# (workload, metric key, label, "tput" = higher is better and held to the throughput target, or "lat")
+ROWS: list[tuple[str, str, str, str]] = [
+    ("java-produce", "rps", "Java producer, unthrottled: records/s", "tput"),
+    ("java-produce", "mbps", "Java producer, unthrottled: MB/s", "tput"),
+    ("java-produce", "p50", "Java producer, unthrottled: p50 latency ms", "lat"),
+    ("java-produce", "p99", "Java producer, unthrottled: p99 latency ms", "lat"),
+    ("java-fixed", "avg", "Java producer @ fixed rate: avg latency ms", "lat"),
+    ("java-fixed", "p50", "Java producer @ fixed rate: p50 latency ms", "lat"),
+    ("java-fixed", "p99", "Java producer @ fixed rate: p99 latency ms", "lat"),
+    ("java-consume", "fetch_mbps", "Java consumer: fetch MB/s", "tput"),
+    ("java-consume", "mbps", "Java consumer: MB/s incl. group join", "tput"),
+    ("kcat-produce", "mbps", "kcat producer: MB/s", "tput"),
+    ("kcat-consume", "mbps", "kcat consumer: MB/s", "tput"),
+    ("probe", "p50", "confluent-kafka sequential produce: p50 ms", "lat"),
+    ("probe", "p99", "confluent-kafka sequential produce: p99 ms", "lat"),
+]
+
+
+def _med(w: Workload, side: str, key: str) -> float:
+    return statistics.median(s[key] for s in w.samples[side])
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def results_markdown(wl: dict[str, Workload]) -> tuple[str, list[str]]:
+    """The comparison table, the proxy CPU table, and verdict lines on the two targets."""
+    out = ["| metric | direct | proxy | ratio (proxy/direct) | direct range | proxy range |",
+           "|---|---:|---:|---:|---:|---:|"]
+    misses: list[str] = []
+    for name, key, label, kind in ROWS:
+        w = wl[name]
+        d, p = _med(w, "direct", key), _med(w, "proxy", key)
+        rng = {s: f"{_fmt(min(v))}–{_fmt(max(v))}" for s in w.samples if (v := [m[key] for m in w.samples[s]])}
+        ratio = p / d if d else float("nan")
+        flag = " ✗" if kind == "tput" and ratio < THROUGHPUT_TARGET else ""
+        out.append(f"| {label} | {_fmt(d)} | {_fmt(p)} | {ratio:.3f}{flag} | {rng['direct']} | {rng['proxy']} |")
+        if flag:
+            misses.append(f"{label}: {ratio:.3f} < {THROUGHPUT_TARGET}")
+    added_probe = _med(wl["probe"], "proxy", "p50") - _med(wl["probe"], "direct", "p50")
+    added_java = _med(wl["java-fixed"], "proxy", "p50") - _med(wl["java-fixed"], "direct", "p50")
+    added_avg = _med(wl["java-fixed"], "proxy", "avg") - _med(wl["java-fixed"], "direct", "avg")
+    out += [
+        "",
+        f"**Added p50 latency** (proxy p50 − direct p50): **{added_probe:+.3f} ms** with the sequential "
+        f"confluent-kafka probe (sub-ms resolution); {added_java:+.0f} ms with producer-perf-test at a fixed rate "
+        f"(whole-ms resolution; its avg latency moved {added_avg:+.2f} ms).",
+    ]
+    if added_probe > LATENCY_TARGET_MS:
+        misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
+    out += ["", "| workload (proxy runs) | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
+            "|---|---:|---:|---:|"]  # fmt: skip
+    for w in wl.values():
+        cpu = statistics.median(c for c, _ in w.proxy_cpu)
+        act = statistics.median(a for _, a in w.proxy_cpu)
+        pct = statistics.median(100 * c / a for c, a in w.proxy_cpu)
+        out.append(f"| {w.name} | {cpu:.2f} | {act:.2f} | {pct:.0f}% |")
+    return "\n".join(out), misses
+
+
+def write_payload(path: Path, n: int) -> None:
+    """n lines of 1024 random base64 characters: kcat sends each line as one 1 KiB record."""
+    with path.open("wb") as f:
+        for start in range(0, n, 1000):
+            block = base64.b64encode(os.urandom(768 * 1000))
+            f.write(b"".join(block[j * RECORD : (j + 1) * RECORD] + b"\n" for j in range(min(1000, n - start))))
+
+
+# ------------------------------------------------------------------------------------------ profiling
+def _pyspy() -> str:
+    local = Path(sys.executable).parent / "py-spy"
+    found = str(local) if local.exists() else shutil.which("py-spy")
+    if not found:
+        raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy (a binary wheel from PyPI)")
+    return found
+
+
+def _short(frame: str) -> str:
+    """'func (/long/path/site-packages/pkg/mod.py:12)' -> 'func (pkg/mod.py:12)'."""
+    frame = frame.replace(str(REPO) + "/", "")
+    return re.sub(r"\((?:[^()]*/(?:site-packages|lib/python3\.\d+)/)", "(", frame)
+
+
+def profile_summary(path: Path, top: int = 12) -> tuple[str, list[tuple[str, str]]]:
+    """Header and (title, markdown table) pairs from py-spy's raw output, in % of the proxy's busy samples.
+
+    Self time by function and by where the code lives (libc = system calls and memcpy; libpython =
+    the interpreter; uvloop's .so; our modules), and cumulative time below the event loop's root frames.
+    """
+    self_t: Counter[str] = Counter()
+    cum_t: Counter[str] = Counter()
+    idle = 0
+    for line in path.read_text().splitlines():  # py-spy raw: "frame;frame;...;leaf count" per distinct stack
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r"^0x[0-9a-f]+ ", "<unnamed> ", _short(f)) for f in stack.split(";")]
+        if frames[-1].startswith(("epoll_wait ", "epoll_pwait ")):  # waiting for I/O: idle, py-spy missed it
+            idle += int(count)
+            continue
+        self_t[frames[-1]] += int(count)
+        for f in set(frames):
+            cum_t[f] += int(count)
+    total = sum(self_t.values())
+    unit = f"py-spy samples at 200 Hz, idle excluded (and {idle} more in epoll_wait, i.e. idle, dropped)"
+    where: Counter[str] = Counter()
+    for k, v in self_t.items():
+        where[re.sub(r":\d+$", "", k.rpartition(" (")[2].rstrip(")"))] += v
+    below_root = Counter({k: v for k, v in cum_t.items() if v < 0.99 * total and ".py:" in k})
+
+    def table(c: Counter[str], what: str) -> str:
+        return "\n".join([f"| % | {what} |", "|---:|---|"] +
+                         [f"| {100 * v / total:.1f} | `{k}` |" for k, v in c.most_common(top)])  # fmt: skip
+
+    return f"{total:.0f} {unit}", [
+        ("Self time by function", table(self_t, "function")),
+        ("Self time by library / module", table(where, "where")),
+        ("Cumulative time, Python functions below the event loop's root", table(below_root, "function")),
+    ]
+
+
+def _profiled(cmd: list[str], fn: Callable[[], Metrics]) -> tuple[Metrics, float]:
+    """Run ``fn`` while the profiler ``cmd`` is attached; both py-spy and perf write their output on SIGINT."""
+    prof = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)  # let it attach
+    t0 = time.perf_counter()
+    try:
+        return fn(), time.perf_counter() - t0
+    finally:
+        prof.send_signal(signal.SIGINT)
+        prof.wait(120)
+
+
+def perf_tables(data: Path, top: int = 12) -> list[tuple[str, str]]:
+    """Self on-CPU time by library and by symbol from ``perf report`` ([k] = kernel, [.] = user space)."""
+    tables = []
+    for sort, title in (("dso", "On-CPU time by library (perf)"), ("sym", "On-CPU hottest symbols (perf)")):
+        out = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", sort, "--stdio",
+                              "-g", "none"], capture_output=True, text=True).stdout  # fmt: skip
+        rows = re.findall(r"^\s*([\d.]+)%\s+(.+?)\s*$", out, re.MULTILINE)[:top]
+        tables.append((title, "\n".join(["| % | where |", "|---:|---|", *(f"| {p} | `{w}` |" for p, w in rows)])))
+    return tables
+
+
+def run_profiles(cluster: KafkaCluster, proxy: ProxyProcess, n: int) -> str:
+    """Profiles of the measured (warm) proxy, one run each of a Java produce, a Java consume and a kcat
+    consume (the client that pushes the proxy hardest).
+
+    py-spy (--native: which C code the time goes to) samples the thread whenever it is not idle, which on
+    this oversubscribed 2-core machine includes time runnable but waiting for a CPU; so, when perf is
+    installed, a second run of the same workload under ``perf record`` gives the true on-CPU split.
+    """
+    PROFILE_DIR.mkdir(exist_ok=True)
+    (PROFILE_DIR / ".gitignore").write_text("*\n")
+    assert proxy.proc is not None
+    pid = str(proxy.proc.pid)
+    runs: list[tuple[str, Callable[[], Metrics], str]] = [
+        ("Java producer", lambda: java_produce(cluster, proxy.bootstrap, n, -1), "mbps"),
+        ("Java consumer", lambda: java_consume(cluster, proxy.bootstrap, 3 * n), "fetch_mbps"),
+        ("kcat consumer", lambda: kcat_consume(proxy.bootstrap, 3 * n), "mbps"),
+    ]
+    parts = ["Profilers attached to the long-lived proxy after the measurements, one run each (raw output in "
+             "`bench/profiles/`, git-ignored). py-spy percentages are of the samples in which the proxy's "
+             "thread was not idle (on a CPU *or waiting for one*); perf percentages are of on-CPU samples."]
+    for name, fn, key in runs:
+        slug = name.replace(" ", "-").lower()
+        out = PROFILE_DIR / f"{slug}.txt"
+        m, wall = _profiled([_pyspy(), "record", "--pid", pid, "--native", "--rate", "200", "--function",
+                             "--format", "raw", "-o", str(out)], fn)  # fmt: skip
+        head, tables = profile_summary(out)
+        print(f"profile {name}: {m[key]:.1f} MB/s under py-spy, {head}", flush=True)
+        parts += ["", f"### {name} run ({m[key]:.1f} MB/s under py-spy, {wall:.1f} s; {head})"]
+        if shutil.which("perf"):
+            data = PROFILE_DIR / f"{slug}.perf.data"
+            m, _ = _profiled(["perf", "record", "-F", "499", "-p", pid, "-o", str(data)], fn)
+            parts += ["", f"Under perf (499 Hz): {m[key]:.1f} MB/s."]
+            tables += perf_tables(data)
+        for heading, tab in tables:
+            parts += ["", f"{heading}:", "", tab]
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------- main
+def warm_up(cluster: KafkaCluster, proxy_bs: str, wl: dict[str, Workload], n: int, budget_s: float) -> float:
+    """Unmeasured runs until the brokers are warm; returns the seconds spent.
+
+    Freshly started brokers are slow: in trials on this machine their C2 JIT took ~300 MB of acks=all
+    traffic to settle, direct producer throughput rising 4x (1.8 -> 7.5 MB/s) over six 50 MB runs. So
+    produce (both sides, >= 3 rounds) until direct throughput changes < 10% between rounds or the budget
+    is spent, then run every other workload once per side for its own code paths (fetch, kcat, probe).
+    """
+    t0, seen = time.monotonic(), [0.0]
+    while time.monotonic() - t0 < budget_s:
+        seen.append(java_produce(cluster, cluster.bootstrap, n, -1)["mbps"])
+        via = java_produce(cluster, proxy_bs, n, -1)["mbps"]
+        print(f"warm-up produce: direct {seen[-1]:.1f} MB/s, proxy {via:.1f} MB/s", flush=True)
+        if len(seen) > 3 and abs(seen[-1] - seen[-2]) < 0.1 * seen[-2]:
+            break
+    for w in list(wl.values())[1:]:
+        for bs in (cluster.bootstrap, proxy_bs):
+            w.run(bs)
+    print(f"warm-up done in {time.monotonic() - t0:.0f} s", flush=True)
+    return time.monotonic() - t0
+
+
+def proxy_code_version() -> str:
+    """Commit the proxy runs from, and whether its working tree differs (results belong to that code)."""
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "proxy", "protocol", "config"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return f"commit {git.strip()}" + (" plus uncommitted changes in proxy/protocol/config" if dirty else "")
+
+
+def machine_info(cluster: KafkaCluster, code: str) -> list[str]:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = m.group(1).strip() if (m := re.search(r"model name\s*:\s*(.*)", cpuinfo)) else platform.processor()
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    kcat = re.search(r"librdkafka [\d.]+", subprocess.run(["kcat", "-V"], capture_output=True, text=True).stdout)
+    import confluent_kafka
+
+    dist = cluster.dist
+    tools = getattr(dist, "tools_version", cluster.version)
+    return [
+        f"- Machine: {os.cpu_count()} CPUs (nproc), {model}, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
+        f"Linux {platform.release()}; shared by the 3 brokers, the clients and the proxy.",
+        f"- Kafka: broker {cluster.version}, CLI/perf tools {tools} (3 combined broker+controller KRaft nodes, "
+        f"tests.harness defaults); {java}.",
+        f"- Python {platform.python_version()} (proxy on uvloop); kcat with {kcat.group(0) if kcat else '?'}; "
+        f"confluent-kafka {confluent_kafka.__version__} (librdkafka {confluent_kafka.libversion()[0]}).",
+        f"- Proxy code: {code}.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, help="records per throughput run (default 300000; quick 30000)")
+    ap.add_argument("--repeats", type=int, help="direct/proxy pairs per workload (default 3; quick 1)")
+    ap.add_argument("--quick", action="store_true", help="small sanity run; writes no report unless --output")
+    ap.add_argument("--profile", action="store_true", help="afterwards, profile the proxy in one produce/consume run")
+    ap.add_argument("--output", help="markdown report (default BENCHMARKS.md, none with --quick)")
+    args = ap.parse_args(argv)
+    n = args.records or (30_000 if args.quick else 300_000)
+    repeats = args.repeats or (1 if args.quick else 3)
+    rate, rate_s = 2000, (5 if args.quick else 12)
+    probes = 300 if args.quick else 2000
+    output = Path(args.output) if args.output else None if args.quick else REPO / "BENCHMARKS.md"
+    command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
+    started = datetime.datetime.now().astimezone()
+    code = proxy_code_version()  # now: others may edit the tree while we run
+    workdir = Path(tempfile.mkdtemp(prefix="ktp-bench-"))
+    t_start = time.monotonic()
+    try:
+        with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
+            cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", TOPIC,
+                         "--partitions", "3", "--replication-factor", "3", check=True)  # fmt: skip
+            payload = workdir / "payload.txt"
+            write_payload(payload, n)
+            proxy = ProxyProcess(workdir, cluster.bootstrap).start()
+            proxy_ps = psutil.Process(proxy.proc.pid)  # type: ignore[union-attr]
+            wl = {w.name: w for w in [
+                Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1)),
+                Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate)),
+                Workload("kcat-produce", lambda bs: kcat_produce(bs, payload, n)),
+                Workload("java-consume", lambda bs: java_consume(cluster, bs, 3 * n)),
+                Workload("kcat-consume", lambda bs: kcat_consume(bs, 3 * n)),
+                Workload("probe", lambda bs: probe_latency(bs, probes)),
+            ]}  # fmt: skip
+            print(f"cluster {cluster.bootstrap}, proxy {proxy.bootstrap}; warming up", flush=True)
+            warm_s = warm_up(cluster, proxy.bootstrap, wl, max(n // 3, 10_000), 45 if args.quick else 150)
+            for r in range(repeats):
+                for w in wl.values():
+                    for side in ("direct", "proxy") if r % 2 == 0 else ("proxy", "direct"):
+                        bs = proxy.bootstrap if side == "proxy" else cluster.bootstrap
+                        cpu0, t0 = proxy_ps.cpu_times(), time.perf_counter()
+                        m = w.run(bs)
+                        cpu1, wall = proxy_ps.cpu_times(), time.perf_counter() - t0
+                        cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                        w.samples[side].append(m)
+                        if side == "proxy":
+                            w.proxy_cpu.append((cpu, m["_active_s"]))
+                        shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
+                        print(f"[{r + 1}/{repeats}] {w.name:13} {side:6} {shown}  "
+                              f"(wall {wall:.1f}s, proxy cpu {cpu:.2f}s)", flush=True)  # fmt: skip
+            warnings = sum(" WARNING " in ln for ln in proxy.log().splitlines())
+            table, misses = results_markdown(wl)
+            print("\n" + table + "\n")
+            verdict = (["**Both targets met.**"] if not misses else
+                       ["**Targets not met:**", *(f"- {m}" for m in misses)])  # fmt: skip
+            print("\n".join(verdict), flush=True)
+            profile = run_profiles(cluster, proxy, n) if args.profile else ""
+            if proxy.terminate() != 0:
+                raise RuntimeError(f"proxy exited badly:\n{proxy.log()[-3000:]}")
+            info = machine_info(cluster, code)
+        shutil.rmtree(workdir, ignore_errors=True)
+    except BaseException:
+        print(f"failed; kept {workdir} for the proxy and broker logs", file=sys.stderr)
+        raise
+    minutes = (time.monotonic() - t_start) / 60
+    print(f"total {minutes:.1f} min")
+    if output is None:
+        return 0
+    doc = [
+        "# Benchmarks: pass-through cost of the proxy", "",
+        f"Targets: pass-through throughput ≥ {THROUGHPUT_TARGET} × direct; added p50 latency ≤ {LATENCY_TARGET_MS} ms.",
+        "", "## How it was measured", "",
+        f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.", *info,
+        f"- Topic `{TOPIC}`: 3 partitions, replication factor 3. Records are 1 KiB. Throughput runs move "
+        f"{n:,} records each (consumers {3 * n:,}: they are fast); the fixed-rate latency run sends {rate} "
+        f"records/s for {rate_s} s; the probe times "
+        f"{probes} sequential produce round trips. MB = MiB, as Kafka's tools print.",
+        "- Clients: Java producer-perf-test (acks=all, default batching: linger.ms 5, batch.size 16 KiB) and "
+        "consumer-perf-test (fresh group, from the beginning), JVMs with `-Xmx512m` and the full JIT; "
+        "kcat producing from a file (acks=all, linger.ms=5) and consuming (`-C -e -o beginning -c N`), timed "
+        "wall-clock including startup on both sides; a confluent-kafka producer in the benchmark process "
+        "(acks=all, linger.ms=0, one record in flight).",
+        f"- Each workload runs direct and through one long-lived proxy process, interleaved, {repeats} pair(s), "
+        "alternating which side goes first (ABBA); the table shows medians and the min–max of the samples. "
+        f"Warm-up first ({warm_s:.0f} s, unmeasured): producer runs on both sides until direct throughput "
+        "is steady (fresh brokers' JIT needs a few hundred MB), then each other workload once per side.",
+        "- Proxy CPU: psutil user+system time of the proxy process across each proxy run, divided by the "
+        "run's active time (records/throughput for the producer, fetch time for the Java consumer, wall time "
+        "for kcat and the probe). 100% = one core, the most a single-threaded event loop can use.",
+        f"- Proxy log after the measured runs: {warnings} WARNING lines.", "",
+        "## Results", "", table, "", *verdict, "",
+    ]  # fmt: skip
+    if profile:
+        doc += ["## Where the proxy spends its time", "", profile]
+    # Hand-written interpretation survives re-runs (it says which run it was written for).
+    notes = output.read_text().partition("\n## Notes")[2] if output.exists() else ""
+    output.write_text("\n".join(doc).rstrip() + "\n" + (f"\n## Notes{notes}" if notes else ""))
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
