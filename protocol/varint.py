@@ -24,15 +24,6 @@ def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
-def encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value & ~0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
