@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -84,6 +86,87 @@ class ListenConfig(_Strict):
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
 
 
+def _entity_name(value: str | None):
+    if value is None:
+        return None
+    return DEFAULT if value == "<default>" else value
+
+
+class QuotaEntry(_Strict):
+    """One quota entity as an operator writes it: ``{entity: {user: alice}, quotas: {producer_byte_rate: 1e6}}``.
+
+    Entity names are spelled as ``kafka-configs`` prints them: a name, or ``<default>`` for the default entity.
+    """
+
+    entity: dict[Literal["user", "client-id"], str]
+    quotas: dict[str, float] = Field(min_length=1)
+
+    def quota_entity(self) -> QuotaEntity:
+        return QuotaEntity(_entity_name(self.entity.get("user")), _entity_name(self.entity.get("client-id")))
+
+    @model_validator(mode="after")
+    def _check(self):
+        try:
+            entity = self.quota_entity()
+        except QuotaEntityError as exc:
+            raise ValueError(f"entity {self.entity}: {exc}") from None
+        for key, value in self.quotas.items():
+            try:
+                validate_quota(entity, key, value)
+            except QuotaValueError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+
+class QuotaConfig(_Strict):
+    """How quotas are enforced, and the quotas the operator writes in this file."""
+
+    enforce: bool = True
+    """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""
+    scope: Literal["broker", "cluster"] = "broker"
+    """``broker``: one bucket per entity per broker, as Kafka enforces (a quota set for Kafka means the same
+    here). ``cluster``: one bucket per entity across every broker its connections reach."""
+    window_num: int = Field(default=11, ge=2)
+    window_size_seconds: float = Field(default=1.0, gt=0)
+    controller_window_num: int = Field(default=11, ge=1)
+    controller_window_size_seconds: float = Field(default=1.0, gt=0)
+    producer_id_window_num: int = Field(default=11, ge=2)
+    producer_id_window_size_seconds: float = Field(default=3600.0, gt=0)
+    producer_id_cleanup_interval_ms: int = Field(default=10, gt=0)
+    charge_validate_only: bool = False
+    """KIP-599 makes validate-only requests free; KRaft brokers charge them. Free by default, as the KIP says."""
+    admins: list[str] = []
+    """Principals allowed to AlterClientQuotas through the proxy (others get CLUSTER_AUTHORIZATION_FAILED)."""
+    state_file: str | None = None
+    """Where quotas altered through AlterClientQuotas are kept, so they survive a restart."""
+    import_interval_seconds: float | None = Field(default=None, gt=0)
+    """When set, the cluster's own client quotas are read (DescribeClientQuotas) this often and enforced."""
+    entity_idle_seconds: float = Field(default=3600.0, gt=0)
+    """Per-entity rate state (and its metrics) is dropped after this long without traffic, as Kafka does."""
+    entities: list[QuotaEntry] = []
+
+    @model_validator(mode="after")
+    def _unique(self):
+        seen: set[QuotaEntity] = set()
+        for i, entry in enumerate(self.entities):
+            entity = entry.quota_entity()
+            if entity in seen:
+                raise ValueError(f"entities[{i}]: {entity} is listed twice")
+            seen.add(entity)
+        return self
+
+
+class MetricsConfig(_Strict):
+    port: int | None = Field(default=None, ge=0, lt=65536)
+    """Prometheus endpoint port; unset = no endpoint, 0 = a free port (logged)."""
+    host: str = "127.0.0.1"
+
+
+class SaslConfig(_Strict):
+    oauthbearer_principal_claim: str = Field(default="sub", min_length=1)
+    """Must match the broker's ``sasl.oauthbearer.sub.claim.name``."""
+
+
 class ProxyConfig(_Strict):
     upstream: UpstreamConfig
     listen: ListenConfig = ListenConfig()
@@ -92,3 +175,6 @@ class ProxyConfig(_Strict):
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    quotas: QuotaConfig = QuotaConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    sasl: SaslConfig = SaslConfig()

@@ -1,4 +1,5 @@
-"""Muting: "this connection may not be read until T" (KIP-219).
+"""Per-connection muting (KIP-219): the client's requests are not read until a deadline."""
 
-Empty until the quota issues.
-"""
+from mute.channel import ChannelMute
+
+__all__ = ["ChannelMute"]

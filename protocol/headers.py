@@ -70,3 +70,13 @@ def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: i
 
 def encode_response_header(correlation_id: int, flexible: bool) -> bytes:
     return _CORR.pack(correlation_id) + (b"\x00" if flexible else b"")
+
+
+def encode_request_header(api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytes:
+    """A request header for a request the proxy sends on its own account (v1, or v2 for flexible versions)."""
+    flexible = request_is_flexible(api_key, api_version)
+    if flexible is None:
+        raise HeaderError(f"cannot build a header for unknown api {api_key}")
+    cid = b"" if client_id is None else client_id.encode("utf-8")
+    head = _REQ.pack(api_key, api_version, correlation_id, len(cid) if client_id is not None else -1) + cid
+    return head + (b"\x00" if flexible else b"")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.apis import Api
@@ -24,9 +24,20 @@ class CorrelationError(ValueError):
 
 @dataclass(slots=True)
 class Pending:
+    """One request the client is owed an answer to, in order.
+
+    Most are answered by the broker. ``local`` is an answer the proxy made itself (every topic of a strict
+    CreateTopics rejected, say): it is released as soon as everything before it has been answered, so the
+    client still sees its answers in request order. ``internal`` marks a request the proxy asked on its own
+    account (a Metadata lookup): its answer resolves the future and never reaches the client.
+    """
+
     header: RequestHeader
     sent_at: float
-    context: dict[str, Any] = field(default_factory=dict)
+    decision: Any = None
+    """The policy's state for this request (what to charge or rewrite when the answer comes)."""
+    local: bytes | None = None
+    internal: Any = None
 
 
 class InFlight:

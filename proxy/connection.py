@@ -18,10 +18,25 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from protocol.apis import Api, api_name, decode_body, request_class
+from mute import ChannelMute
+from protocol.apis import Api, api_name
 from protocol.frames import FrameError, FrameReader
-from protocol.headers import RequestHeader, parse_request_header, response_correlation_id
+from protocol.headers import (
+    RequestHeader,
+    encode_request_header,
+    parse_request_header,
+    response_body_offset,
+    response_correlation_id,
+)
 from protocol.inflight import InFlight, Pending, expects_response
+from protocol.sasl_identity import (
+    SaslIdentity,
+    SaslTokenError,
+    decode_authenticate_request,
+    decode_authenticate_response,
+    decode_handshake_request,
+    decode_handshake_response,
+)
 from proxy.responses import AddressEdit, inspect_response
 
 if TYPE_CHECKING:
@@ -31,8 +46,38 @@ log = logging.getLogger(__name__)
 
 # SaslHandshake v0 is followed by raw SASL tokens, framed but without Kafka headers.
 _RAW = RequestHeader(-1, 0, 0, None, None)
-_RAW_ROUND_TRIPS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2, "OAUTHBEARER": 1}
 _SIZE = struct.Struct(">i")
+_OWN_CLIENT_ID = "kafka-throttle-proxy"
+
+
+class Defer:
+    """The policy needs to ask the cluster before it can decide: the request, and every request after it on
+    this connection, wait (unread, in order) until ``decide`` returns the verdict."""
+
+    __slots__ = ("decide",)
+
+    def __init__(self, decide) -> None:
+        self.decide = decide
+
+
+class Replace:
+    """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's."""
+
+    __slots__ = ("decision", "frame")
+
+    def __init__(self, decision, frame: bytes) -> None:
+        self.decision = decision
+        self.frame = frame
+
+
+class Answer:
+    """The proxy answers this request itself with ``frame``; the cluster never sees the request."""
+
+    __slots__ = ("decision", "frame")
+
+    def __init__(self, decision, frame: bytes) -> None:
+        self.decision = decision
+        self.frame = frame
 
 
 class ProtocolViolation(Exception):
@@ -86,9 +131,16 @@ class Connection:
         self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
-        self.raw_tokens_left = 0
-        self._sasl_mechanism: str | None = None
+        self.identity = SaslIdentity(proxy.config.sasl.oauthbearer_principal_claim)
+        self.client_id = ""
+        self.broker_label = label
         self._held: deque | None = None  # responses held behind one waiting for a new listener
+        self._deferred: deque | None = None  # requests held behind one the policy is still deciding
+        self._own_corr = -1
+        self.mute = ChannelMute(
+            asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"),
+            lambda: self.resume(self.client, "muted"),
+        )
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
         self.closed = False
@@ -162,6 +214,7 @@ class Connection:
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
         self.closed = True
+        self.mute.cancel()
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()  # flushes what is already written
@@ -186,24 +239,51 @@ class Connection:
             return
         try:
             frames = self._requests.feed(data)
-            for frame in frames:
-                self._on_request(frame)
         except FrameError as exc:
             self.close(f"request stream: {exc}")
             return
-        except ProtocolViolation as exc:
+        if self._deferred is not None:
+            self._deferred.extend(bytes(f) for f in frames)  # a read that raced the pause
+            return
+        self._process_requests(frames)
+
+    def _process_requests(self, frames) -> None:
+        out: list = []
+        try:
+            for i, frame in enumerate(frames):
+                item = self._on_request(frame)
+                if item is None:
+                    continue
+                if isinstance(item, Defer):
+                    # Requests after this one wait, in order, until the policy has decided. Copies: the
+                    # views may point into a receive buffer that is about to be reused.
+                    self._deferred = deque(bytes(f) for f in frames[i + 1:])
+                    self.pause(self.client, "deciding")
+                    asyncio.get_running_loop().create_task(self._decide(item, bytes(frame)))
+                    break
+                out.append(item)
+        except (ProtocolViolation, SaslTokenError) as exc:
+            if out:
+                self.upstream.transport.writelines(out)
             self.close(str(exc))
             return
-        if frames:
-            self.upstream.transport.writelines(frames)
-
-    def _on_request(self, frame: memoryview | bytearray) -> None:
-        now = time.monotonic()
-        if self.raw_tokens_left > 0:
-            self.raw_tokens_left -= 1
-            self.inflight.push(Pending(_RAW, now))
+        except Exception as exc:  # a bug or a body that breaks a decoder: this connection only, never the proxy
+            if out:
+                self.upstream.transport.writelines(out)
+            log.exception("%s via %s: cannot process a request", self.peer, self.label)
+            self.close(f"cannot process a request: {type(exc).__name__}: {exc}")
             return
+        if out:
+            self.upstream.transport.writelines(out)
+
+    def _on_request(self, frame: memoryview | bytearray):
+        """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
+        now = time.monotonic()
         body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
+        if self.identity.raw_request_expected:
+            self.identity.on_raw_token_request(bytes(body))
+            self.inflight.push(Pending(_RAW, now))
+            return frame
         api = "?"
         try:
             header = parse_request_header(body)
@@ -212,20 +292,73 @@ class Connection:
             if cap is not None and header.api_version > cap:
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
             answered = expects_response(body, header)
+            if header.api_key == Api.SASL_HANDSHAKE:
+                self.identity.on_handshake_request(
+                    decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)
+            elif header.api_key == Api.SASL_AUTHENTICATE:
+                self.identity.on_authenticate_request(
+                    decode_authenticate_request(body[header.body_offset:], header.api_version))
         except (ValueError, struct.error) as exc:
+            if isinstance(exc, SaslTokenError):
+                raise
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
-        if header.api_key == Api.SASL_HANDSHAKE and header.api_version == 0:
-            self._sasl_mechanism = self._handshake_mechanism(body, header)
-        if answered:
-            self.inflight.push(Pending(header, now))
+        if header.client_id is not None and header.client_id != self.client_id:
+            self.client_id = header.client_id
         self.proxy.stats.requests += 1
+        verdict = self.proxy.policy.on_request(self, header, body, now)
+        return self._apply(verdict, header, frame, answered, now)
 
-    @staticmethod
-    def _handshake_mechanism(body, header: RequestHeader) -> str | None:
+    def _apply(self, verdict, header: RequestHeader, frame, answered: bool, now: float):
+        if verdict is None or not isinstance(verdict, Defer | Replace | Answer):
+            if answered:
+                self.inflight.push(Pending(header, now, verdict))
+            return frame
+        if isinstance(verdict, Defer):
+            return verdict
+        if isinstance(verdict, Replace):
+            if answered:
+                self.inflight.push(Pending(header, now, verdict.decision))
+            return verdict.frame
+        # Answer: released in order, once everything before it has been answered.
+        self.inflight.push(Pending(header, now, verdict.decision, local=verdict.frame))
+        if self.inflight.head() is not None and self.inflight.head().local is not None:
+            out: list = []
+            self._release_local(out)
+            self.client.transport.writelines(out)
+        return None
+
+    async def _decide(self, defer: Defer, frame) -> None:
         try:
-            return decode_body(request_class(Api.SASL_HANDSHAKE), body[header.body_offset:], 0).mechanism
-        except ValueError:
-            return None  # the broker will reject it; only the raw-token count is lost
+            verdict = await defer.decide()
+        except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
+            self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}")
+            return
+        if self.closed:
+            return
+        body = memoryview(frame)[4:]
+        header = parse_request_header(body)
+        item = self._apply(verdict, header, frame, True, time.monotonic())
+        if isinstance(item, Defer):
+            raise AssertionError("a deferred decision must not defer again")
+        if item is not None:
+            self.upstream.transport.write(item)
+        held, self._deferred = self._deferred, None
+        self.resume(self.client, "deciding")
+        if held:
+            self._process_requests(list(held))
+
+    def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
+        """Send a request of the proxy's own on this connection's broker link; the future gets the response
+        body (after its header). It is answered in order, like the client's requests, so it sees the cluster
+        as the client's next request will."""
+        fut = asyncio.get_running_loop().create_future()
+        corr = self._own_corr
+        self._own_corr -= 1
+        head = encode_request_header(api_key, api_version, corr, _OWN_CLIENT_ID)
+        header = RequestHeader(api_key, api_version, corr, _OWN_CLIENT_ID, len(head))
+        self.inflight.push(Pending(header, time.monotonic(), internal=fut))
+        self.upstream.transport.writelines([_SIZE.pack(len(head) + len(body)), head, body])
+        return fut
 
     # -- responses: broker → client ----------------------------------------------------------------
     def responses_received(self, data: bytes) -> None:
@@ -256,18 +389,46 @@ class Connection:
         if self.draining and not self.inflight and self._held is None:
             self.close()
 
+    def _release_local(self, out: list) -> None:
+        """Release the proxy's own answers that have reached the head of the queue."""
+        while (head := self.inflight.head()) is not None and head.local is not None:
+            self.inflight.pop(head.header.correlation_id)
+            self._finish(head, head.local, out)
+
+    def _finish(self, pending: Pending, frame, out: list) -> None:
+        """Last stop of every response: the policy may raise throttle_time_ms and mute the client."""
+        if pending.decision is not None:
+            pieces = self.proxy.policy.on_response(self, pending, frame)
+            if pieces is not None:
+                out.extend(pieces)
+                return
+        out.append(frame)
+
     def _on_response(self, frame, out: list) -> None:
+        self._release_local(out)
         head = self.inflight.head()
         if head is not None and head.header is _RAW:
             self.inflight.pop(head.header.correlation_id)
+            self.identity.on_raw_token_response(bytes(memoryview(frame)[4:]))
             out.append(frame)
             return
         body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
         pending = self.inflight.pop(response_correlation_id(body))
+        if pending.internal is not None:
+            if not pending.internal.done():
+                offset = response_body_offset(body, pending.header.api_key, pending.header.api_version)
+                pending.internal.set_result(bytes(body[offset:]))
+            self._release_local(out)
+            return
+        key = pending.header.api_key
+        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:
+            self._sasl_answer(pending.header, body)
+        else:
+            self.identity.on_other_response()
         result = inspect_response(pending, body, self.proxy.directory, self.proxy.topic_ids,
                                   self.proxy.version_caps)
         if result is None:
-            out.append(frame)
+            self._finish(pending, frame, out)
         elif isinstance(result, AddressEdit):
             # A broker without a listener yet: hold this and later responses (order is kept) and
             # stop reading the broker until the listener is up.
@@ -279,10 +440,18 @@ class Connection:
             asyncio.get_running_loop().create_task(self._finish_edit(pending, result))
             return
         else:
-            out.append(_SIZE.pack(len(result)))
-            out.append(result)
-        if pending.header.api_key == Api.SASL_HANDSHAKE and pending.header.api_version == 0:
-            self._after_handshake_v0(body)
+            self._finish(pending, _SIZE.pack(len(result)) + result, out)
+        self._release_local(out)
+
+    def _sasl_answer(self, header: RequestHeader, body) -> None:
+        offset = response_body_offset(body, header.api_key, header.api_version)
+        if header.api_key == Api.SASL_HANDSHAKE:
+            self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
+        else:
+            self.identity.on_authenticate_response(
+                *decode_authenticate_response(body[offset:], header.api_version))
+        if not self.identity.in_progress and self.identity.last_failure and not self.identity.authenticated:
+            log.info("%s via %s: %s", self.peer, self.label, self.identity.last_failure)
 
     async def _finish_edit(self, pending: Pending, edit: AddressEdit) -> None:
         try:
@@ -293,12 +462,11 @@ class Connection:
             return
         if self.closed:
             return
-        self.client.transport.writelines([_SIZE.pack(len(rendered)), rendered])
+        out: list = []
+        self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out)
+        self._release_local(out)
+        self.client.transport.writelines(out)
         held, self._held = self._held, None
         self._deliver(list(held or ()))
         if self._held is None:
             self.resume(self.upstream, "new-listener")
-
-    def _after_handshake_v0(self, body) -> None:
-        if len(body) >= 6 and body[4:6] == b"\x00\x00":
-            self.raw_tokens_left = _RAW_ROUND_TRIPS.get(self._sasl_mechanism or "", 1)

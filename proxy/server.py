@@ -14,9 +14,16 @@ from protocol.apis import Api
 from proxy.brokers import BrokerDirectory
 from proxy.connection import Connection
 from proxy.discovery import discover_brokers
+from proxy.policy import Policy
 from proxy.responses import TopicIds
 
 log = logging.getLogger(__name__)
+
+# APIs whose requests or responses the proxy decodes, so clients must not negotiate past kafka-python's schemas.
+DECODED_APIS = frozenset({
+    Api.API_VERSIONS, Api.PRODUCE, Api.FETCH, Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS,
+    Api.DESCRIBE_CLIENT_QUOTAS, Api.ALTER_CLIENT_QUOTAS, Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE,
+})
 
 
 @dataclass
@@ -32,7 +39,8 @@ class Proxy:
         port_range = None if listen.broker_ports == "ephemeral" else listen.broker_ports
         self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener)
         self.topic_ids = TopicIds()
-        self.version_caps = decode_caps(ADDRESS_APIS | {Api.API_VERSIONS})
+        self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
+        self.policy = Policy(config)
         self.stats = Stats()
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.AbstractServer] = {}

@@ -143,7 +143,11 @@ def test_aiokafka(cluster, proxy):
         finally:
             await consumer.stop()
         await admin.create_partitions({topic: NewPartitions(total_count=3)})
-        md = await admin.describe_topics([topic])
+        for _ in range(50):  # brokers learn the new partitions from the controller a moment later
+            md = await admin.describe_topics([topic])
+            if len(md[0]["partitions"]) == 3:
+                break
+            await asyncio.sleep(0.2)
         assert len(md[0]["partitions"]) == 3
         await admin.delete_topics([topic])
         await admin.close()
