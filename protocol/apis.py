@@ -86,6 +86,7 @@ def response_header_is_flexible(api_key: int, api_version: int) -> bool | None:
     return bool(cls.flexible_version_q(api_version))
 
 
+@cache
 def api_name(api_key: int) -> str:
     cls = REQUESTS.get(api_key)
     if cls is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -41,7 +42,49 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     )
 
 
-async def serve(config: ProxyConfig) -> None:
+log = logging.getLogger("proxy.cli")
+
+
+class Reloader:
+    """Re-reads the configuration on SIGHUP and when the file changes (polled: works on every filesystem and
+    in containers with a bind-mounted file). A bad file is refused by field; the running config stays."""
+
+    def __init__(self, proxy, args: argparse.Namespace, interval_s: float = 1.0) -> None:
+        self.proxy = proxy
+        self.args = args
+        self.interval_s = interval_s
+        self._stamp = self._file_stamp()
+
+    def _file_stamp(self):
+        path = self.args.config
+        if not path:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def reload(self, why: str) -> bool:
+        try:
+            config = config_from_args(self.args)
+        except ConfigError as exc:
+            log.error("configuration reload (%s) refused, keeping the running configuration: %s", why, exc)
+            return False
+        self.proxy.reload(config)
+        log.info("configuration reloaded (%s)", why)
+        return True
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            stamp = self._file_stamp()
+            if stamp is not None and stamp != self._stamp:
+                self._stamp = stamp
+                self.reload("file changed")
+
+
+async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> None:
     from proxy.server import Proxy
 
     proxy = Proxy(config)
@@ -50,8 +93,14 @@ async def serve(config: ProxyConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if args is not None:
+        reloader = Reloader(proxy, args)
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
+        watcher = loop.create_task(reloader.watch())
     print(f"kafka-throttle-proxy: point clients at bootstrap.servers={proxy.bootstrap_address}", flush=True)
     await stop.wait()
+    if args is not None:
+        watcher.cancel()
     await proxy.shutdown()
 
 
@@ -71,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back rather than refuse to run
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, args))
     else:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, args))
     return 0
 
 

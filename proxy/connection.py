@@ -137,6 +137,7 @@ class Connection:
         self._held: deque | None = None  # responses held behind one waiting for a new listener
         self._deferred: deque | None = None  # requests held behind one the policy is still deciding
         self._own_corr = -1
+        self.last_response_at = 0.0
         self.mute = ChannelMute(
             asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"),
             lambda: self.resume(self.client, "muted"),
@@ -213,6 +214,7 @@ class Connection:
             return
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
+            self.proxy.stats.connection_errors[reason.split(":", 1)[0][:40]] += 1
         self.closed = True
         self.mute.cancel()
         for side in (self.client, self.upstream):
@@ -231,6 +233,7 @@ class Connection:
     def requests_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.proxy.stats.bytes_from_clients += len(data)
         if self.upstream.transport is None:
             # The event loop may deliver a first read before a pause takes effect: keep it (one
             # chunk at most) and pause again; it is replayed once the upstream connection is up.
@@ -304,7 +307,9 @@ class Connection:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
-        self.proxy.stats.requests += 1
+        stats = self.proxy.stats
+        stats.requests += 1
+        stats.requests_by_api[api_name(header.api_key)] += 1
         verdict = self.proxy.policy.on_request(self, header, body, now)
         return self._apply(verdict, header, frame, answered, now)
 
@@ -312,6 +317,8 @@ class Connection:
         if verdict is None or not isinstance(verdict, Defer | Replace | Answer):
             if answered:
                 self.inflight.push(Pending(header, now, verdict))
+            elif verdict is not None:
+                self.proxy.policy.on_unanswered(self, verdict)
             return frame
         if isinstance(verdict, Defer):
             return verdict
@@ -364,6 +371,7 @@ class Connection:
     def responses_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.proxy.stats.bytes_to_clients += len(data)
         try:
             frames = self._responses.feed(data)
         except FrameError as exc:
@@ -421,6 +429,10 @@ class Connection:
             self._release_local(out)
             return
         key = pending.header.api_key
+        stats = self.proxy.stats
+        name = api_name(key)
+        stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
+        stats.latency_count_by_api[name] += 1
         if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:
             self._sasl_answer(pending.header, body)
         else:

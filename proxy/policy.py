@@ -1,72 +1,325 @@
 """The one place where a request meets protocol, quotas and muting.
 
-Every request frame passes through :meth:`Policy.on_request` and every response owed to a client through
-:meth:`Policy.on_response` (only for requests that got a decision). Everything here is decided on the event
-loop, synchronously, except when the cluster must be asked first (current partition counts for KIP-599): then
-the connection defers this request, and the ones behind it, until the answer is in.
+Every request frame passes through :meth:`Policy.on_request`; the response to every request that got a
+:class:`Decision` passes through :meth:`Policy.on_response`. Decisions are made on the event loop,
+synchronously, except when the cluster must be asked first (current partition counts for KIP-599): then the
+connection defers this request, and the ones behind it, until the answer is in.
+
+What is charged where (see README "Quotas" for the why):
+- Produce: the request size (header + body) to ``producer_byte_rate`` when the request arrives; new producer
+  ids to ``producer_ids_rate``. The data is always forwarded; acks=0 is muted at once (no response comes).
+- Fetch: the response size to ``consumer_byte_rate`` when the response arrives; the data is delivered, the
+  connection muted (an empty answer would break incremental fetch sessions). Replica fetches are exempt.
+- ``request_percentage``: the upstream service time of each request, i.e. from when the broker could start on
+  it (it was forwarded, and the broker had answered the one before) to its answer. APIs that wait on purpose
+  (Fetch max_wait, JoinGroup/SyncGroup rebalances, Produce acks=all replication) are charged nothing upstream:
+  waits the client asked for are not load. SASL and ApiVersions are never charged.
+- CreateTopics / CreatePartitions / DeleteTopics: partitions to ``controller_mutation_rate`` (KIP-599).
+The response's ``throttle_time_ms`` becomes max(broker's, every proxy quota's), and the client is muted for the
+proxy's throttle after the response is sent. With ``quotas.enforce: false`` (shadow mode) all of it is computed
+and counted, and nothing is rewritten, rejected or muted.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
+import time
 from typing import TYPE_CHECKING
+
+from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
-from protocol.apis import Api, response_header_is_flexible
-from protocol.headers import RequestHeader, encode_response_header
+from protocol import mutations, throttle_field
+from protocol.apis import Api, decode_body, response_header_is_flexible
+from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from proxy import client_quota_api
-from proxy.connection import Answer
-from quotas.entities import QuotaStore
+from proxy.connection import Answer, Defer, Replace
+from proxy.metrics import Stats
+from quotas.entities import (
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    QuotaStore,
+)
+from quotas.manager import QuotaManager, Windows
+from quotas.token_bucket import admit
 
 if TYPE_CHECKING:
     from proxy.connection import Connection
 
 log = logging.getLogger(__name__)
 
+_SIZE = struct.Struct(">i")
+_I32 = struct.Struct(">i")
+# Requests whose upstream time is a wait the client asked for, not load on the broker.
+_WAITING_APIS = frozenset({0, 1, 11, 14, 21, 43, 78})  # Produce, Fetch, JoinGroup, SyncGroup, DeleteRecords, ...
+_NEVER_CHARGED = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE, Api.API_VERSIONS,
+                            Api.DESCRIBE_CLIENT_QUOTAS, Api.ALTER_CLIENT_QUOTAS})
+_METADATA_VERSION = 12
+_PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
+
 
 def local_frame(header: RequestHeader, body: bytes) -> bytes:
     """A whole response frame (size prefix, response header, ``body``) answering ``header``."""
     head = encode_response_header(header.correlation_id,
                                   bool(response_header_is_flexible(header.api_key, header.api_version)))
-    size = len(head) + len(body)
-    return size.to_bytes(4, "big") + head + body
+    return _SIZE.pack(len(head) + len(body)) + head + body
+
+
+class Decision:
+    """What the policy decided for one request, carried to its response."""
+
+    __slots__ = ("user", "client_id", "scope", "throttle_ms", "fetch", "request_quota", "merge", "values",
+                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version")
+
+    def __init__(self, user: str, client_id: str, scope: str, header: RequestHeader, bytes_in: int) -> None:
+        self.user = user
+        self.client_id = client_id
+        self.scope = scope
+        self.api_key = header.api_key
+        self.api_version = header.api_version
+        self.bytes_in = bytes_in
+        self.throttle_ms = 0
+        self.fetch = False
+        self.request_quota = False
+        self.merge = None
+        self.values: dict[str, tuple[float, float, int]] = {}
+        """quota key -> (amount recorded, limit, throttle)."""
+        self.mutations = 0
+        self.rejected = 0
+        self.new_pids = 0
+
+    def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
+        self.values[key] = (amount, limit, throttle_ms)
+        if throttle_ms > self.throttle_ms:
+            self.throttle_ms = throttle_ms
 
 
 class Policy:
-    def __init__(self, config: ProxyConfig) -> None:
-        self.config = config
-        qc = config.quotas
+    def __init__(self, config: ProxyConfig, stats: Stats) -> None:
+        self.stats = stats
         self.store = QuotaStore()
-        self.sources = QuotaSources(self.store, qc.state_file)
-        self.sources.set_file({e.quota_entity(): dict(e.quotas) for e in qc.entities})
-        self.admins = frozenset(qc.admins)
-        self.enforce = qc.enforce
+        self.sources = QuotaSources(self.store, config.quotas.state_file)
+        self.quotas = QuotaManager(self.store)
+        self._keys: frozenset[str] = frozenset()
+        self._keys_generation = -1
+        self.reload(config)
 
     def reload(self, config: ProxyConfig) -> None:
         """A new, already validated configuration: take its quotas and enforcement settings."""
         qc = config.quotas
+        self.config = config
         self.sources.set_file({e.quota_entity(): dict(e.quotas) for e in qc.entities})
         self.admins = frozenset(qc.admins)
         self.enforce = qc.enforce
-        self.config = config
+        self.cluster_scope = qc.scope == "cluster"
+        self.charge_validate_only = qc.charge_validate_only
+        self.quotas.configure(
+            Windows(qc.window_num, round(qc.window_size_seconds * 1000), qc.controller_window_num,
+                    round(qc.controller_window_size_seconds * 1000), qc.producer_id_window_num,
+                    round(qc.producer_id_window_size_seconds * 1000)),
+            round(qc.entity_idle_seconds * 1000),
+        )
+
+    def _active_keys(self) -> frozenset[str]:
+        if self._keys_generation != self.store.generation:
+            self._keys = frozenset(k for quotas in self.store.entities().values() for k in quotas)
+            self._keys_generation = self.store.generation
+        return self._keys
+
+    def quota_samples(self):
+        return list(self.quotas.samples(_now_ms()))
+
+    def _scope(self, conn: Connection) -> str:
+        if self.cluster_scope or conn.upstream_addr is None:
+            return ""
+        host, port = conn.upstream_addr
+        return f"{host}:{port}"
 
     # ------------------------------------------------------------------------------------------ requests
 
     def on_request(self, conn: Connection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
-        if key == Api.DESCRIBE_CLIENT_QUOTAS:
-            reply = client_quota_api.describe(self.sources, body[header.body_offset:], header.api_version)
-            return Answer(None, local_frame(header, reply))
-        if key == Api.ALTER_CLIENT_QUOTAS:
+        if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
+            return self._client_quotas(conn, header, body)
+        active = self._active_keys()
+        if not active or key in _NEVER_CHARGED:
+            return None
+        d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
+        now_ms = round(now * 1000)
+        if REQUEST_PERCENTAGE in active:
+            d.request_quota = True
+        if key == Api.PRODUCE:
+            if PRODUCER_BYTE_RATE in active:
+                self._charge(d, PRODUCER_BYTE_RATE, len(body), now_ms)
+        elif key == Api.FETCH:
+            if CONSUMER_BYTE_RATE in active and not _is_replica_fetch(body, header):
+                d.fetch = True
+        elif key in mutations.MUTATION_APIS and CONTROLLER_MUTATION_RATE in active:
+            return self._mutation_request(conn, d, header, body, now_ms)
+        if not (d.values or d.fetch or d.request_quota):
+            return None
+        return d
+
+    def _charge(self, d: Decision, key: str, amount: float, now_ms: int) -> None:
+        charge = self.quotas.charge_rate(key, d.user, d.client_id, d.scope, amount, now_ms)
+        if charge is not None:
+            d.note(key, amount, charge.limit, charge.throttle_ms)
+
+    def _client_quotas(self, conn: Connection, header: RequestHeader, body: memoryview) -> Answer:
+        version = header.api_version
+        if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
+            reply = client_quota_api.describe(self.sources, body[header.body_offset:], version)
+        else:
             principal = conn.identity.principal
-            reply = client_quota_api.alter(self.sources, body[header.body_offset:], header.api_version,
-                                           principal, self.admins)
-            log.info("%s: AlterClientQuotas by %s", conn.peer, principal)
-            return Answer(None, local_frame(header, reply))
-        return None
+            reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins)
+            log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, principal)
+        return Answer(None, local_frame(header, reply))
+
+    # ------------------------------------------------------------------------------------------ KIP-599
+
+    def _mutation_request(self, conn: Connection, d: Decision, header: RequestHeader, body: memoryview,
+                          now_ms: int):
+        tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
+        if tracker is None:
+            return d if d.request_quota else None
+        request = mutations.parse_request(header.api_key, header.api_version, body[header.body_offset:])
+        if request.validate_only and not self.charge_validate_only:
+            return d if d.request_quota else None
+        return Defer(lambda: self._mutation_decide(conn, d, header, body.tobytes(), request))
+
+    async def _mutation_decide(self, conn: Connection, d: Decision, header: RequestHeader, body: bytes, request):
+        counts = await self._partition_counts(conn, request)
+        now_ms = _now_ms()
+        tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
+        if tracker is None:  # the quota was removed while we asked
+            return d
+        # Kafka's rules (quotas.token_bucket.admit): strict requests report a throttle only when a topic was
+        # rejected; a fully admitted one that drives tokens negative gets 0, and its successor is rejected.
+        # In shadow mode the same decision is made and recorded, and the request still goes through whole.
+        admission = admit(tracker.stat, counts, now_ms, strict=request.splittable)
+        admitted, throttle = admission.admitted, admission.throttle_ms
+        tracker.note_throttle(throttle)
+        d.mutations = sum(c for c, ok in zip(counts, admitted, strict=True) if ok)
+        tracker.mutations.record(d.mutations, now_ms)
+        rejected = [i for i, ok in enumerate(admitted) if not ok]
+        d.rejected = len(rejected)
+        d.note(CONTROLLER_MUTATION_RATE, d.mutations, tracker.limit, throttle)
+        if rejected:
+            log.info("%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s", conn.peer,
+                     request.label, d.user, d.client_id, len(rejected), len(counts), throttle,
+                     "" if self.enforce else " [shadow: not enforced]")
+        if not rejected or not self.enforce:
+            return d
+        head = body[:header.body_offset]
+        if len(rejected) == len(counts):
+            return Answer(d, local_frame(header, mutations.reject_all(request, throttle)))
+        admitted_idx = [i for i, ok in enumerate(admitted) if ok]
+        sub = head + mutations.subset_request(request, admitted_idx)
+        d.merge = lambda broker_body: mutations.merge_response(request, broker_body, rejected, throttle)
+        return Replace(d, _SIZE.pack(len(sub)) + sub)
+
+    async def _partition_counts(self, conn: Connection, request) -> list[int]:
+        """Partitions each topic of the request would create or delete, asked of the cluster on the client's own
+        broker link (so its view and its authorisation are the client's)."""
+        key = request.api_key
+        if key == Api.CREATE_TOPICS:
+            unknown = [t for t in request.topics if t.partitions is None]
+            defaults: dict[str, int] = {}
+            if unknown:
+                defaults = await self._default_partitions(conn, unknown)
+            return [t.partitions if t.partitions is not None else defaults.get(t.name, 0) for t in request.topics]
+        current = await self._current_counts(conn, request.topics)
+        if key == Api.CREATE_PARTITIONS:
+            return [max(t.count - current.get(t.name, t.count), 0) for t in request.topics]
+        return [current.get(t.topic_id if t.topic_id is not None else t.name, 0) for t in request.topics]
+
+    async def _current_counts(self, conn: Connection, topics) -> dict:
+        wanted = [MetadataRequest.MetadataRequestTopic(topic_id=getattr(t, "topic_id", None), name=t.name)
+                  for t in topics]
+        req = MetadataRequest(topics=wanted, allow_auto_topic_creation=False,
+                              include_topic_authorized_operations=False)
+        reply = await conn.ask(Api.METADATA, _METADATA_VERSION, bytes(req.encode(version=_METADATA_VERSION)))
+        md = decode_body(MetadataResponse, reply, _METADATA_VERSION)
+        out: dict = {}
+        for t in md.topics:
+            if t.error_code == 0:
+                if t.name is not None:
+                    out[t.name] = len(t.partitions)
+                if t.topic_id is not None:
+                    out[t.topic_id] = len(t.partitions)
+        return out
+
+    async def _default_partitions(self, conn: Connection, topics) -> dict[str, int]:
+        """The cluster's default partition count for topics created with -1, by asking it to validate them."""
+        probe = CreateTopicsRequest(
+            topics=[CreateTopicsRequest.CreatableTopic(name=t.name, num_partitions=-1,
+                                                       replication_factor=t.replication_factor, assignments=[],
+                                                       configs=[]) for t in topics],
+            timeout_ms=30_000, validate_only=True,
+        )
+        reply = await conn.ask(Api.CREATE_TOPICS, _PROBE_CREATE_VERSION,
+                               bytes(probe.encode(version=_PROBE_CREATE_VERSION)))
+        answer = decode_body(CreateTopicsResponse, reply, _PROBE_CREATE_VERSION)
+        return {t.name: t.num_partitions for t in answer.topics if t.error_code == 0 and t.num_partitions > 0}
 
     # ------------------------------------------------------------------------------------------ responses
 
     def on_response(self, conn: Connection, pending, frame):
-        return None
+        d: Decision = pending.decision
+        header = pending.header
+        now = time.monotonic()
+        now_ms = round(now * 1000)
+        if d.request_quota:
+            started = max(pending.sent_at, conn.last_response_at)
+            service_ms = 0.0 if header.api_key in _WAITING_APIS else max(now - started, 0.0) * 1000
+            # Kafka records request time as a percentage of one thread: seconds × 100.
+            self._charge(d, REQUEST_PERCENTAGE, service_ms / 10, now_ms)
+        conn.last_response_at = now
+        if d.fetch:
+            self._charge(d, CONSUMER_BYTE_RATE, len(frame) - 4, now_ms)
+        view = memoryview(frame)
+        body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
+        pieces = None
+        if d.merge is not None:  # only set when enforcing: the broker saw a smaller request
+            merged = bytes(view[4:body_start]) + d.merge(view[body_start:])
+            view = memoryview(_SIZE.pack(len(merged)) + merged)
+            pieces = [view]
+        throttle = d.throttle_ms
+        if throttle > 0 and self.enforce:
+            offset = throttle_field.throttle_offset(header.api_key, header.api_version, view[body_start:])
+            if offset is not None:
+                at = body_start + offset
+                if throttle > _I32.unpack_from(view, at)[0]:
+                    pieces = [view[:at], _I32.pack(min(throttle, 2**31 - 1)), view[at + 4:]]
+            conn.mute.mute_for(throttle / 1000)
+        self._count(d)
+        return pieces
+
+    def on_unanswered(self, conn: Connection, d: Decision) -> None:
+        """Produce acks=0: no response will come, so the mute starts now."""
+        if d.throttle_ms > 0 and self.enforce:
+            conn.mute.mute_for(d.throttle_ms / 1000)
+        self._count(d)
+
+    def _count(self, d: Decision) -> None:
+        stats_decisions = self.stats.decisions
+        for key, (_amount, _limit, throttle) in d.values.items():
+            action = "reject" if key == CONTROLLER_MUTATION_RATE and d.rejected else (
+                "throttle" if throttle > 0 else "pass")
+            stats_decisions[(key, action, not self.enforce)] += 1
+
+
+def _now_ms() -> int:
+    return round(time.monotonic() * 1000)
+
+
+def _is_replica_fetch(body: memoryview, header: RequestHeader) -> bool:
+    """Brokers fetch with their id in ``replica_id`` (v0–14); consumers send -1 (v15+ moved it to a tag)."""
+    if header.api_version >= 15 or header.body_offset is None or len(body) < header.body_offset + 4:
+        return False
+    return _I32.unpack_from(body, header.body_offset)[0] >= 0

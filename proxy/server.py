@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
 
 from config.model import ProxyConfig
 from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
+from proxy import metrics
 from proxy.brokers import BrokerDirectory
 from proxy.connection import Connection
 from proxy.discovery import discover_brokers
+from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.responses import TopicIds
 
@@ -26,12 +27,6 @@ DECODED_APIS = frozenset({
 })
 
 
-@dataclass
-class Stats:
-    connections_total: int = 0
-    requests: int = 0
-
-
 class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
@@ -39,9 +34,11 @@ class Proxy:
         port_range = None if listen.broker_ports == "ephemeral" else listen.broker_ports
         self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener)
         self.topic_ids = TopicIds()
-        self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
-        self.policy = Policy(config)
         self.stats = Stats()
+        self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
+        self.policy = Policy(config, self.stats)
+        self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples)
+        self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.AbstractServer] = {}
         self._bootstrap_rr = itertools.count()
@@ -64,6 +61,8 @@ class Proxy:
         )
         if brokers:
             await self.directory.learn(brokers)
+        if self.config.metrics.port is not None:
+            self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
         self._servers[None] = await loop.create_server(
             lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True
         )
@@ -72,6 +71,13 @@ class Proxy:
             listen.host, self.bootstrap_port, ",".join(self.config.upstream.bootstrap_servers),
             self.bootstrap_address,
         )
+
+    def reload(self, config: ProxyConfig) -> None:
+        """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
+        for field in ("upstream", "listen", "max_frame_bytes", "metrics", "sasl"):
+            if getattr(config, field) != getattr(self.config, field):
+                log.warning("config reload: %s changed; it takes effect only after a restart", field)
+        self.policy.reload(config)
 
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()

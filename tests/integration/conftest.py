@@ -43,8 +43,10 @@ def fresh_proxy(cluster, tmp_path: Path):
     """A proxy of the test's own, for tests that stop or break it."""
     procs: list[ProxyProcess] = []
 
-    def make(**extra) -> ProxyProcess:
-        p = ProxyProcess(tmp_path, cluster.bootstrap, extra, name=f"proxy{len(procs)}").start()
+    def make(sasl: bool = False, **extra) -> ProxyProcess:
+        """``extra``: dotted config keys, e.g. ``**{"quotas.enforce": False}``; ``sasl``: front the SASL listener."""
+        upstream = cluster.sasl_bootstrap if sasl else cluster.bootstrap
+        p = ProxyProcess(tmp_path, upstream, extra, name=f"proxy{len(procs)}").start()
         procs.append(p)
         return p
 

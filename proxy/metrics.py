@@ -1,0 +1,106 @@
+"""Prometheus metrics: proxy health, plus the quota metrics under Kafka's own group and metric names.
+
+Why a custom collector instead of prometheus_client's Counter/Gauge objects: the hot path only bumps plain
+ints and dict entries in :class:`Stats` (a labelled Counter costs a lock and a dict lookup per call), and the
+quota metrics are read from the live quota state at scrape time, so an entity whose state expired after idling
+simply stops being exported: label cardinality is bounded by the entities active within the idle timeout.
+
+Quota metric names follow Kafka's ``<Group>`` / ``<name>`` (``Produce`` ``byte-rate`` becomes
+``ktp_produce_byte_rate``), tagged ``user`` and ``client_id`` as Kafka tags them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    """Counters bumped on the hot path; exported at scrape time."""
+
+    connections_total: int = 0
+    requests: int = 0
+    bytes_from_clients: int = 0
+    bytes_to_clients: int = 0
+    requests_by_api: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    latency_sum_by_api: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    latency_count_by_api: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    connection_errors: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    decisions: defaultdict[tuple[str, str, bool], int] = field(default_factory=lambda: defaultdict(int))
+    """(quota kind, action, shadow) -> count."""
+
+
+QuotaSample = tuple[str, str, str, str, float]
+"""(group, metric name, user, client id, value), e.g. ("Produce", "byte-rate", "alice", "", 1.2e6)."""
+
+
+def _metric_name(group: str, name: str) -> str:
+    return f"ktp_{group.lower()}_{name.replace('-', '_')}"
+
+
+class _Collector:
+    def __init__(self, stats: Stats, live_connections: Callable[[], int],
+                 quota_samples: Callable[[], Iterable[QuotaSample]]) -> None:
+        self.stats = stats
+        self.live_connections = live_connections
+        self.quota_samples = quota_samples
+
+    def collect(self):
+        s = self.stats
+        yield GaugeMetricFamily("ktp_connections", "Client connections open now", value=self.live_connections())
+        yield CounterMetricFamily("ktp_connections_accepted", "Client connections accepted", value=s.connections_total)
+        b = CounterMetricFamily("ktp_client_bytes", "Bytes exchanged with clients", labels=["direction"])
+        b.add_metric(["in"], s.bytes_from_clients)
+        b.add_metric(["out"], s.bytes_to_clients)
+        yield b
+        r = CounterMetricFamily("ktp_requests", "Requests from clients, by API", labels=["api"])
+        for api, n in list(s.requests_by_api.items()):
+            r.add_metric([api], n)
+        yield r
+        lat = SummaryMetricFamily("ktp_request_latency_seconds",
+                                  "Time from forwarding a request to its response, by API", labels=["api"])
+        for api, n in list(s.latency_count_by_api.items()):
+            lat.add_metric([api], count_value=n, sum_value=s.latency_sum_by_api[api])
+        yield lat
+        e = CounterMetricFamily("ktp_connection_errors", "Connections closed on an error, by reason",
+                                labels=["reason"])
+        for reason, n in list(s.connection_errors.items()):
+            e.add_metric([reason], n)
+        yield e
+        d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",
+                                labels=["quota", "action", "shadow"])
+        for (kind, action, shadow), n in list(s.decisions.items()):
+            d.add_metric([kind, action, str(shadow).lower()], n)
+        yield d
+        families: dict[str, GaugeMetricFamily] = {}
+        for group, name, user, client_id, value in self.quota_samples():
+            metric = _metric_name(group, name)
+            fam = families.get(metric)
+            if fam is None:
+                fam = families[metric] = GaugeMetricFamily(metric, f"Kafka quota metric {group} {name}",
+                                                           labels=["user", "client_id"])
+            fam.add_metric([user, client_id], value)
+        yield from families.values()
+
+
+def make_registry(stats: Stats, live_connections: Callable[[], int],
+                  quota_samples: Callable[[], Iterable[QuotaSample]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(stats, live_connections, quota_samples))
+    return registry
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> int:
+    """Start the HTTP endpoint (a daemon thread); returns the port actually bound."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    bound = server.server_address[1]
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return bound

@@ -1,0 +1,179 @@
+"""Per-entity quota state: which tracker a request is charged to, and what throttle that yields.
+
+Pure policy: time comes in as milliseconds from the caller. One tracker per (quota key, scope, bucket), where
+the bucket is Kafka's sharing rule (:class:`quotas.entities.BucketKey`) and the scope is the broker the
+connection talks to (Kafka's per-broker enforcement) or ``""`` when quotas span the whole cluster.
+
+Kafka behaviours kept:
+- nothing is recorded for a quota key until some entity has it (``resolve`` returns None: no tracker exists);
+- a changed limit for the same bucket keeps the recorded history (Kafka updates the sensor's quota in place);
+- idle trackers are dropped after ``idle_ms`` (Kafka's one-hour sensor expiry), which also bounds the metrics'
+  label cardinality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from quotas.entities import (
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    PRODUCER_IDS_RATE,
+    REQUEST_PERCENTAGE,
+    BucketKey,
+    QuotaStore,
+    Resolved,
+)
+from quotas.rate import SampledRate, byte_rate_throttle_ms, request_throttle_ms
+from quotas.token_bucket import TokenBucket
+
+# Kafka's metric groups, by quota key.
+GROUPS = {
+    PRODUCER_BYTE_RATE: "Produce",
+    CONSUMER_BYTE_RATE: "Fetch",
+    REQUEST_PERCENTAGE: "Request",
+    CONTROLLER_MUTATION_RATE: "ControllerMutation",
+    PRODUCER_IDS_RATE: "ProducerIds",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """Sample counts and sample lengths of each quota family (Kafka's ``*.window.num`` / ``*.window.size``)."""
+
+    samples: int = 11
+    window_ms: int = 1000
+    controller_samples: int = 11
+    controller_window_ms: int = 1000
+    pid_samples: int = 11
+    pid_window_ms: int = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """The outcome of recording one amount against one quota."""
+
+    key: str
+    bucket: BucketKey
+    limit: float
+    value: float
+    """The amount recorded."""
+    observed: float
+    """The rate after recording (tokens, for the controller-mutation bucket)."""
+    throttle_ms: int
+
+
+class Tracker:
+    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "throttled", "last_throttle_ms", "mutations")
+
+    def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None) -> None:
+        self.stat = stat
+        self.mutations = mutations
+        """For the controller-mutation bucket: the rate of mutations recorded (Kafka's ``mutation-rate``)."""
+        self.limit = limit
+        self.last_used_ms = now_ms
+        self.throttle_ms_total = 0
+        self.throttled = 0
+        self.last_throttle_ms = 0
+
+    def note_throttle(self, throttle_ms: int) -> None:
+        self.last_throttle_ms = throttle_ms
+        if throttle_ms > 0:
+            self.throttle_ms_total += throttle_ms
+            self.throttled += 1
+
+
+class QuotaManager:
+    def __init__(self, store: QuotaStore, windows: Windows = Windows(), idle_ms: int = 3_600_000) -> None:
+        self.store = store
+        self.windows = windows
+        self.idle_ms = idle_ms
+        self._trackers: dict[tuple[str, str, BucketKey], Tracker] = {}
+
+    def configure(self, windows: Windows, idle_ms: int) -> None:
+        """New window settings drop all state (Kafka needs a restart for these; the proxy starts afresh)."""
+        if windows != self.windows:
+            self._trackers.clear()
+        self.windows = windows
+        self.idle_ms = idle_ms
+
+    def __len__(self) -> int:
+        return len(self._trackers)
+
+    # ------------------------------------------------------------------------------------------ trackers
+
+    def _tracker(self, r: Resolved, scope: str, now_ms: int) -> Tracker:
+        tk = (r.key, scope, r.bucket)
+        t = self._trackers.get(tk)
+        w = self.windows
+        if t is None:
+            mutations = None
+            if r.key == CONTROLLER_MUTATION_RATE:
+                stat = TokenBucket(r.limit, w.controller_samples, w.controller_window_ms / 1000, now_ms)
+                mutations = SampledRate(w.controller_samples, w.controller_window_ms)
+            elif r.key == PRODUCER_IDS_RATE:
+                stat = SampledRate(w.pid_samples, w.pid_window_ms)
+            else:
+                stat = SampledRate(w.samples, w.window_ms)
+            t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations)
+        elif t.limit != r.limit:
+            t.limit = r.limit
+            if r.key == CONTROLLER_MUTATION_RATE:
+                t.stat.set_rate(r.limit, now_ms)
+        t.last_used_ms = now_ms
+        return t
+
+    # ------------------------------------------------------------------------------------------ rates
+
+    def charge_rate(self, key: str, user: str, client_id: str, scope: str, amount: float,
+                    now_ms: int) -> Charge | None:
+        """Record ``amount`` against the rate quota ``key`` (bytes, percent-seconds, new producer ids), then
+        check (Kafka records first: a violating request is already counted). None when no quota applies."""
+        r = self.store.resolve(user, client_id, key)
+        if r is None:
+            return None
+        t = self._tracker(r, scope, now_ms)
+        stat: SampledRate = t.stat
+        stat.record(amount, now_ms)
+        observed = stat.measure(now_ms)
+        window = stat.window_ms(now_ms)
+        if key == REQUEST_PERCENTAGE:
+            throttle = request_throttle_ms(observed, r.limit, window, self.windows.window_ms)
+        else:
+            throttle = byte_rate_throttle_ms(observed, r.limit, window)
+        t.note_throttle(throttle)
+        return Charge(key, r.bucket, r.limit, amount, observed, throttle)
+
+    # ------------------------------------------------------------------------------------------ mutations
+
+    def mutation_tracker(self, user: str, client_id: str, scope: str, now_ms: int) -> Tracker | None:
+        """The controller-mutation token bucket for this client, or None when no quota applies."""
+        r = self.store.resolve(user, client_id, CONTROLLER_MUTATION_RATE)
+        if r is None:
+            return None
+        return self._tracker(r, scope, now_ms)
+
+    # ------------------------------------------------------------------------------------------ upkeep
+
+    def expire(self, now_ms: int) -> int:
+        """Drop trackers idle for ``idle_ms`` and those whose bucket no longer applies; returns how many."""
+        dead = [k for k, t in self._trackers.items() if now_ms - t.last_used_ms >= self.idle_ms]
+        for k in dead:
+            del self._trackers[k]
+        return len(dead)
+
+    def samples(self, now_ms: int) -> Iterator[tuple[str, str, str, str, float]]:
+        """Kafka-named metric samples: (group, name, user, client id, value)."""
+        for (key, _scope, bucket), t in list(self._trackers.items()):
+            group = GROUPS[key]
+            if key == CONTROLLER_MUTATION_RATE:
+                bucket_stat: TokenBucket = t.stat
+                yield group, "tokens", bucket.user, bucket.client_id, bucket_stat.tokens(now_ms)
+                yield group, "mutation-rate", bucket.user, bucket.client_id, t.mutations.measure(now_ms)
+            else:
+                name = {REQUEST_PERCENTAGE: "request-time", PRODUCER_IDS_RATE: "rate"}.get(key, "byte-rate")
+                yield group, name, bucket.user, bucket.client_id, t.stat.measure(now_ms)
+            yield group, "throttle-time", bucket.user, bucket.client_id, float(t.last_throttle_ms)
+            yield group, "throttle-time-total", bucket.user, bucket.client_id, float(t.throttle_ms_total)

@@ -1,0 +1,133 @@
+"""Identity and quota configuration through the proxy, against the real cluster's SASL listener.
+
+Kafka's own ``kafka-configs.sh --bootstrap-server <proxy>`` sets and reads the proxy's quotas; only proxy
+admins may alter; altered quotas survive a restart; the YAML file reloads on change and a bad reload keeps the
+running quotas; SCRAM and PLAIN clients are charged as their own user; metrics carry Kafka's names and tags.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+import uuid
+
+import yaml
+from kafka.admin import KafkaAdminClient
+
+from tests.harness import free_port
+from tests.support import wait_until
+
+THROTTLING_QUOTA_EXCEEDED = 89
+
+
+def _configs(cluster, bootstrap: str, user: str, *args: str):
+    props = cluster.java_client_props(user)
+    return cluster.tool("configs", "--bootstrap-server", bootstrap, "--command-config", str(props), *args,
+                        timeout=120)
+
+
+def _describe_alice(cluster, bootstrap: str, user: str = "admin") -> str:
+    r = _configs(cluster, bootstrap, user, "--describe", "--entity-type", "users", "--entity-name", "alice")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_kafka_configs_sets_and_reads_proxy_quotas_admins_only_and_restart_keeps_them(cluster, fresh_proxy,
+                                                                                       tmp_path):
+    state = tmp_path / "quota-state.json"
+    settings = {"quotas.admins": ["admin"], "quotas.state_file": str(state)}
+    proxy = fresh_proxy(sasl=True, **settings)
+    r = _configs(cluster, proxy.bootstrap, "admin", "--alter", "--add-config",
+                 "consumer_byte_rate=1048576,controller_mutation_rate=5", "--entity-type", "users",
+                 "--entity-name", "alice")
+    assert r.returncode == 0, r.stderr
+    out = _describe_alice(cluster, proxy.bootstrap)
+    assert "consumer_byte_rate=1048576" in out and "controller_mutation_rate=5" in out
+    # The proxy answered: the cluster itself has no such quota.
+    assert "consumer_byte_rate" not in _describe_alice(cluster, cluster.sasl_bootstrap)
+
+    denied = _configs(cluster, proxy.bootstrap, "bob", "--alter", "--add-config", "consumer_byte_rate=1",
+                      "--entity-type", "users", "--entity-name", "bob")
+    assert denied.returncode != 0
+    assert "ClusterAuthorization" in denied.stdout + denied.stderr
+    bad = _configs(cluster, proxy.bootstrap, "admin", "--alter", "--add-config", "consumer_byte_rate=1.5",
+                   "--entity-type", "users", "--entity-name", "alice")
+    assert bad.returncode != 0  # byte rates are integral, as in Kafka
+
+    proxy.terminate()
+    again = fresh_proxy(sasl=True, **settings)
+    out = _describe_alice(cluster, again.bootstrap)
+    assert "consumer_byte_rate=1048576" in out and "controller_mutation_rate=5" in out
+    r = _configs(cluster, again.bootstrap, "admin", "--alter", "--delete-config", "consumer_byte_rate",
+                 "--entity-type", "users", "--entity-name", "alice")
+    assert r.returncode == 0, r.stderr
+    out = _describe_alice(cluster, again.bootstrap)
+    assert "consumer_byte_rate" not in out and "controller_mutation_rate=5" in out
+
+
+def test_file_reload_on_change_and_bad_reload_keeps_running_quotas(cluster, fresh_proxy):
+    proxy = fresh_proxy(sasl=True)
+    doc = yaml.safe_load(proxy.config_path.read_text())
+    doc["quotas"] = {"entities": [{"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 2048}}]}
+    proxy.config_path.write_text(yaml.safe_dump(doc))
+    wait_until(lambda: "producer_byte_rate=2048" in _describe_alice(cluster, proxy.bootstrap), 30,
+               what="the edited file to be reloaded")
+    doc["quotas"]["entities"][0]["quotas"]["producer_byte_rate"] = -1
+    proxy.config_path.write_text(yaml.safe_dump(doc))
+    wait_until(lambda: "reload (file changed) refused" in proxy.log(), 30, what="the bad reload to be refused")
+    assert "quotas.entities.0" in proxy.log()  # the log names the field
+    assert "producer_byte_rate=2048" in _describe_alice(cluster, proxy.bootstrap)
+
+
+def _admin(cluster, proxy, user: str, mechanism: str) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=proxy.bootstrap, security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism=mechanism, sasl_plain_username=user,
+                            sasl_plain_password=cluster.users[user], client_id=f"{user}-admin")
+
+
+def test_scram_and_plain_clients_get_their_own_users_quota_and_metrics_show_it(cluster, fresh_proxy):
+    metrics_port = free_port()
+    # alice: B = 2 × 1 s × 10 = 20 partitions; bob has no quota at all.
+    proxy = fresh_proxy(sasl=True, **{
+        "metrics.port": metrics_port,
+        "quotas.controller_window_num": 2,
+        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 10}}],
+    })
+    for user, mechanism, expect_rejected in (("alice", "SCRAM-SHA-512", True), ("bob", "PLAIN", False)):
+        admin = _admin(cluster, proxy, user, mechanism)
+        try:
+            names = [f"id-{user}-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+            resp = admin.create_topics({n: {"num_partitions": 15, "replication_factor": 1} for n in names},
+                                       raise_errors=False)
+            codes = [t[1] if isinstance(t, tuple) else t["error_code"] for t in resp["topics"]]
+            if expect_rejected:
+                assert codes == [0, 0, THROTTLING_QUOTA_EXCEEDED], resp
+            else:
+                assert codes == [0, 0, 0], resp
+        finally:
+            admin.close()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    assert 'ktp_controllermutation_tokens{' in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("ktp_controllermutation_tokens{"))
+    assert 'user="alice"' in line
+    assert not any('user="bob"' in ln for ln in text.splitlines() if ln.startswith("ktp_controllermutation"))
+    assert 'ktp_requests_total{api="CreateTopics"}' in text
+    assert "ktp_connections " in text
+
+
+def test_failed_authentication_never_yields_an_identity(cluster, fresh_proxy):
+    metrics_port = free_port()
+    proxy = fresh_proxy(sasl=True, **{
+        "metrics.port": metrics_port,
+        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 1000}}],
+    })
+    try:
+        KafkaAdminClient(bootstrap_servers=proxy.bootstrap, security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice",
+                         sasl_plain_password="wrong", request_timeout_ms=5000)
+    except Exception:  # noqa: BLE001 - kafka-python gives up bootstrapping after the authentication failures
+        pass
+    else:
+        raise AssertionError("a wrong password must fail")
+    assert "SASL SCRAM-SHA-512: broker refused the authentication" in proxy.log()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    assert 'user="alice"' not in text  # alice never became anyone's identity, so nothing was charged to her
