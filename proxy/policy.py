@@ -131,6 +131,9 @@ class Policy:
             self._keys_generation = self.store.generation
         return self._keys
 
+    def upkeep(self) -> None:
+        self.quotas.expire(_now_ms())
+
     def quota_samples(self):
         return list(self.quotas.samples(_now_ms()))
 

@@ -16,6 +16,7 @@ from proxy.connection import Connection
 from proxy.discovery import discover_brokers
 from proxy.metrics import Stats
 from proxy.policy import Policy
+from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Proxy:
         self._servers: dict[int | None, asyncio.AbstractServer] = {}
         self._bootstrap_rr = itertools.count()
         self._closing = False
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def bootstrap_port(self) -> int:
@@ -61,6 +63,9 @@ class Proxy:
         )
         if brokers:
             await self.directory.learn(brokers)
+        self._tasks.append(loop.create_task(self._upkeep()))
+        if self.config.quotas.import_interval_seconds is not None:
+            self._tasks.append(loop.create_task(self._import_quotas()))
         if self.config.metrics.port is not None:
             self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
         self._servers[None] = await loop.create_server(
@@ -71,6 +76,27 @@ class Proxy:
             listen.host, self.bootstrap_port, ",".join(self.config.upstream.bootstrap_servers),
             self.bootstrap_address,
         )
+
+    async def _upkeep(self) -> None:
+        """Expire idle per-entity quota state (Kafka drops idle sensors after an hour)."""
+        while True:
+            await asyncio.sleep(10)
+            self.policy.upkeep()
+
+    async def _import_quotas(self) -> None:
+        while True:
+            cfg = self.config
+            try:
+                quotas = await fetch_cluster_quotas(cfg.upstream.addresses(), cfg.upstream.connect_timeout_ms / 1000,
+                                                    cfg.max_frame_bytes)
+            except Exception as exc:  # noqa: BLE001 - keep the last imported quotas and try again later
+                log.warning("quota import: %s", exc)
+            else:
+                if quotas != self.policy.sources.imported:
+                    log.info("quota import: %d entities from the cluster", len(quotas))
+                    self.policy.sources.set_imported(quotas)
+            interval = self.config.quotas.import_interval_seconds
+            await asyncio.sleep(interval if interval else 60)
 
     def reload(self, config: ProxyConfig) -> None:
         """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
@@ -112,6 +138,8 @@ class Proxy:
             return
         self._closing = True
         log.info("shutting down: %d connections to drain", len(self.connections))
+        for task in self._tasks:
+            task.cancel()
         for server in self._servers.values():
             server.close()
         conns = list(self.connections)

@@ -131,3 +131,23 @@ def test_failed_authentication_never_yields_an_identity(cluster, fresh_proxy):
     assert "SASL SCRAM-SHA-512: broker refused the authentication" in proxy.log()
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     assert 'user="alice"' not in text  # alice never became anyone's identity, so nothing was charged to her
+
+
+def test_cluster_quotas_are_imported(cluster, fresh_proxy):
+    client_id = f"imported-{uuid.uuid4().hex[:6]}"
+    entity = ("--entity-type", "clients", "--entity-name", client_id)
+    direct = cluster.bootstrap.split(",")[0]
+    r = cluster.tool("configs", "--bootstrap-server", direct, "--alter", "--add-config",
+                     "request_percentage=50", *entity)
+    assert r.returncode == 0, r.stderr
+    try:
+        proxy = fresh_proxy(**{"quotas.import_interval_seconds": 1})
+
+        def shown() -> bool:
+            out = cluster.tool("configs", "--bootstrap-server", proxy.bootstrap, "--describe", *entity).stdout
+            return "request_percentage=50" in out
+
+        wait_until(shown, 60, interval=1, what="the cluster's quota to show at the proxy")
+    finally:
+        cluster.tool("configs", "--bootstrap-server", direct, "--alter", "--delete-config", "request_percentage",
+                     *entity)
