@@ -117,12 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from config.quota_sources import StateFileError
+
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back rather than refuse to run
-        asyncio.run(serve(config, args))
+        runner = asyncio.run
     else:
-        uvloop.run(serve(config, args))
+        runner = uvloop.run
+    try:
+        runner(serve(config, args))
+    except StateFileError as exc:
+        print(f"kafka-throttle-proxy: cannot start: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

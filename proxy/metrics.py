@@ -38,8 +38,9 @@ class Stats:
     """(quota kind, action, shadow) -> count."""
 
 
-QuotaSample = tuple[str, str, str, str, float]
-"""(group, metric name, user, client id, value), e.g. ("Produce", "byte-rate", "alice", "", 1.2e6)."""
+QuotaSample = tuple[str, str, str, str, str, float]
+"""(group, metric name, user, client id, scope, value), e.g. ("Produce", "byte-rate", "alice", "", "broker 1", 1e6);
+the scope is the broker (per-broker enforcement) or "" (quotas.scope: cluster)."""
 
 
 def _metric_name(group: str, name: str) -> str:
@@ -81,13 +82,13 @@ class _Collector:
             d.add_metric([kind, action, str(shadow).lower()], n)
         yield d
         families: dict[str, GaugeMetricFamily] = {}
-        for group, name, user, client_id, value in self.quota_samples():
+        for group, name, user, client_id, scope, value in self.quota_samples():
             metric = _metric_name(group, name)
             fam = families.get(metric)
             if fam is None:
                 fam = families[metric] = GaugeMetricFamily(metric, f"Kafka quota metric {group} {name}",
-                                                           labels=["user", "client_id"])
-            fam.add_metric([user, client_id], value)
+                                                           labels=["user", "client_id", "scope"])
+            fam.add_metric([user, client_id, scope], value)
         yield from families.values()
 
 

@@ -138,9 +138,11 @@ class Policy:
         return list(self.quotas.samples(_now_ms()))
 
     def _scope(self, conn: Connection) -> str:
-        if self.cluster_scope or conn.upstream_addr is None:
+        if self.cluster_scope:
             return ""
-        host, port = conn.upstream_addr
+        if conn.label != "bootstrap":
+            return conn.label  # "broker N": one bucket per broker, however the client reached it
+        host, port = conn.upstream_addr or ("?", 0)
         return f"{host}:{port}"
 
     # ------------------------------------------------------------------------------------------ requests

@@ -164,16 +164,16 @@ class QuotaManager:
             del self._trackers[k]
         return len(dead)
 
-    def samples(self, now_ms: int) -> Iterator[tuple[str, str, str, str, float]]:
-        """Kafka-named metric samples: (group, name, user, client id, value)."""
-        for (key, _scope, bucket), t in list(self._trackers.items()):
+    def samples(self, now_ms: int) -> Iterator[tuple[str, str, str, str, str, float]]:
+        """Kafka-named metric samples: (group, name, user, client id, scope, value)."""
+        for (key, scope, bucket), t in list(self._trackers.items()):
             group = GROUPS[key]
             if key == CONTROLLER_MUTATION_RATE:
                 bucket_stat: TokenBucket = t.stat
-                yield group, "tokens", bucket.user, bucket.client_id, bucket_stat.tokens(now_ms)
-                yield group, "mutation-rate", bucket.user, bucket.client_id, t.mutations.measure(now_ms)
+                yield group, "tokens", bucket.user, bucket.client_id, scope, bucket_stat.tokens(now_ms)
+                yield group, "mutation-rate", bucket.user, bucket.client_id, scope, t.mutations.measure(now_ms)
             else:
                 name = {REQUEST_PERCENTAGE: "request-time", PRODUCER_IDS_RATE: "rate"}.get(key, "byte-rate")
-                yield group, name, bucket.user, bucket.client_id, t.stat.measure(now_ms)
-            yield group, "throttle-time", bucket.user, bucket.client_id, float(t.last_throttle_ms)
-            yield group, "throttle-time-total", bucket.user, bucket.client_id, float(t.throttle_ms_total)
+                yield group, name, bucket.user, bucket.client_id, scope, t.stat.measure(now_ms)
+            yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)
+            yield group, "throttle-time-total", bucket.user, bucket.client_id, scope, float(t.throttle_ms_total)

@@ -1,0 +1,86 @@
+"""QuotaManager (which tracker is charged, idle expiry, limit changes) and QuotaSources (layering, state file)."""
+
+import json
+
+import pytest
+
+from config.quota_sources import QuotaSources, StateFileError
+from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
+from quotas.manager import QuotaManager, Windows
+
+
+def _manager(**quotas):
+    store = QuotaStore()
+    for (user, key), value in quotas.items():
+        store.set(QuotaEntity(user=user), key, value)
+    return store, QuotaManager(store, Windows(), idle_ms=60_000)
+
+
+def test_no_quota_no_tracker():
+    store, qm = _manager()
+    assert qm.charge_rate("producer_byte_rate", "alice", "c", "", 1000, 0) is None
+    assert len(qm) == 0
+
+
+def test_user_quota_shared_by_client_ids_and_reference_vector():
+    store = QuotaStore()
+    store.set(QuotaEntity(user="alice"), "producer_byte_rate", 500)
+    qm = QuotaManager(store)
+    for s in range(10):
+        c = qm.charge_rate("producer_byte_rate", "alice", f"c{s % 2}", "", 400, s * 1000)
+        assert c.throttle_ms == 0
+    c = qm.charge_rate("producer_byte_rate", "alice", "c9", "", 2300, 10_500)
+    assert c.throttle_ms == 2100  # the reference vector: both client ids fed one bucket
+    assert len(qm) == 1
+
+
+def test_default_user_quota_gives_each_user_its_own_bucket_and_scopes_split():
+    store = QuotaStore()
+    store.set(QuotaEntity(user=DEFAULT), "consumer_byte_rate", 1000)
+    qm = QuotaManager(store)
+    qm.charge_rate("consumer_byte_rate", "a", "", "broker 1", 10, 0)
+    qm.charge_rate("consumer_byte_rate", "b", "", "broker 1", 10, 0)
+    qm.charge_rate("consumer_byte_rate", "a", "", "broker 2", 10, 0)
+    assert len(qm) == 3
+    samples = {(g, n, u, sc) for g, n, u, _c, sc, _v in qm.samples(0)}
+    assert ("Fetch", "byte-rate", "a", "broker 2") in samples
+    assert ("Fetch", "throttle-time", "b", "broker 1") in samples
+
+
+def test_idle_trackers_expire_and_limit_changes_keep_history():
+    store = QuotaStore()
+    entity = QuotaEntity(user="u")
+    store.set(entity, "controller_mutation_rate", 10)
+    qm = QuotaManager(store, Windows(controller_samples=2), idle_ms=60_000)
+    t = qm.mutation_tracker("u", "", "", 0)
+    t.stat.record(30, 0)  # 20 - 30 = -10
+    store.set(entity, "controller_mutation_rate", 5)
+    t2 = qm.mutation_tracker("u", "", "", 0)
+    assert t2 is t and t.stat.tokens(0) < 0  # the debt survives a quota change, as in Kafka
+    assert qm.expire(59_999) == 0
+    assert qm.expire(60_000) == 1 and len(qm) == 0
+
+
+def test_sources_layering_tombstones_and_state_file(tmp_path):
+    store = QuotaStore()
+    state = tmp_path / "state.json"
+    src = QuotaSources(store, state)
+    alice = QuotaEntity(user="alice")
+    src.set_imported({alice: {"producer_byte_rate": 1.0, "consumer_byte_rate": 2.0}})
+    src.set_file({alice: {"producer_byte_rate": 10.0}})
+    assert store.get(alice) == {"producer_byte_rate": 10.0, "consumer_byte_rate": 2.0}
+    src.alter(alice, {"consumer_byte_rate": None, "request_percentage": 50.0})
+    assert store.get(alice) == {"producer_byte_rate": 10.0, "request_percentage": 50.0}
+    src.set_file({alice: {"producer_byte_rate": 20.0, "consumer_byte_rate": 3.0}})
+    assert store.get(alice) == {"producer_byte_rate": 20.0, "request_percentage": 50.0}  # tombstone holds
+    again = QuotaSources(QuotaStore(), state)
+    assert again.api == src.api
+    src.set_file({})
+    assert store.get(alice) == {"request_percentage": 50.0, "producer_byte_rate": 1.0}
+
+
+def test_bad_state_file_is_named(tmp_path):
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"entities": [{"user": "a", "quotas": "nope"}]}))
+    with pytest.raises(StateFileError, match="quotas.state_file .*state.json"):
+        QuotaSources(QuotaStore(), state)
