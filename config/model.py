@@ -133,6 +133,8 @@ class QuotaConfig(_Strict):
     producer_id_window_num: int = Field(default=11, ge=2)
     producer_id_window_size_seconds: float = Field(default=3600.0, gt=0)
     producer_id_cleanup_interval_ms: int = Field(default=10, gt=0)
+    producer_id_hold_max_ms: int = Field(default=20_000, ge=0)
+    """Longest a user over producer_ids_rate has new Produce/InitProducerId requests held, on any connection."""
     charge_validate_only: bool = False
     """KIP-599 makes validate-only requests free; KRaft brokers charge them. Free by default, as the KIP says."""
     admins: list[str] = []

@@ -344,7 +344,7 @@ class Connection:
             return
         body = memoryview(frame)[4:]
         header = parse_request_header(body)
-        item = self._apply(verdict, header, frame, True, time.monotonic())
+        item = self._apply(verdict, header, frame, expects_response(body, header), time.monotonic())
         if isinstance(item, Defer):
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:

@@ -22,6 +22,7 @@ and counted, and nothing is rewritten, rejected or muted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
@@ -35,17 +36,20 @@ from config.quota_sources import QuotaSources
 from protocol import mutations, throttle_field
 from protocol.apis import Api, decode_body, response_header_is_flexible
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
+from protocol.record_batches import RecordBatchError, producer_ids
 from proxy import client_quota_api
-from proxy.connection import Answer, Defer, Replace
+from proxy.connection import Answer, Defer, ProtocolViolation, Replace
 from proxy.metrics import Stats
 from quotas.entities import (
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
+    PRODUCER_IDS_RATE,
     REQUEST_PERCENTAGE,
     QuotaStore,
 )
 from quotas.manager import QuotaManager, Windows
+from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
 from quotas.token_bucket import admit
 
 if TYPE_CHECKING:
@@ -107,6 +111,9 @@ class Policy:
         self.quotas = QuotaManager(self.store)
         self._keys: frozenset[str] = frozenset()
         self._keys_generation = -1
+        self.producer_ids: ProducerIdTracker | None = None
+        self._pid_holds: dict[str, float] = {}
+        """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
         self.reload(config)
 
     def reload(self, config: ProxyConfig) -> None:
@@ -118,6 +125,11 @@ class Policy:
         self.enforce = qc.enforce
         self.cluster_scope = qc.scope == "cluster"
         self.charge_validate_only = qc.charge_validate_only
+        self.pid_hold_max_ms = qc.producer_id_hold_max_ms
+        pid_config = ProducerIdQuotaConfig(qc.producer_id_window_num, round(qc.producer_id_window_size_seconds),
+                                           qc.producer_id_cleanup_interval_ms)
+        if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
+            self.producer_ids = ProducerIdTracker(pid_config)
         self.quotas.configure(
             Windows(qc.window_num, round(qc.window_size_seconds * 1000), qc.controller_window_num,
                     round(qc.controller_window_size_seconds * 1000), qc.producer_id_window_num,
@@ -132,7 +144,12 @@ class Policy:
         return self._keys
 
     def upkeep(self) -> None:
-        self.quotas.expire(_now_ms())
+        now_ms = _now_ms()
+        self.quotas.expire(now_ms)
+        self.producer_ids.cleanup(now_ms)
+        now = now_ms / 1000
+        for user in [u for u, until in self._pid_holds.items() if until <= now]:
+            del self._pid_holds[user]
 
     def quota_samples(self):
         return list(self.quotas.samples(_now_ms()))
@@ -151,6 +168,21 @@ class Policy:
         key = header.api_key
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return self._client_quotas(conn, header, body)
+        if self._pid_holds and (key == Api.PRODUCE or key == Api.INIT_PRODUCER_ID):
+            hold = self._pid_holds.get(conn.identity.principal)
+            if hold is not None:
+                if hold > now and self.enforce:
+                    return Defer(self._after_hold(conn, header, body.tobytes(), hold - now))
+                if hold <= now:
+                    del self._pid_holds[conn.identity.principal]
+        return self._decide(conn, header, body, now)
+
+    async def _after_hold(self, conn: Connection, header: RequestHeader, body: bytes, seconds: float):
+        await asyncio.sleep(seconds)
+        return self._decide(conn, header, memoryview(body), time.monotonic())
+
+    def _decide(self, conn: Connection, header: RequestHeader, body: memoryview, now: float):
+        key = header.api_key
         active = self._active_keys()
         if not active or key in _NEVER_CHARGED:
             return None
@@ -161,6 +193,8 @@ class Policy:
         if key == Api.PRODUCE:
             if PRODUCER_BYTE_RATE in active:
                 self._charge(d, PRODUCER_BYTE_RATE, len(body), now_ms)
+            if PRODUCER_IDS_RATE in active:
+                self._charge_producer_ids(d, header, body, now_ms)
         elif key == Api.FETCH:
             if CONSUMER_BYTE_RATE in active and not _is_replica_fetch(body, header):
                 d.fetch = True
@@ -174,6 +208,29 @@ class Policy:
         charge = self.quotas.charge_rate(key, d.user, d.client_id, d.scope, amount, now_ms)
         if charge is not None:
             d.note(key, amount, charge.limit, charge.throttle_ms)
+
+    def _charge_producer_ids(self, d: Decision, header: RequestHeader, body: memoryview, now_ms: int) -> None:
+        """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
+        charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
+        if self.store.resolve(d.user, d.client_id, PRODUCER_IDS_RATE) is None:
+            return
+        try:
+            pids = producer_ids(body, header.api_version, header.body_offset)
+        except RecordBatchError as exc:
+            raise ProtocolViolation(f"malformed Produce v{header.api_version} record batch: {exc}") from None
+        if not pids:
+            return
+        d.new_pids = self.producer_ids.observe_many((d.user, d.scope), pids, now_ms)
+        if not d.new_pids:
+            return
+        self._charge(d, PRODUCER_IDS_RATE, d.new_pids, now_ms)
+        throttle = d.values[PRODUCER_IDS_RATE][2] if PRODUCER_IDS_RATE in d.values else 0
+        if throttle > 0:
+            # Muting one connection does not stop the KIP's misbehaving pattern (a new producer, on new
+            # connections, per batch), so the user's next Produce / InitProducerId on ANY connection waits too,
+            # up to producer_id_hold_max_ms (kept below client request timeouts).
+            until = now_ms / 1000 + min(throttle, self.pid_hold_max_ms) / 1000
+            self._pid_holds[d.user] = max(self._pid_holds.get(d.user, 0.0), until)
 
     def _client_quotas(self, conn: Connection, header: RequestHeader, body: memoryview) -> Answer:
         version = header.api_version
@@ -211,6 +268,7 @@ class Policy:
         tracker.note_throttle(throttle)
         d.mutations = sum(c for c, ok in zip(counts, admitted, strict=True) if ok)
         tracker.mutations.record(d.mutations, now_ms)
+        tracker.recorded_total += d.mutations
         rejected = [i for i, ok in enumerate(admitted) if not ok]
         d.rejected = len(rejected)
         d.note(CONTROLLER_MUTATION_RATE, d.mutations, tracker.limit, throttle)

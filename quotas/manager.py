@@ -66,7 +66,8 @@ class Charge:
 
 
 class Tracker:
-    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "throttled", "last_throttle_ms", "mutations")
+    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "throttled", "last_throttle_ms", "mutations",
+                 "recorded_total")
 
     def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None) -> None:
         self.stat = stat
@@ -75,6 +76,9 @@ class Tracker:
         self.limit = limit
         self.last_used_ms = now_ms
         self.throttle_ms_total = 0
+        self.recorded_total = 0.0
+        """Everything ever recorded (bytes, percent-seconds, partitions, new producer ids): exact, for tests and
+        for checking an offline analysis against the proxy's own counts."""
         self.throttled = 0
         self.last_throttle_ms = 0
 
@@ -137,10 +141,18 @@ class QuotaManager:
         t = self._tracker(r, scope, now_ms)
         stat: SampledRate = t.stat
         stat.record(amount, now_ms)
+        t.recorded_total += amount
         observed = stat.measure(now_ms)
         window = stat.window_ms(now_ms)
         if key == REQUEST_PERCENTAGE:
             throttle = request_throttle_ms(observed, r.limit, window, self.windows.window_ms)
+        elif key == PRODUCER_IDS_RATE:
+            # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
+            # second is that over the window size; the throttle is capped at one window, by when the oldest
+            # bloom filter has turned over and the user's ids count as new again anyway.
+            per_window_s = self.windows.pid_window_ms / 1000
+            throttle = min(byte_rate_throttle_ms(observed, r.limit / per_window_s, window), self.windows.pid_window_ms)
+            observed *= per_window_s
         else:
             throttle = byte_rate_throttle_ms(observed, r.limit, window)
         t.note_throttle(throttle)
@@ -174,6 +186,10 @@ class QuotaManager:
                 yield group, "mutation-rate", bucket.user, bucket.client_id, scope, t.mutations.measure(now_ms)
             else:
                 name = {REQUEST_PERCENTAGE: "request-time", PRODUCER_IDS_RATE: "rate"}.get(key, "byte-rate")
-                yield group, name, bucket.user, bucket.client_id, scope, t.stat.measure(now_ms)
+                value = t.stat.measure(now_ms)
+                if key == PRODUCER_IDS_RATE:
+                    value *= self.windows.pid_window_ms / 1000  # per window, the unit of producer_ids_rate
+                yield group, name, bucket.user, bucket.client_id, scope, value
             yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)
             yield group, "throttle-time-total", bucket.user, bucket.client_id, scope, float(t.throttle_ms_total)
+            yield group, "recorded-total", bucket.user, bucket.client_id, scope, t.recorded_total
