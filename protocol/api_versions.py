@@ -51,3 +51,13 @@ def cap_api_versions(body: bytes, version: int, caps: Mapping[int, int]) -> byte
         return None
     msg.api_keys = kept
     return msg.encode()
+
+
+def unsupported_version_body(cap: int) -> bytes:
+    """What a broker answers an ApiVersions request newer than it knows: UNSUPPORTED_VERSION (35) in the v0
+    layout, listing the ApiVersions versions it does speak, so the client retries at one of them. The proxy
+    answers so itself when a client (kafka-clients 4.4 sends v5 first) goes beyond the schemas it decodes."""
+    cls = response_class(Api.API_VERSIONS)
+    entry = cls._struct.fields["api_keys"].array_of.data_class
+    msg = cls(error_code=35, api_keys=[entry(api_key=Api.API_VERSIONS, min_version=0, max_version=cap)])
+    return bytes(msg.encode(version=0))

@@ -19,6 +19,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
+from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import (
@@ -293,6 +294,10 @@ class Connection:
             api = f"{api_name(header.api_key)} v{header.api_version}"
             cap = self.proxy.version_caps.get(header.api_key)
             if cap is not None and header.api_version > cap:
+                if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"
+                    body = unsupported_version_body(cap)
+                    local = _SIZE.pack(4 + len(body)) + _SIZE.pack(header.correlation_id) + body
+                    return self._apply(Answer(None, local), header, frame, True, now)
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
             answered = expects_response(body, header)
             if header.api_key == Api.SASL_HANDSHAKE:
