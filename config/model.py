@@ -164,6 +164,21 @@ class MetricsConfig(_Strict):
     host: str = "127.0.0.1"
 
 
+class DecisionLogConfig(_Strict):
+    """Where every quota decision is written for offline analysis (spark_analysis); off unless ``directory``."""
+
+    directory: str | None = None
+    format: Literal["parquet", "jsonl"] = "parquet"
+    max_queue: int = Field(default=100_000, gt=0)
+    """Events waiting for the writer; beyond this they are dropped and counted, never waited for."""
+    rotate_seconds: float = Field(default=60.0, gt=0)
+    rotate_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    summary_seconds: float = Field(default=10.0, gt=0)
+    """How often each connection's traffic that met no quota decision is summarised in one event."""
+    instance: str | None = None
+    """This proxy's name in the log (default: host name and process id)."""
+
+
 class SaslConfig(_Strict):
     oauthbearer_principal_claim: str = Field(default="sub", min_length=1)
     """Must match the broker's ``sasl.oauthbearer.sub.claim.name``."""
@@ -179,4 +194,5 @@ class ProxyConfig(_Strict):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     quotas: QuotaConfig = QuotaConfig()
     metrics: MetricsConfig = MetricsConfig()
+    decision_log: DecisionLogConfig = DecisionLogConfig()
     sasl: SaslConfig = SaslConfig()

@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from config.load import ConfigError
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ Quotas = dict[QuotaEntity, dict[str, float]]
 ApiLayer = dict[QuotaEntity, dict[str, float | None]]
 
 
-class StateFileError(Exception):
+class StateFileError(ConfigError):
     """The state file exists but cannot be used; the message names the file and the reason."""
 
 

@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    from config.quota_sources import StateFileError
-
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back rather than refuse to run
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     try:
         runner(serve(config, args))
-    except StateFileError as exc:
+    except ConfigError as exc:  # found only when starting: an unusable state file or decision-log directory
         print(f"kafka-throttle-proxy: cannot start: {exc}", file=sys.stderr)
         return 2
     return 0

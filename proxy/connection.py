@@ -139,6 +139,11 @@ class Connection:
         self._deferred: deque | None = None  # requests held behind one the policy is still deciding
         self._own_corr = -1
         self.last_response_at = 0.0
+        self.id = str(proxy.stats.connections_total)
+        # Traffic since the last decision-log summary of this connection.
+        self.sum_requests = 0
+        self.sum_bytes_in = 0
+        self.sum_bytes_out = 0
         self.mute = ChannelMute(
             asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"),
             lambda: self.resume(self.client, "muted"),
@@ -235,6 +240,7 @@ class Connection:
         if self.closed:
             return
         self.proxy.stats.bytes_from_clients += len(data)
+        self.sum_bytes_in += len(data)
         if self.upstream.transport is None:
             # The event loop may deliver a first read before a pause takes effect: keep it (one
             # chunk at most) and pause again; it is replayed once the upstream connection is up.
@@ -314,6 +320,7 @@ class Connection:
             self.client_id = header.client_id
         stats = self.proxy.stats
         stats.requests += 1
+        self.sum_requests += 1
         stats.requests_by_api[api_name(header.api_key)] += 1
         verdict = self.proxy.policy.on_request(self, header, body, now)
         return self._apply(verdict, header, frame, answered, now)
@@ -377,6 +384,7 @@ class Connection:
         if self.closed:
             return
         self.proxy.stats.bytes_to_clients += len(data)
+        self.sum_bytes_out += len(data)
         try:
             frames = self._responses.feed(data)
         except FrameError as exc:

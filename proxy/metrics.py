@@ -49,7 +49,9 @@ def _metric_name(group: str, name: str) -> str:
 
 class _Collector:
     def __init__(self, stats: Stats, live_connections: Callable[[], int],
-                 quota_samples: Callable[[], Iterable[QuotaSample]]) -> None:
+                 quota_samples: Callable[[], Iterable[QuotaSample]],
+                 log_stats: Callable[[], dict[str, int]]) -> None:
+        self.log_stats = log_stats
         self.stats = stats
         self.live_connections = live_connections
         self.quota_samples = quota_samples
@@ -81,6 +83,14 @@ class _Collector:
         for (kind, action, shadow), n in list(s.decisions.items()):
             d.add_metric([kind, action, str(shadow).lower()], n)
         yield d
+        dl = self.log_stats()
+        if dl:
+            c = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome", labels=["outcome"])
+            for outcome in ("written", "dropped", "failed"):
+                c.add_metric([outcome], dl.get(outcome, 0))
+            yield c
+            yield GaugeMetricFamily("ktp_decision_log_queued", "Decision-log events waiting for the writer",
+                                    value=dl.get("queued", 0))
         families: dict[str, GaugeMetricFamily] = {}
         for group, name, user, client_id, scope, value in self.quota_samples():
             metric = _metric_name(group, name)
@@ -93,9 +103,10 @@ class _Collector:
 
 
 def make_registry(stats: Stats, live_connections: Callable[[], int],
-                  quota_samples: Callable[[], Iterable[QuotaSample]]) -> CollectorRegistry:
+                  quota_samples: Callable[[], Iterable[QuotaSample]],
+                  log_stats: Callable[[], dict[str, int]] = dict) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(stats, live_connections, quota_samples))
+    registry.register(_Collector(stats, live_connections, quota_samples, log_stats))
     return registry
 
 

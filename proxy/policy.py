@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import struct
 import time
 from typing import TYPE_CHECKING
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+from config.load import ConfigError
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol import mutations, throttle_field
@@ -78,7 +81,7 @@ class Decision:
     """What the policy decided for one request, carried to its response."""
 
     __slots__ = ("user", "client_id", "scope", "throttle_ms", "fetch", "request_quota", "merge", "values",
-                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version")
+                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "wall_ms")
 
     def __init__(self, user: str, client_id: str, scope: str, header: RequestHeader, bytes_in: int) -> None:
         self.user = user
@@ -87,6 +90,8 @@ class Decision:
         self.api_key = header.api_key
         self.api_version = header.api_version
         self.bytes_in = bytes_in
+        self.wall_ms = round(time.time() * 1000)
+        """When the request's own charges were made (epoch ms), for the decision log."""
         self.throttle_ms = 0
         self.fetch = False
         self.request_quota = False
@@ -112,6 +117,7 @@ class Policy:
         self._keys: frozenset[str] = frozenset()
         self._keys_generation = -1
         self.producer_ids: ProducerIdTracker | None = None
+        self.decision_log = _open_decision_log(config)
         self._pid_holds: dict[str, float] = {}
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
         self.reload(config)
@@ -343,6 +349,7 @@ class Policy:
             # Kafka records request time as a percentage of one thread: seconds × 100.
             self._charge(d, REQUEST_PERCENTAGE, service_ms / 10, now_ms)
         conn.last_response_at = now
+        upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
         if d.fetch:
             self._charge(d, CONSUMER_BYTE_RATE, len(frame) - 4, now_ms)
         view = memoryview(frame)
@@ -360,21 +367,83 @@ class Policy:
                 if throttle > _I32.unpack_from(view, at)[0]:
                     pieces = [view[:at], _I32.pack(min(throttle, 2**31 - 1)), view[at + 4:]]
             conn.mute.mute_for(throttle / 1000)
-        self._count(d)
+        self._record(conn, d, len(view) - 4, upstream_ms)
         return pieces
 
     def on_unanswered(self, conn: Connection, d: Decision) -> None:
         """Produce acks=0: no response will come, so the mute starts now."""
         if d.throttle_ms > 0 and self.enforce:
             conn.mute.mute_for(d.throttle_ms / 1000)
-        self._count(d)
+        self._record(conn, d, 0, None)
 
-    def _count(self, d: Decision) -> None:
-        stats_decisions = self.stats.decisions
-        for key, (_amount, _limit, throttle) in d.values.items():
-            action = "reject" if key == CONTROLLER_MUTATION_RATE and d.rejected else (
-                "throttle" if throttle > 0 else "pass")
-            stats_decisions[(key, action, not self.enforce)] += 1
+    def _record(self, conn: Connection, d: Decision, bytes_out: int, upstream_ms: float | None) -> None:
+        """Count the decision (metrics) and ship it to the decision log."""
+        if d.rejected:
+            action = "reject"
+        elif d.throttle_ms > 0:
+            action = "throttle"
+        else:
+            action = "pass"
+        shadow = not self.enforce
+        decisions = self.stats.decisions
+        for key in d.values:
+            decisions[(key, action, shadow)] += 1
+        if self.decision_log is None:
+            return
+        event = {
+            "event": "request", "ts_ms": round(time.time() * 1000), "req_ts_ms": d.wall_ms, "conn": conn.id,
+            "user": d.user, "client_id": d.client_id, "api_key": d.api_key, "api_version": d.api_version,
+            "requests": 1, "bytes_in": d.bytes_in, "bytes_out": bytes_out, "mutations": d.mutations,
+            "new_pids": d.new_pids, "upstream_ms": upstream_ms, "action": action, "throttle_ms": d.throttle_ms,
+            "shadow": shadow, "rejected_topics": d.rejected, "scope": d.scope,
+        }
+        for key, (amount, limit, throttle) in d.values.items():
+            kind = _KINDS[key]
+            event[kind + "_value"] = amount
+            event[kind + "_limit"] = limit
+            event[kind + "_throttle_ms"] = throttle
+        self.decision_log.emit(event)
+
+    def summarise(self, conn: Connection) -> None:
+        """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
+        if self.decision_log is None or not (conn.sum_requests or conn.sum_bytes_in or conn.sum_bytes_out):
+            return
+        self.decision_log.emit({
+            "event": "summary", "ts_ms": round(time.time() * 1000), "conn": conn.id,
+            "user": conn.identity.principal, "client_id": conn.client_id, "api_key": -1, "api_version": -1,
+            "requests": conn.sum_requests, "bytes_in": conn.sum_bytes_in, "bytes_out": conn.sum_bytes_out,
+            "mutations": 0, "new_pids": 0, "action": "pass", "throttle_ms": 0, "shadow": not self.enforce,
+            "scope": self._scope(conn),
+        })
+        conn.sum_requests = conn.sum_bytes_in = conn.sum_bytes_out = 0
+
+    def decision_log_stats(self) -> dict[str, int]:
+        return self.decision_log.stats() if self.decision_log is not None else {}
+
+    def close(self) -> None:
+        if self.decision_log is not None:
+            self.decision_log.close()
+
+
+_KINDS = {
+    PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_PERCENTAGE: "request",
+    CONTROLLER_MUTATION_RATE: "mutation", PRODUCER_IDS_RATE: "pids",
+}
+
+
+def _open_decision_log(config: ProxyConfig):
+    dc = config.decision_log
+    if dc.directory is None:
+        return None
+    from proxy.decision_log import DecisionLog  # pyarrow is loaded only when the log is on
+
+    instance = dc.instance or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        return DecisionLog(dc.directory, instance, max_queue=dc.max_queue, rotate_seconds=dc.rotate_seconds,
+                           rotate_bytes=dc.rotate_bytes, fmt=dc.format)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"decision_log.directory {dc.directory}: cannot write the decision log there "
+                          f"({type(exc).__name__}: {exc})") from None
 
 
 def _now_ms() -> int:

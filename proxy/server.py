@@ -38,7 +38,8 @@ class Proxy:
         self.stats = Stats()
         self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
         self.policy = Policy(config, self.stats)
-        self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples)
+        self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
+                                              self.policy.decision_log_stats)
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.AbstractServer] = {}
@@ -78,10 +79,17 @@ class Proxy:
         )
 
     async def _upkeep(self) -> None:
-        """Expire idle per-entity quota state (Kafka drops idle sensors after an hour)."""
+        """Expire idle per-entity quota state (Kafka drops idle sensors after an hour); summarise traffic."""
+        loop = asyncio.get_running_loop()
+        summary_every = self.config.decision_log.summary_seconds
+        next_summary = loop.time() + summary_every
         while True:
-            await asyncio.sleep(10)
+            await asyncio.sleep(min(1.0, summary_every))
             self.policy.upkeep()
+            if loop.time() >= next_summary:
+                next_summary = loop.time() + summary_every
+                for conn in list(self.connections):
+                    self.policy.summarise(conn)
 
     async def _import_quotas(self) -> None:
         while True:
@@ -124,9 +132,9 @@ class Proxy:
             target = self.directory.upstream_of(node_id)
             candidates = [target] if target else []
             label = f"broker {node_id}"
+        self.stats.connections_total += 1
         conn = Connection(self, candidates, label)
         self.connections.add(conn)
-        self.stats.connections_total += 1
         conn.done.add_done_callback(lambda _f: self.connections.discard(conn))
         if self._closing:
             conn.drain()
@@ -153,4 +161,5 @@ class Proxy:
                 conn.abort()
         for server in self._servers.values():
             await server.wait_closed()
+        self.policy.close()
         log.info("shut down")
