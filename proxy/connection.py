@@ -2,9 +2,12 @@
 
 Built on asyncio Protocols rather than streams because this is the hot path: a received chunk is
 split into frames without copying (``FrameReader``), each request header is read, and the frames are
-written on in one ``writelines`` call, usually as views of the very chunk that arrived. Reading is
-paused, never buffered without bound: when the other side's write buffer is full (backpressure),
-while a response waits for a new broker listener, while connecting, and while draining.
+written on in one ``writelines`` call, usually as views of the very chunk that arrived. Responses,
+the bulk on consume, are read with a BufferedProtocol into one reused receive buffer
+(``FrameReceiver``), and a large response that the proxy never rewrites is forwarded piece by piece
+as it arrives instead of being assembled first. Reading is paused, never buffered without bound:
+when the other side's write buffer is full (backpressure), while a response waits for a new broker
+listener, while connecting, and while draining.
 
 Anything malformed closes this connection only, with one log line naming the peer, api and reason.
 """
@@ -19,10 +22,10 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from protocol.apis import Api, api_name, decode_body, request_class
-from protocol.frames import FrameError, FrameReader
+from protocol.frames import FrameError, FrameReader, FrameReceiver, StreamHead, StreamPiece
 from protocol.headers import RequestHeader, parse_request_header, response_correlation_id
 from protocol.inflight import InFlight, Pending, expects_response
-from proxy.responses import AddressEdit, inspect_response
+from proxy.responses import AddressEdit, inspect_response, needs_whole_body
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -39,7 +42,7 @@ class ProtocolViolation(Exception):
     """This connection's byte stream cannot be followed any more."""
 
 
-class _Side(asyncio.Protocol):
+class _Side(asyncio.BaseProtocol):
     """One socket of a Connection; every event goes straight to the Connection."""
 
     def __init__(self, conn: Connection, is_client: bool) -> None:
@@ -52,12 +55,6 @@ class _Side(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         if self.is_client:
             self.conn.client_connected()
-
-    def data_received(self, data: bytes) -> None:
-        if self.is_client:
-            self.conn.requests_received(data)
-        else:
-            self.conn.responses_received(data)
 
     def eof_received(self) -> bool:
         self.conn.side_closed(self, eof=True)
@@ -73,16 +70,33 @@ class _Side(asyncio.Protocol):
         self.conn.resume(self.conn.other(self), "backpressure")
 
 
+class _ClientSide(_Side, asyncio.Protocol):
+    """The client's socket: requests arrive as chunks (small on consume; see FrameReader)."""
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.requests_received(data)
+
+
+class _UpstreamSide(_Side, asyncio.BufferedProtocol):
+    """The broker's socket: responses are read straight into the Connection's receive buffer."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.response_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.responses_received(nbytes)
+
+
 class Connection:
     def __init__(self, proxy: Proxy, candidates: list[tuple[str, int]], label: str) -> None:
         self.proxy = proxy
         self.candidates = candidates
         self.label = label
-        self.client = _Side(self, is_client=True)
-        self.upstream = _Side(self, is_client=False)
+        self.client: _Side = _ClientSide(self, is_client=True)
+        self.upstream: _Side = _UpstreamSide(self, is_client=False)
         max_frame = proxy.config.max_frame_bytes
         self._requests = FrameReader(max_frame)
-        self._responses = FrameReader(max_frame)
+        self._responses = FrameReceiver(max_frame, self._may_stream)
         self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
@@ -228,15 +242,34 @@ class Connection:
             return None  # the broker will reject it; only the raw-token count is lost
 
     # -- responses: broker → client ----------------------------------------------------------------
-    def responses_received(self, data: bytes) -> None:
+    def response_buffer(self) -> memoryview:
+        """Where the next read from the broker lands. The bytes already handed on may be overwritten
+        only once the client transport has sent them all (it keeps views, not copies) and nothing is
+        held for a new listener; otherwise the read goes to fresh space."""
+        transport = self.client.transport
+        reusable = self._held is None and (transport is None or transport.get_write_buffer_size() == 0)
+        return self._responses.get_buffer(reusable)
+
+    def _may_stream(self, head: memoryview) -> bool:
+        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it
+        arrives: only when it answers the oldest request and that request's response is never
+        rewritten. Called lazily by FrameReceiver, after every earlier response was handled."""
+        if self._held is not None:
+            return False
+        pending = self.inflight.head()
+        if pending is None:
+            return False
+        header = pending.header
+        if header is _RAW:
+            return True
+        if header.correlation_id != response_correlation_id(head[4:]):
+            return False  # assembled, then refused with the usual message
+        return not needs_whole_body(header.api_key, header.api_version)
+
+    def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
-        try:
-            frames = self._responses.feed(data)
-        except FrameError as exc:
-            self.close(f"response stream from broker: {exc}")
-            return
-        self._deliver(frames)
+        self._deliver(self._responses.received(nbytes))
 
     def _deliver(self, frames) -> None:
         out: list = []
@@ -244,8 +277,15 @@ class Connection:
             for frame in frames:
                 if self._held is not None:
                     self._held.append(frame)
+                elif type(frame) is StreamPiece:
+                    out.append(frame.data)
                 else:
                     self._on_response(frame, out)
+        except FrameError as exc:
+            if out:
+                self.client.transport.writelines(out)
+            self.close(f"response stream from broker: {exc}")
+            return
         except Exception as exc:  # noqa: BLE001 - a bad response closes one connection, never the proxy
             if out:
                 self.client.transport.writelines(out)
@@ -253,16 +293,22 @@ class Connection:
             return
         if out:
             self.client.transport.writelines(out)
-        if self.draining and not self.inflight and self._held is None:
+        if self.draining and not self.inflight and self._held is None and not self._responses.streaming:
             self.close()
 
     def _on_response(self, frame, out: list) -> None:
         head = self.inflight.head()
+        if type(frame) is StreamHead:
+            # _may_stream checked that it answers the oldest request (raw SASL tokens have no
+            # header) and that nothing in it is ever rewritten.
+            self.inflight.pop(head.header.correlation_id)
+            out.append(frame.data)
+            return
         if head is not None and head.header is _RAW:
             self.inflight.pop(head.header.correlation_id)
             out.append(frame)
             return
-        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
+        body = frame[4:]  # frames are memoryviews: no copy
         pending = self.inflight.pop(response_correlation_id(body))
         result = inspect_response(pending, body, self.proxy.directory, self.proxy.topic_ids,
                                   self.proxy.version_caps)
