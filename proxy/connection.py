@@ -176,6 +176,8 @@ class Connection:
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
         self.closed = True
+        log.debug("%s via %s: closed; %d response receive buffer(s) allocated", self.peer, self.label,
+                  self._responses.allocations)
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()  # flushes what is already written
