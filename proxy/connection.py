@@ -18,12 +18,12 @@ import asyncio
 import logging
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from protocol.apis import Api, api_name, decode_body, request_class
 from protocol.frames import FrameError, FrameReader, FrameReceiver, StreamHead, StreamPiece
-from protocol.headers import RequestHeader, parse_request_header, response_correlation_id
+from protocol.headers import RequestHeader, parse_request_header, response_body_offset, response_correlation_id
 from protocol.inflight import InFlight, Pending, expects_response
 from proxy.responses import AddressEdit, inspect_response, needs_whole_body
 
@@ -97,6 +97,7 @@ class Connection:
         max_frame = proxy.config.max_frame_bytes
         self._requests = FrameReader(max_frame)
         self._responses = FrameReceiver(max_frame, self._may_stream)
+        self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
         self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
@@ -176,8 +177,11 @@ class Connection:
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
         self.closed = True
-        log.debug("%s via %s: closed; %d response receive buffer(s) allocated", self.peer, self.label,
-                  self._responses.allocations)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
+                      self.peer, self.label, self._responses.allocations,
+                      ", ".join(f"{api} {'streamed' if s else 'assembled'} ×{n}" for (api, s), n in
+                                sorted(self._decided.items())) or "none")
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()  # flushes what is already written
@@ -264,9 +268,22 @@ class Connection:
         header = pending.header
         if header is _RAW:
             return True
+        stream = self._streamable(head, header)
+        self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
+        return stream
+
+    @staticmethod
+    def _streamable(head: memoryview, header: RequestHeader) -> bool:
+        """The part of the decision that depends on the response and its request only."""
         if header.correlation_id != response_correlation_id(head[4:]):
             return False  # assembled, then refused with the usual message
-        return not needs_whole_body(header.api_key, header.api_version)
+        if needs_whole_body(header.api_key, header.api_version):
+            return False
+        try:  # a response header that does not parse is refused as an assembled frame would be
+            response_body_offset(head[4:], header.api_key, header.api_version)
+        except ValueError:
+            return False
+        return True
 
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
