@@ -168,7 +168,7 @@ class Connection:
         """Stop reading requests; close once every request in flight has been answered."""
         self.draining = True
         self.pause(self.client, "draining")
-        if not self.inflight:
+        if not self.inflight and not self._responses.streaming:  # a streamed response is popped at its head
             self.close()
 
     def close(self, reason: str | None = None) -> None:
