@@ -62,6 +62,15 @@ class AddressedResponse:
         return self.message.encode()
 
 
+def may_carry_addresses(api_key: int, version: int) -> bool:
+    """Whether a response to this request can hold a broker address (Produce and Fetch only from the
+    KIP-951 versions on); the proxy streams big responses only when this is False."""
+    if api_key not in ADDRESS_APIS:
+        return False
+    since = _NODE_ENDPOINTS_SINCE.get(api_key)
+    return since is None or version >= since
+
+
 def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedResponse | None:
     """Decode ``body`` if it carries broker addresses, else None (nothing to rewrite).
 

@@ -2,9 +2,12 @@
 
 Built on asyncio Protocols rather than streams because this is the hot path: a received chunk is
 split into frames without copying (``FrameReader``), each request header is read, and the frames are
-written on in one ``writelines`` call, usually as views of the very chunk that arrived. Reading is
-paused, never buffered without bound: when the other side's write buffer is full (backpressure),
-while a response waits for a new broker listener, while connecting, and while draining.
+written on in one ``writelines`` call, usually as views of the very chunk that arrived. Responses,
+the bulk on consume, are read with a BufferedProtocol into one reused receive buffer
+(``FrameReceiver``), and a large response that the proxy never rewrites is forwarded piece by piece
+as it arrives instead of being assembled first. Reading is paused, never buffered without bound:
+when the other side's write buffer is full (backpressure), while a response waits for a new broker
+listener, while connecting, and while draining.
 
 Anything malformed closes this connection only, with one log line naming the peer, api and reason.
 """
@@ -15,13 +18,13 @@ import asyncio
 import logging
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
-from protocol.frames import FrameError, FrameReader
+from protocol.frames import FrameError, FrameReader, FrameReceiver, StreamHead, StreamPiece
 from protocol.headers import (
     RequestHeader,
     encode_request_header,
@@ -38,7 +41,8 @@ from protocol.sasl_identity import (
     decode_handshake_request,
     decode_handshake_response,
 )
-from proxy.responses import AddressEdit, inspect_response
+from protocol.throttle_field import needs_walk
+from proxy.responses import AddressEdit, inspect_response, needs_whole_body
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -85,7 +89,7 @@ class ProtocolViolation(Exception):
     """This connection's byte stream cannot be followed any more."""
 
 
-class _Side(asyncio.Protocol):
+class _Side(asyncio.BaseProtocol):
     """One socket of a Connection; every event goes straight to the Connection."""
 
     def __init__(self, conn: Connection, is_client: bool) -> None:
@@ -98,12 +102,6 @@ class _Side(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         if self.is_client:
             self.conn.client_connected()
-
-    def data_received(self, data: bytes) -> None:
-        if self.is_client:
-            self.conn.requests_received(data)
-        else:
-            self.conn.responses_received(data)
 
     def eof_received(self) -> bool:
         self.conn.side_closed(self, eof=True)
@@ -119,16 +117,34 @@ class _Side(asyncio.Protocol):
         self.conn.resume(self.conn.other(self), "backpressure")
 
 
+class _ClientSide(_Side, asyncio.Protocol):
+    """The client's socket: requests arrive as chunks (small on consume; see FrameReader)."""
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.requests_received(data)
+
+
+class _UpstreamSide(_Side, asyncio.BufferedProtocol):
+    """The broker's socket: responses are read straight into the Connection's receive buffer."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.response_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.responses_received(nbytes)
+
+
 class Connection:
     def __init__(self, proxy: Proxy, candidates: list[tuple[str, int]], label: str) -> None:
         self.proxy = proxy
         self.candidates = candidates
         self.label = label
-        self.client = _Side(self, is_client=True)
-        self.upstream = _Side(self, is_client=False)
+        self.client: _Side = _ClientSide(self, is_client=True)
+        self.upstream: _Side = _UpstreamSide(self, is_client=False)
         max_frame = proxy.config.max_frame_bytes
         self._requests = FrameReader(max_frame)
-        self._responses = FrameReader(max_frame)
+        self._responses = FrameReceiver(max_frame, self._may_stream)
+        self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
         self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
@@ -212,7 +228,7 @@ class Connection:
         """Stop reading requests; close once every request in flight has been answered."""
         self.draining = True
         self.pause(self.client, "draining")
-        if not self.inflight:
+        if not self.inflight and not self._responses.streaming:  # a streamed response is popped at its head
             self.close()
 
     def close(self, reason: str | None = None) -> None:
@@ -223,6 +239,11 @@ class Connection:
             self.proxy.stats.connection_errors[reason.split(":", 1)[0][:40]] += 1
         self.closed = True
         self.mute.cancel()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
+                      self.peer, self.label, self._responses.allocations,
+                      ", ".join(f"{api} {'streamed' if s else 'assembled'} ×{n}" for (api, s), n in
+                                sorted(self._decided.items())) or "none")
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()  # flushes what is already written
@@ -380,17 +401,54 @@ class Connection:
         return fut
 
     # -- responses: broker → client ----------------------------------------------------------------
-    def responses_received(self, data: bytes) -> None:
+    def response_buffer(self) -> memoryview:
+        """Where the next read from the broker lands. The bytes already handed on may be overwritten
+        only once the client transport has sent them all (it keeps views, not copies) and nothing is
+        held for a new listener; otherwise the read goes to fresh space."""
+        transport = self.client.transport
+        reusable = self._held is None and (transport is None or transport.get_write_buffer_size() == 0)
+        return self._responses.get_buffer(reusable)
+
+    def _may_stream(self, head: memoryview) -> bool:
+        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it
+        arrives: only when it answers the oldest request and that request's response is never
+        rewritten. Called lazily by FrameReceiver, after every earlier response was handled."""
+        if self._held is not None:
+            return False
+        pending = self.inflight.head()
+        if pending is None:
+            return False
+        header = pending.header
+        if header is _RAW or pending.local is not None or pending.internal is not None:
+            return False  # SASL tokens feed the identity tracker; proxy answers and own asks are small, whole
+        if header.api_key == Api.SASL_HANDSHAKE or header.api_key == Api.SASL_AUTHENTICATE:
+            return False
+        d = pending.decision
+        if d is not None and (d.merge is not None or needs_walk(header.api_key, header.api_version)):
+            return False  # the policy edits more than the leading bytes
+        stream = self._streamable(head, header)
+        self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
+        return stream
+
+    @staticmethod
+    def _streamable(head: memoryview, header: RequestHeader) -> bool:
+        """The part of the decision that depends on the response and its request only."""
+        if header.correlation_id != response_correlation_id(head[4:]):
+            return False  # assembled, then refused with the usual message
+        if needs_whole_body(header.api_key, header.api_version):
+            return False
+        try:  # a response header that does not parse is refused as an assembled frame would be
+            response_body_offset(head[4:], header.api_key, header.api_version)
+        except ValueError:
+            return False
+        return True
+
+    def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
-        self.proxy.stats.bytes_to_clients += len(data)
-        self.sum_bytes_out += len(data)
-        try:
-            frames = self._responses.feed(data)
-        except FrameError as exc:
-            self.close(f"response stream from broker: {exc}")
-            return
-        self._deliver(frames)
+        self.proxy.stats.bytes_to_clients += nbytes
+        self.sum_bytes_out += nbytes
+        self._deliver(self._responses.received(nbytes))
 
     def _deliver(self, frames) -> None:
         out: list = []
@@ -398,8 +456,15 @@ class Connection:
             for frame in frames:
                 if self._held is not None:
                     self._held.append(frame)
+                elif type(frame) is StreamPiece:
+                    out.append(frame.data)
                 else:
                     self._on_response(frame, out)
+        except FrameError as exc:
+            if out:
+                self.client.transport.writelines(out)
+            self.close(f"response stream from broker: {exc}")
+            return
         except Exception as exc:  # noqa: BLE001 - a bad response closes one connection, never the proxy
             if out:
                 self.client.transport.writelines(out)
@@ -407,7 +472,7 @@ class Connection:
             return
         if out:
             self.client.transport.writelines(out)
-        if self.draining and not self.inflight and self._held is None:
+        if self.draining and not self.inflight and self._held is None and not self._responses.streaming:
             self.close()
 
     def _release_local(self, out: list) -> None:
@@ -428,12 +493,26 @@ class Connection:
     def _on_response(self, frame, out: list) -> None:
         self._release_local(out)
         head = self.inflight.head()
+        if type(frame) is StreamHead:
+            # _may_stream checked that it answers the oldest request, that nothing in it is ever
+            # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
+            pending = self.inflight.pop(head.header.correlation_id)
+            name = api_name(pending.header.api_key)
+            self.proxy.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
+            self.proxy.stats.latency_count_by_api[name] += 1
+            self.identity.on_other_response()
+            if pending.decision is not None:
+                pieces = self.proxy.policy.on_response(self, pending, frame.data, frame.total)
+                out.extend(pieces if pieces is not None else (frame.data,))
+            else:
+                out.append(frame.data)
+            return
         if head is not None and head.header is _RAW:
             self.inflight.pop(head.header.correlation_id)
             self.identity.on_raw_token_response(bytes(memoryview(frame)[4:]))
             out.append(frame)
             return
-        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
+        body = frame[4:]  # frames are memoryviews: no copy
         pending = self.inflight.pop(response_correlation_id(body))
         if pending.internal is not None:
             if not pending.internal.done():

@@ -338,7 +338,9 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: Connection, pending, frame):
+    def on_response(self, conn: Connection, pending, frame, total: int | None = None):
+        """``frame`` is the whole response frame, or only its leading bytes when it streams through
+        (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
         d: Decision = pending.decision
         header = pending.header
         now = time.monotonic()
@@ -350,8 +352,9 @@ class Policy:
             self._charge(d, REQUEST_PERCENTAGE, service_ms / 10, now_ms)
         conn.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
+        size = (total if total is not None else len(frame)) - 4
         if d.fetch:
-            self._charge(d, CONSUMER_BYTE_RATE, len(frame) - 4, now_ms)
+            self._charge(d, CONSUMER_BYTE_RATE, size, now_ms)
         view = memoryview(frame)
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
         pieces = None
@@ -367,7 +370,7 @@ class Policy:
                 if throttle > _I32.unpack_from(view, at)[0]:
                     pieces = [view[:at], _I32.pack(min(throttle, 2**31 - 1)), view[at + 4:]]
             conn.mute.mute_for(throttle / 1000)
-        self._record(conn, d, len(view) - 4, upstream_ms)
+        self._record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms)
         return pieces
 
     def on_unanswered(self, conn: Connection, d: Decision) -> None:

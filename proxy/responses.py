@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from protocol.addresses import ADDRESS_APIS, AddressedResponse, BrokerEndpoint, decode_addressed
+from protocol.addresses import ADDRESS_APIS, AddressedResponse, BrokerEndpoint, decode_addressed, may_carry_addresses
 from protocol.api_versions import cap_api_versions
 from protocol.apis import Api
 from protocol.headers import response_body_offset
@@ -44,6 +44,15 @@ class AddressEdit:
 
     def render(self, directory: BrokerDirectory) -> bytes:
         return self.header + self.decoded.encode(directory.map_endpoint)
+
+
+def needs_whole_body(api_key: int, api_version: int) -> bool:
+    """Whether ``inspect_response`` may rewrite the response to this request, so it must be assembled
+    before any of it is forwarded. Everything else (the bulk: Fetch before v16, Produce before v10)
+    can be streamed through; its leading bytes are still seen first (``protocol.frames.HEAD_BYTES``)."""
+    if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
+        return True
+    return may_carry_addresses(api_key, api_version)
 
 
 def inspect_response(

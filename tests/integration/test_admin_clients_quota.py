@@ -21,7 +21,7 @@ from kafka.admin import KafkaAdminClient
 from kafka.protocol.metadata import MetadataRequest
 
 from tests.harness import admin_probe as ap
-from tests.support import KafkaWire
+from tests.support import KafkaWire, wait_until
 
 QUOTA = {
     "quotas.controller_window_num": 2,
@@ -51,7 +51,7 @@ def test_java_admin_retries_through_the_throttle_by_default(cluster, fresh_proxy
     res = ap.admin_probe(proxy.bootstrap, ap.create(names, 15, replication_factor=1), api_timeout_ms=60_000)
     assert {r["topic"]: r["outcome"] for r in res} == {n: "ok" for n in names}
     assert max(r["elapsed_ms"] for r in res) >= 900  # the third topic waited out the 1 s throttle
-    assert _existing(cluster, names) == set(names)
+    wait_until(lambda: _existing(cluster, names) == set(names), 30, what="all three topics on the cluster")
 
 
 def test_java_admin_without_retries_fails_exactly_the_topics_over_quota(cluster, fresh_proxy):
@@ -60,7 +60,7 @@ def test_java_admin_without_retries_fails_exactly_the_topics_over_quota(cluster,
     res = ap.admin_probe(proxy.bootstrap, ap.create(names, 15, replication_factor=1, retry_on_quota=False))
     outcomes = {r["topic"]: r["outcome"] for r in res}
     assert outcomes == {names[0]: "ok", names[1]: "ok", names[2]: "ThrottlingQuotaExceededException"}
-    assert _existing(cluster, names) == set(names[:2])  # no rejected topic reached the cluster
+    wait_until(lambda: _existing(cluster, names) == set(names[:2]), 30, what="only the admitted topics")
 
 
 def test_old_java_admin_is_admitted_then_held_back(cluster, fresh_proxy):
@@ -76,7 +76,7 @@ def test_old_java_admin_is_admitted_then_held_back(cluster, fresh_proxy):
     assert second["outcome"] == "ok"
     # 20 - 45 = -25 tokens at 10/s: the next request waits about 2.5 s (muted, and the client backs off too)
     assert second["done_ms"] - max(r["done_ms"] for r in first) >= 1500
-    assert _existing(cluster, names) == set(names)
+    wait_until(lambda: _existing(cluster, names) == set(names), 30, what="all topics on the cluster")
 
 
 def test_librdkafka_admin(cluster, fresh_proxy):
@@ -95,7 +95,7 @@ def test_librdkafka_admin(cluster, fresh_proxy):
     if any(code == THROTTLING_QUOTA_EXCEEDED for code in errors.values()):
         # librdkafka sent a strict version: exactly the third topic is over quota
         assert errors == {names[0]: 0, names[1]: 0, names[2]: THROTTLING_QUOTA_EXCEEDED}
-        assert _existing(cluster, names) == set(names[:2])
+        wait_until(lambda: _existing(cluster, names) == set(names[:2]), 30, what="only the admitted topics")
     else:
         # an older CreateTopics: everything admitted, and the client is throttled by muting
         assert set(errors.values()) == {0}, errors
@@ -116,4 +116,4 @@ def test_kafka_python_admin_sees_error_89_on_the_right_topic(cluster, fresh_prox
     codes = {t[0] if isinstance(t, tuple) else t["name"]: t[1] if isinstance(t, tuple) else t["error_code"]
              for t in resp["topics"]}
     assert codes == {names[0]: 0, names[1]: 0, names[2]: THROTTLING_QUOTA_EXCEEDED}
-    assert _existing(cluster, names) == set(names[:2])
+    wait_until(lambda: _existing(cluster, names) == set(names[:2]), 30, what="only the admitted topics")
