@@ -84,7 +84,12 @@ class _Collector:
             d.add_metric([kind, action, str(shadow).lower()], n)
         yield d
         dl = self.log_stats()
-        if dl:
+        if "pid_cache_users" in dl:
+            yield GaugeMetricFamily("ktp_producerids_cache_users", "Users with producer-id bloom filters (KIP-936)",
+                                    value=dl["pid_cache_users"])
+            yield GaugeMetricFamily("ktp_producerids_cache_bytes", "Bytes of producer-id bloom filters (KIP-936)",
+                                    value=dl["pid_cache_bytes"])
+        if "written" in dl:
             c = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome", labels=["outcome"])
             for outcome in ("written", "dropped", "failed"):
                 c.add_metric([outcome], dl.get(outcome, 0))

@@ -421,7 +421,10 @@ class Policy:
         conn.sum_requests = conn.sum_bytes_in = conn.sum_bytes_out = 0
 
     def decision_log_stats(self) -> dict[str, int]:
-        return self.decision_log.stats() if self.decision_log is not None else {}
+        out = dict(self.decision_log.stats()) if self.decision_log is not None else {}
+        out["pid_cache_users"] = self.producer_ids.users()
+        out["pid_cache_bytes"] = self.producer_ids.memory_bytes()
+        return out
 
     def close(self) -> None:
         if self.decision_log is not None:

@@ -112,6 +112,7 @@ def test_scram_and_plain_clients_get_their_own_users_quota_and_metrics_show_it(c
     assert not any('user="bob"' in ln for ln in text.splitlines() if ln.startswith("ktp_controllermutation"))
     assert 'ktp_requests_total{api="CreateTopics"}' in text
     assert "ktp_connections " in text
+    assert "ktp_producerids_cache_bytes " in text
 
 
 def test_failed_authentication_never_yields_an_identity(cluster, fresh_proxy):
