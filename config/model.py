@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,10 +28,67 @@ def _parse_host_port(value: str) -> tuple[str, int]:
     return host, p
 
 
+def _existing_file(value: str | None) -> str | None:
+    if value is not None and not Path(value).is_file():
+        raise ValueError(f"{value!r} is not a readable file")
+    return value
+
+
+class UpstreamTlsConfig(_Strict):
+    """TLS towards the cluster (its SSL or SASL_SSL listener); present = on."""
+
+    ca_file: str | None = None
+    """PEM CA certificates the cluster's certificates are verified against; unset = the system's trust store."""
+    cert_file: str | None = None
+    """PEM certificate (chain) of the proxy, for a cluster listener with ``ssl.client.auth=required``."""
+    key_file: str | None = None
+    check_hostname: bool = True
+    """Like ``ssl.endpoint.identification.algorithm=https``: the broker's certificate must name its host."""
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _pair(self):
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class ListenTlsConfig(_Strict):
+    """TLS termination on every listener (bootstrap and per broker); present = on."""
+
+    cert_file: str
+    """PEM certificate (chain) the proxy presents to clients."""
+    key_file: str
+    ca_file: str | None = None
+    """PEM CA certificates client certificates are verified against; required unless client_auth is none."""
+    client_auth: Literal["none", "requested", "required"] = "none"
+    """Kafka's ``ssl.client.auth``."""
+    principal_mapping_rules: str = "DEFAULT"
+    """Kafka's ``ssl.principal.mapping.rules``, applied to the client certificate's RFC 2253 subject."""
+
+    _files = field_validator("cert_file", "key_file", "ca_file")(_existing_file)
+
+    @field_validator("principal_mapping_rules")
+    @classmethod
+    def _rules(cls, v: str) -> str:
+        from proxy.tls import PrincipalMapper
+
+        PrincipalMapper(v)  # MappingRuleError is a ValueError: reported under this field
+        return v
+
+    @model_validator(mode="after")
+    def _ca(self):
+        if self.client_auth != "none" and self.ca_file is None:
+            raise ValueError(f"client_auth {self.client_auth} needs ca_file to verify client certificates")
+        return self
+
+
 class UpstreamConfig(_Strict):
     bootstrap_servers: list[str] = Field(min_length=1)
-    """The cluster's listener the proxy connects to (PLAINTEXT or SASL_PLAINTEXT)."""
+    """The cluster's listener the proxy connects to (PLAINTEXT or SASL_PLAINTEXT; SSL or SASL_SSL with tls)."""
     connect_timeout_ms: int = Field(default=10_000, gt=0)
+    tls: UpstreamTlsConfig | None = None
 
     @field_validator("bootstrap_servers", mode="before")
     @classmethod
@@ -59,6 +117,7 @@ class ListenConfig(_Strict):
     """Port clients bootstrap from; 0 picks a free one (tests)."""
     broker_ports: tuple[int, int] | Literal["ephemeral"] = (19093, 19192)
     """Range of ports, one per broker: broker N gets first + N when that fits, else the first free one."""
+    tls: ListenTlsConfig | None = None
 
     @field_validator("broker_ports", mode="before")
     @classmethod

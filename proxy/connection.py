@@ -34,7 +34,6 @@ from protocol.headers import (
 )
 from protocol.inflight import InFlight, Pending, expects_response
 from protocol.sasl_identity import (
-    SaslIdentity,
     SaslTokenError,
     decode_authenticate_request,
     decode_authenticate_response,
@@ -43,6 +42,7 @@ from protocol.sasl_identity import (
 )
 from protocol.throttle_field import needs_walk
 from proxy.responses import AddressEdit, inspect_response, needs_whole_body
+from proxy.tls import CertificateError, ConnectionIdentity, NoMatchingRule, peer_principal
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -148,7 +148,8 @@ class Connection:
         self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
-        self.identity = SaslIdentity(proxy.config.sasl.oauthbearer_principal_claim)
+        # SASL principal once an exchange succeeds, else the client certificate's mapped name, else ANONYMOUS.
+        self.identity = ConnectionIdentity(proxy.config.sasl.oauthbearer_principal_claim)
         self.client_id = ""
         self.broker_label = label
         self._held: deque | None = None  # responses held behind one waiting for a new listener
@@ -160,10 +161,8 @@ class Connection:
         self.sum_requests = 0
         self.sum_bytes_in = 0
         self.sum_bytes_out = 0
-        self.mute = ChannelMute(
-            asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"),
-            lambda: self.resume(self.client, "muted"),
-        )
+        self._throttle_hold = False
+        self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"), self._unmuted)
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
         self.closed = False
@@ -187,6 +186,13 @@ class Connection:
     def client_connected(self) -> None:
         peer = self.client.transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.proxy.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
+            try:
+                self.identity.tls_principal = peer_principal(
+                    self.client.transport.get_extra_info("ssl_object"), self.proxy.principal_mapper)
+            except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
+                self.close(f"client certificate refused: {exc}")
+                return
         self.pause(self.client, "connecting")
         asyncio.get_running_loop().create_task(self._connect_upstream())
 
@@ -197,8 +203,9 @@ class Connection:
             if self.closed:
                 return
             try:
-                await asyncio.wait_for(loop.create_connection(lambda: self.upstream, host, port), timeout)
-            except (OSError, TimeoutError) as exc:
+                await asyncio.wait_for(loop.create_connection(lambda: self.upstream, host, port,
+                                                                   ssl=self.proxy.upstream_ssl), timeout)
+            except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port,
                             exc or "timeout")
                 continue
@@ -293,6 +300,12 @@ class Connection:
                     asyncio.get_running_loop().create_task(self._decide(item, bytes(frame)))
                     break
                 out.append(item)
+                if self._throttle_hold:
+                    # A request charged over quota: like a broker, read nothing more from this client
+                    # until its response is sent and the throttle is over; what was already read waits.
+                    self._deferred = deque(bytes(f) for f in frames[i + 1:])
+                    self.pause(self.client, "throttled")
+                    break
         except (ProtocolViolation, SaslTokenError) as exc:
             if out:
                 self.upstream.transport.writelines(out)
@@ -382,10 +395,33 @@ class Connection:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:
             self.upstream.transport.write(item)
-        held, self._deferred = self._deferred, None
         self.resume(self.client, "deciding")
+        if self._throttle_hold:  # this request was charged over quota: the rest waits for its throttle
+            self.pause(self.client, "throttled")
+            return
+        self._release_deferred()
+
+    def _release_deferred(self) -> None:
+        held, self._deferred = self._deferred, None
         if held:
             self._process_requests(list(held))
+
+    def hold_reads(self) -> None:
+        """The request being processed is over a quota: nothing after it is read until ``throttle_served``."""
+        self._throttle_hold = True
+
+    def throttle_served(self, seconds: float) -> None:
+        """The throttled request's response is on its way: reading resumes ``seconds`` from now (KIP-219)."""
+        self.mute.mute_for(seconds)
+        if not self.mute.muted:
+            self._unmuted()
+
+    def _unmuted(self) -> None:
+        self.resume(self.client, "muted")
+        if self._throttle_hold and not self.closed:
+            self._throttle_hold = False
+            self.resume(self.client, "throttled")
+            self._release_deferred()
 
     def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
         """Send a request of the proxy's own on this connection's broker link; the future gets the response

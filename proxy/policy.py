@@ -81,7 +81,7 @@ class Decision:
     """What the policy decided for one request, carried to its response."""
 
     __slots__ = ("user", "client_id", "scope", "throttle_ms", "fetch", "request_quota", "merge", "values",
-                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "wall_ms")
+                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "wall_ms", "holds")
 
     def __init__(self, user: str, client_id: str, scope: str, header: RequestHeader, bytes_in: int) -> None:
         self.user = user
@@ -98,6 +98,8 @@ class Decision:
         self.merge = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
+        self.holds = False
+        """The connection's reads are held until this request's throttle is served (see Connection.hold_reads)."""
         self.mutations = 0
         self.rejected = 0
         self.new_pids = 0
@@ -201,6 +203,9 @@ class Policy:
                 self._charge(d, PRODUCER_BYTE_RATE, len(body), now_ms)
             if PRODUCER_IDS_RATE in active:
                 self._charge_producer_ids(d, header, body, now_ms)
+            if d.throttle_ms > 0 and self.enforce:
+                d.holds = True
+                conn.hold_reads()
         elif key == Api.FETCH:
             if CONSUMER_BYTE_RATE in active and not _is_replica_fetch(body, header):
                 d.fetch = True
@@ -369,13 +374,18 @@ class Policy:
                 at = body_start + offset
                 if throttle > _I32.unpack_from(view, at)[0]:
                     pieces = [view[:at], _I32.pack(min(throttle, 2**31 - 1)), view[at + 4:]]
-            conn.mute.mute_for(throttle / 1000)
+            if not d.holds:
+                conn.mute.mute_for(throttle / 1000)
+        if d.holds:
+            conn.throttle_served(throttle / 1000 if self.enforce else 0)
         self._record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms)
         return pieces
 
     def on_unanswered(self, conn: Connection, d: Decision) -> None:
         """Produce acks=0: no response will come, so the mute starts now."""
-        if d.throttle_ms > 0 and self.enforce:
+        if d.holds:
+            conn.throttle_served(d.throttle_ms / 1000 if self.enforce else 0)
+        elif d.throttle_ms > 0 and self.enforce:
             conn.mute.mute_for(d.throttle_ms / 1000)
         self._record(conn, d, 0, None)
 

@@ -18,6 +18,7 @@ from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
+from proxy.tls import PrincipalMapper, client_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ class Proxy:
         self.stats = Stats()
         self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
         self.policy = Policy(config, self.stats)
+        # TLS: towards clients (and how a client certificate becomes a principal) and towards the cluster.
+        self.listen_ssl = server_context(listen.tls) if listen.tls else None
+        self.principal_mapper = PrincipalMapper(listen.tls.principal_mapping_rules) if listen.tls else None
+        self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
         self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
                                               self.policy.decision_log_stats)
         self.metrics_port: int | None = None
@@ -70,7 +75,7 @@ class Proxy:
         if self.config.metrics.port is not None:
             self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
         self._servers[None] = await loop.create_server(
-            lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True
+            lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True, ssl=self.listen_ssl
         )
         log.info(
             "bootstrap listener on %s:%d for %s; point clients at %s",
@@ -116,7 +121,7 @@ class Proxy:
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True
+            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True, ssl=self.listen_ssl
         )
         self._servers[node_id] = server
         return server.sockets[0].getsockname()[1]
