@@ -132,6 +132,15 @@ def _coerce(kind: str, value: Any) -> Any:
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+class _Gap:
+    """Queue marker for events dropped while the queue was full (their ``seq`` numbers are skipped)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 1
+
+
 class DecisionLog:
     """Bounded, non-blocking decision log with a background writer producing atomically renamed files.
 
@@ -211,6 +220,12 @@ class DecisionLog:
             q = self._queue
             if self._closed or len(q) >= self.max_queue:
                 self.dropped += 1
+                if not self._closed:  # leave a mark so the writer's seq numbers skip the dropped events
+                    last = q[-1] if q else None
+                    if type(last) is _Gap:
+                        last.n += 1
+                    else:
+                        q.append(_Gap())
                 return False
             q.append(event)
             return True
@@ -271,26 +286,42 @@ class DecisionLog:
         while q:
             batch: list[Mapping[str, Any]] = []
             pop = q.popleft
+            gap = 0
             try:
                 while len(batch) < chunk_max:
-                    batch.append(pop())
+                    e = pop()
+                    if type(e) is _Gap:
+                        gap = e.n
+                        break
+                    batch.append(e)
             except IndexError:
                 pass
-            first_seq = self._seq
-            self._seq += len(batch)
-            rows_before = self._file_rows
-            try:
-                if self.fmt == "parquet":
-                    self._write_parquet(batch, first_seq)
-                else:
-                    self._write_jsonl(batch, first_seq)
-            except Exception as exc:
-                if self._file_rows < rows_before + len(batch):  # the batch never made it into the file
-                    self.failed += len(batch)
-                self._error(f"decision log: write failed, {len(batch)}+ events lost", exc)
-                self._abandon_file()
+            self._write_batch(batch)
+            self._seq += gap  # events dropped while the queue was full: their seq numbers stay unused
             if self._sink is not None and time.monotonic() - self._opened_at >= self.rotate_seconds:
                 self._finish_file()
+
+    def _write_batch(self, batch: list[Mapping[str, Any]]) -> None:
+        if not all(type(e) is dict for e in batch):  # a bad event must not take its batch down with it
+            good = [e for e in batch if isinstance(e, Mapping)]
+            self.errors += len(batch) - len(good)
+            self.failed += len(batch) - len(good)
+            batch = good
+        if not batch:
+            return
+        first_seq = self._seq
+        self._seq += len(batch)
+        rows_before = self._file_rows
+        try:
+            if self.fmt == "parquet":
+                self._write_parquet(batch, first_seq)
+            else:
+                self._write_jsonl(batch, first_seq)
+        except Exception as exc:
+            if self._file_rows < rows_before + len(batch):  # the batch never made it into the file
+                self.failed += len(batch)
+            self._error(f"decision log: write failed, {len(batch)}+ events lost", exc)
+            self._abandon_file()
 
     # ---- files
 

@@ -1,0 +1,526 @@
+"""The analysis job: usage, throttles, latency, recommendations and the what-if replay, as Parquet + one HTML.
+
+Stages (each logs a line; see :class:`spark_analysis.progress.Progress`):
+
+1. overview        - event counts, time span, per-proxy ``seq`` gaps (events the writer dropped).
+2. usage_1s        - per (user, client_id, second): amount charged per quota kind, requests, bytes, logged
+                     limits and throttles. Written, then read back: every later usage figure comes from this
+                     much smaller table instead of rescanning the raw log.
+3. throttle_totals - per (user, client_id): decisions, throttled requests and time, rejects, mutes, shadow.
+4. latency         - per API: upstream latency percentiles.
+5. usage_windows   - per (user, client_id, kind, window): rate over ``window_s`` windows (Kafka measures over
+                     11 x 1 s samples, so 10 s windows are what a quota sees; producer ids use their own window).
+6. recommendations - per user and per (user, client_id) and kind: p-th percentile of windowed rate x headroom,
+                     optional max-min fair split of a cluster budget; the reasoning is a column.
+7. what-if replay  - (with a proposed config) every charge, grouped by bucket and time-ordered, through the
+                     proxy's own quotas/ code in ``applyInPandas``; per-charge results and per-bucket totals.
+8. report          - one self-contained HTML file.
+
+Nothing raw is collected to the driver: only aggregates bounded by the number of entities / plot bins.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_analysis.progress import Progress
+from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
+from spark_analysis.replay import REPLAY_OUTPUT_SCHEMA, make_replay_fn, resolve_pairs
+from spark_analysis.schema import QUOTA_KINDS, amount_column, read_events
+
+log = logging.getLogger("spark_analysis")
+
+UNITS = {"produce": "B/s", "fetch": "B/s", "request": "% of a thread", "mutation": "partitions/s",
+         "pids": "new producer ids per window"}
+
+
+@dataclass
+class JobOptions:
+    """Everything the job needs besides the SparkSession; the CLI fills it."""
+
+    input: str
+    out: str
+    fmt: str = "auto"
+    quotas: ReplayConfig | None = None
+    quotas_path: str | None = None
+    window_s: int = 10
+    percentile: float = 0.99
+    headroom: float = 1.25
+    budgets: dict[str, float] = field(default_factory=dict)
+    top: int = 20
+    report: bool = True
+
+
+@dataclass
+class JobResult:
+    """Small aggregates (driver-side) plus where the tables went."""
+
+    out: str
+    overview: dict[str, Any]
+    tables: dict[str, str]
+    timings: list[tuple[str, float]]
+    report_path: str | None
+    throttle_totals_top: pd.DataFrame
+    recommendations: pd.DataFrame
+    whatif_summary: pd.DataFrame | None
+    replay_agreement: pd.DataFrame | None
+
+
+# ------------------------------------------------------------------------------------------------- session
+
+
+def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuffle_partitions: int | None = None,
+                ui: bool = False, app_name: str = "kafka-throttle-proxy decision log") -> SparkSession:
+    """A SparkSession tuned for this job (AQE on, Arrow for pandas, few shuffle partitions on a small master).
+
+    Under ``spark-submit`` (``master`` None) the master and memory come from spark-submit's flags.
+    """
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    repo = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    if shuffle_partitions is None:
+        shuffle_partitions = max(4, 2 * (os.cpu_count() or 2))
+    builder = SparkSession.builder
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"  # plain `python -m spark_analysis`; under spark-submit its --master wins
+    if master is not None:
+        builder = builder.master(master)
+    spark = (
+        builder.appName(app_name)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def ship_code(spark: SparkSession) -> None:
+    """Make ``quotas``, ``spark_analysis`` and ``proxy.decision_log`` importable on executors of a real cluster
+    (a zip added with ``addPyFile``); local masters see the repository through PYTHONPATH already."""
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        return
+    import tempfile
+    import zipfile
+
+    repo = Path(__file__).resolve().parent.parent
+    fd, zpath = tempfile.mkstemp(suffix=".zip", prefix="spark_analysis_")
+    os.close(fd)
+    with zipfile.ZipFile(zpath, "w") as z:
+        for pkg in ("quotas", "spark_analysis"):
+            for p in (repo / pkg).rglob("*.py"):
+                z.write(p, p.relative_to(repo))
+        z.writestr("proxy/__init__.py", "")
+        z.write(repo / "proxy" / "decision_log.py", "proxy/decision_log.py")
+    spark.sparkContext.addPyFile(zpath)
+
+
+# ------------------------------------------------------------------------------------------------- stages
+
+
+def _write(df: DataFrame, out: str, name: str, tables: dict[str, str]) -> str:
+    path = f"{out.rstrip('/')}/{name}"
+    df.write.mode("overwrite").parquet(path)
+    tables[name] = path
+    return path
+
+
+def prepare(events: DataFrame) -> DataFrame:
+    """Adds ``sec`` and the per-kind ``{kind}_amt`` columns (logged value, else what would be charged)."""
+    cols = [F.floor(F.col("ts_ms") / 1000).cast("long").alias("sec")]
+    cols += [amount_column(k).alias(f"{k}_amt") for k in QUOTA_KINDS]
+    return events.select("*", *cols)
+
+
+def overview(events: DataFrame) -> dict[str, Any]:
+    row = events.agg(
+        F.count(F.lit(1)).alias("events"),
+        F.sum(F.when(F.col("event") == "request", 1).otherwise(0)).alias("request_events"),
+        F.sum(F.when(F.col("event") == "summary", 1).otherwise(0)).alias("summary_events"),
+        F.sum("requests").alias("requests"),
+        F.min("ts_ms").alias("first_ts_ms"),
+        F.max("ts_ms").alias("last_ts_ms"),
+        F.countDistinct("user").alias("users"),
+        F.countDistinct("user", "client_id").alias("entities"),
+        F.sum(F.when(F.col("shadow"), 1).otherwise(0)).alias("shadow_events"),
+    ).first()
+    ov = row.asDict() if row is not None else {}
+    proxies = (events.groupBy("proxy")
+               .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"))
+               .withColumn("missing", F.greatest(F.lit(0), F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")))
+               .orderBy("proxy").limit(1000).toPandas())
+    ov["proxies"] = proxies
+    ov["missing_events"] = int(proxies["missing"].fillna(0).sum()) if len(proxies) else 0
+    return ov
+
+
+def usage_per_second(events: DataFrame) -> DataFrame:
+    aggs = [
+        F.sum("requests").alias("requests"),
+        F.count(F.lit(1)).alias("events"),
+        F.sum("bytes_in").alias("bytes_in"),
+        F.sum("bytes_out").alias("bytes_out"),
+        F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+        F.sum("throttle_ms").alias("throttle_ms"),
+        F.sum("rejected_topics").alias("rejected_topics"),
+    ]
+    for k in QUOTA_KINDS:
+        aggs += [F.sum(f"{k}_amt").alias(k), F.max(f"{k}_limit").alias(f"{k}_limit"),
+                 F.sum(f"{k}_throttle_ms").alias(f"{k}_throttle_ms")]
+    return events.groupBy("user", "client_id", "sec").agg(*aggs)
+
+
+def throttle_totals(events: DataFrame) -> DataFrame:
+    act = F.col("action")
+    aggs = [
+        F.sum("requests").alias("requests"),
+        F.sum(F.when(F.col("event") == "request", 1).otherwise(0)).alias("decisions"),
+        F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+        F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
+        F.max("throttle_ms").alias("max_throttle_ms"),
+        F.sum(F.when(act == "reject", 1).otherwise(0)).alias("rejects"),
+        F.sum(F.coalesce(F.col("rejected_topics"), F.lit(0))).alias("rejected_topics"),
+        F.sum(F.when(act == "mute", 1).otherwise(0)).alias("mutes"),
+        F.sum(F.when(F.col("shadow") & (act != "pass"), 1).otherwise(0)).alias("shadow_not_enforced"),
+        F.sum("bytes_in").alias("bytes_in"),
+        F.sum("bytes_out").alias("bytes_out"),
+    ]
+    for k in QUOTA_KINDS:
+        t = F.col(f"{k}_throttle_ms")
+        aggs += [F.sum(F.when(t > 0, 1).otherwise(0)).alias(f"{k}_throttled"),
+                 F.sum(F.coalesce(t, F.lit(0))).alias(f"{k}_throttle_ms")]
+    return events.groupBy("user", "client_id").agg(*aggs)
+
+
+def latency(events: DataFrame) -> DataFrame:
+    req = events.where((F.col("event") == "request") & F.col("upstream_ms").isNotNull())
+    q = F.percentile_approx("upstream_ms", [0.5, 0.9, 0.99, 0.999], 2000)
+    return (req.groupBy("api_key")
+            .agg(F.count(F.lit(1)).alias("requests"), F.avg("upstream_ms").alias("mean_ms"), q.alias("q"),
+                 F.max("upstream_ms").alias("max_ms"))
+            .select("api_key", "requests", "mean_ms", F.col("q")[0].alias("p50_ms"), F.col("q")[1].alias("p90_ms"),
+                    F.col("q")[2].alias("p99_ms"), F.col("q")[3].alias("p999_ms"), "max_ms")
+            .orderBy("api_key"))
+
+
+def _long_usage(usage_1s: DataFrame) -> DataFrame:
+    """usage_1s (wide) -> (user, client_id, sec, kind, amount, limit, throttle_ms), only where amount > 0."""
+    stack = "stack(5, " + ", ".join(f"'{k}', `{k}`, `{k}_limit`, `{k}_throttle_ms`" for k in QUOTA_KINDS) + \
+        ") as (kind, amount, limit, kind_throttle_ms)"
+    return (usage_1s.select("user", "client_id", "sec", F.expr(stack))
+            .where(F.col("amount").isNotNull() & (F.col("amount") > 0)))
+
+
+def usage_windows(usage_1s: DataFrame, window_s: int, pid_window_s: int) -> DataFrame:
+    long = _long_usage(usage_1s)
+    w = F.when(F.col("kind") == "pids", F.lit(pid_window_s)).otherwise(F.lit(window_s))
+    return (long.withColumn("window_s", w)
+            .withColumn("window_start", (F.floor(F.col("sec") / F.col("window_s")) * F.col("window_s")).cast("long"))
+            .groupBy("user", "client_id", "kind", "window_s", "window_start")
+            # producer_ids_rate is a count per window (KIP-936, quotas/manager.py), the others per second
+            .agg(F.when(F.first("kind") == "pids", F.sum("amount"))
+                 .otherwise(F.sum("amount") / F.first("window_s")).alias("rate"), F.max("limit").alias("limit"),
+                 F.sum("kind_throttle_ms").alias("throttle_ms")))
+
+
+def recommendations(windows: DataFrame, percentile: float, headroom: float) -> DataFrame:
+    """Per user (all client ids) and per (user, client_id), per kind: percentile of windowed rate x headroom."""
+    per_user = (windows.groupBy("user", "kind", "window_s", "window_start")
+                .agg(F.sum("rate").alias("rate"), F.max("limit").alias("limit"))
+                .withColumn("client_id", F.lit(None).cast("string")).withColumn("level", F.lit("user")))
+    per_pair = windows.select("user", "kind", "window_s", "window_start", "rate", "limit", "client_id",
+                              F.lit("user+client-id").alias("level"))
+    both = per_user.unionByName(per_pair)
+    q = F.percentile_approx("rate", [0.5, percentile], 5000)
+    agg = (both.groupBy("level", "user", "client_id", "kind", "window_s")
+           .agg(F.count(F.lit(1)).alias("active_windows"), q.alias("q"), F.max("rate").alias("peak_rate"),
+                F.avg("rate").alias("mean_rate"), F.max("limit").alias("current_limit")))
+    return agg.select("level", "user", "client_id", "kind", "window_s", "active_windows",
+                      F.col("q")[0].alias("p50_rate"), F.col("q")[1].alias("pct_rate"), "peak_rate", "mean_rate",
+                      "current_limit")
+
+
+def _nice_ceil(x: float, integral: bool) -> float:
+    """Round up to 2 significant digits (a quota an operator can read), integral for byte rates."""
+    if x <= 0 or not math.isfinite(x):
+        return 1.0
+    mag = 10 ** (math.floor(math.log10(x)) - 1)
+    v = math.ceil(x / mag - 1e-9) * mag
+    return float(math.ceil(v)) if integral else float(f"{v:.6g}")
+
+
+def split_budget(demands: dict[str, float], budget: float) -> dict[str, float]:
+    """Max-min fair split: nobody gets more than they need while someone needs more; leftovers go pro rata.
+
+    Why max-min: a proportional split lets one noisy tenant's demand shrink everyone else's share; max-min
+    first satisfies the small tenants in full and caps the big ones at an equal share of what remains.
+    """
+    out: dict[str, float] = {}
+    remaining = budget
+    left = sorted(demands.items(), key=lambda kv: kv[1])
+    n = len(left)
+    for i, (name, demand) in enumerate(left):
+        share = remaining / (n - i)
+        give = min(demand, share)
+        out[name] = give
+        remaining -= give
+    total = sum(demands.values())
+    if remaining > 1e-9 and total > 0:
+        for name, demand in demands.items():
+            out[name] += remaining * demand / total
+    return out
+
+
+def finish_recommendations(rec: pd.DataFrame, percentile: float, headroom: float,
+                           budgets: dict[str, float]) -> pd.DataFrame:
+    """Driver side, over the aggregate only: the recommended value, a budget share and the reasoning text."""
+    if rec.empty:
+        return rec.assign(recommended=[], budget_share=[], reasoning=[])
+    pct = f"p{percentile * 100:g}"
+    recommended, reasons, shares = [], [], []
+    for r in rec.itertuples(index=False):
+        integral = r.kind in ("produce", "fetch")
+        value = _nice_ceil(r.pct_rate * headroom, integral)
+        recommended.append(value)
+        unit = UNITS[r.kind]
+        text = (f"{pct} of {r.active_windows} active {r.window_s}s windows = {r.pct_rate:,.4g} {unit} "
+                f"(median {r.p50_rate:,.4g}, peak {r.peak_rate:,.4g}); x{headroom:g} headroom -> {value:,.6g} {unit}")
+        if r.current_limit is not None and not pd.isna(r.current_limit):
+            ratio = r.peak_rate / r.current_limit if r.current_limit else float("inf")
+            text += f"; current limit {r.current_limit:,.6g} (peak is {ratio:.2f}x of it)"
+        reasons.append(text)
+        shares.append(None)
+    out = rec.assign(recommended=recommended, reasoning=reasons, budget_share=shares)
+    for kind, budget in budgets.items():
+        mask = (out["level"] == "user") & (out["kind"] == kind)
+        demands = dict(zip(out.loc[mask, "user"], out.loc[mask, "recommended"], strict=True))
+        if not demands:
+            continue
+        split = split_budget(demands, budget)
+        total = sum(demands.values())
+        for idx in out.index[mask]:
+            user = out.at[idx, "user"]
+            share = split[user]
+            out.at[idx, "budget_share"] = float(math.floor(share)) if kind in ("produce", "fetch") else share
+            verdict = "fits" if total <= budget else "capped (max-min fair)"
+            out.at[idx, "reasoning"] += (f"; cluster budget {budget:,.6g} {UNITS[kind]} over {len(demands)} users "
+                                         f"(total demand {total:,.6g}): {verdict} -> {share:,.6g}")
+    return out.sort_values(["level", "kind", "pct_rate"], ascending=[True, True, False]).reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------- replay
+
+
+def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFrame:
+    """Events -> one row per (event, kind) with something to charge, with the time the proxy charges it at."""
+    parts = []
+    for k in kinds:
+        # Produce bytes, new producer ids and mutations are charged when the request arrives; fetch bytes and
+        # request time when the response does (proxy/policy.py). req_ts_ms is that first time when logged.
+        when_col = "ts_ms" if k in ("fetch", "request") else None
+        ts = F.col("ts_ms") if when_col else F.coalesce(F.col("req_ts_ms"), F.col("ts_ms"))
+        amt = F.col(f"{k}_amt")
+        # Zero amounts are replayed too: the proxy charges 0 (e.g. Fetch's request time) and still checks.
+        cond = amt.isNotNull()
+        if k == "mutation":
+            # Only requests that met the bucket: something charged, a topic rejected, or per-topic counts known
+            # (validate-only requests the proxy leaves free log no mutation_value and 0 mutations).
+            cond = cond & ((amt > 0) | (F.coalesce(F.col("rejected_topics"), F.lit(0)) > 0)
+                           | F.coalesce(F.size("topic_partitions") > 0, F.lit(False)))
+        parts.append(events.where(cond).select(
+            "proxy",
+            (F.lit("") if cluster_scope else F.coalesce(F.col("scope"), F.lit(""))).alias("scope"),
+            F.lit(k).alias("kind"), "user", F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
+            ts.alias("charge_ts_ms"), "ts_ms", F.coalesce(F.col("seq"), F.lit(0)).alias("seq"), "event",
+            amt.alias("amount"), "api_key", "api_version", "topic_partitions",
+            F.col(f"{k}_throttle_ms").alias("logged_throttle_ms"), F.col(f"{k}_limit").alias("logged_limit"),
+        ))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, prefilter: bool = True,
+           skipped: dict[str, Any] | None = None) -> DataFrame:
+    """Per-charge replay of ``config`` (a lazy DataFrame with :data:`REPLAY_OUTPUT_SCHEMA`).
+
+    ``prefilter``: rate buckets that provably never exceed their quota are not fed through Python (see
+    :func:`at_risk_buckets`); their charges are left out of the result (their throttle is 0). ``skipped``, when
+    given, receives the count of skipped buckets and charges and how many of those had a logged throttle.
+    """
+    kinds = [k for k, key in KIND_KEYS.items() if key in config.quota_keys()]
+    if not kinds:
+        return spark.createDataFrame([], REPLAY_OUTPUT_SCHEMA)
+    pairs = events.select("user", F.coalesce(F.col("client_id"), F.lit("")).alias("client_id")).distinct()
+
+    def resolve(batches):
+        for pdf in batches:
+            rows = resolve_pairs(list(zip(pdf["user"], pdf["client_id"], strict=True)), config)
+            yield pd.DataFrame(rows, columns=["user", "client_id", "kind", "bucket_user", "bucket_client_id",
+                                              "limit"])
+
+    resolved = pairs.mapInPandas(resolve, "user string, client_id string, kind string, bucket_user string, "
+                                          "bucket_client_id string, limit double")
+    ch = charges(events, kinds, config.scope == "cluster")
+    joined = ch.join(F.broadcast(resolved), ["user", "client_id", "kind"])
+    group = ["proxy", "scope", "kind", "bucket_user", "bucket_client_id"]
+    if prefilter:
+        risk = at_risk_buckets(joined, config)
+        if skipped is not None:
+            row = risk.where(~F.col("at_risk")).agg(
+                F.count(F.lit(1)).alias("buckets"), F.sum("charges").alias("charges"),
+                F.sum("logged_throttled").alias("logged_throttled")).first()
+            skipped.update({k: int(v or 0) for k, v in row.asDict().items()})
+        joined = joined.join(F.broadcast(risk.where("at_risk").select(*group)), group, "left_semi")
+    return joined.drop("limit").groupBy(*group).applyInPandas(make_replay_fn(config), REPLAY_OUTPUT_SCHEMA)
+
+
+def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
+    """Buckets whose replay could throttle; the others provably never do, so Python need not replay them.
+
+    Why it is sound (Kafka's ``SampledRate``, which ``quotas.rate`` reproduces): the rate is ``total / window``
+    with ``window >= (samples - 1) * w``, and every live sample's events fall in the last ``(samples + 1) * w``
+    (a sample lives until ``samples * w`` after its last event and spans at most ``w``). Binned by ``w``, that
+    span touches at most ``samples + 2`` bins. So if every run of ``samples + 2`` consecutive bins carries at most
+    ``quota * (samples - 1) * w``, no charge can see a rate above the quota, and every throttle is 0. Applied to
+    the byte rates and the request quota only: token buckets (mutations) and producer ids (whose quota is per
+    window, with its own cap) are always replayed - they are rare.
+    """
+    w = config.windows
+    kind_w = F.when(F.col("kind") == "pids", F.lit(w.pid_window_ms)).otherwise(F.lit(w.window_ms))
+    kind_n = F.when(F.col("kind") == "pids", F.lit(w.pid_samples)).otherwise(F.lit(w.samples))
+    group = ["proxy", "scope", "kind", "bucket_user", "bucket_client_id"]
+    binned = (joined.withColumn("w", kind_w).withColumn("n", kind_n)
+              .withColumn("bin", F.floor(F.col("charge_ts_ms") / F.col("w")).cast("long"))
+              .groupBy(*group, "bin")
+              .agg(F.sum("amount").alias("amount"), F.first("w").alias("w"), F.first("n").alias("n"),
+                   F.max("limit").alias("limit"), F.count(F.lit(1)).alias("charges"),
+                   F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled")))
+    # (samples + 2) bins = the current bin and the (samples + 1) before it. One span for every kind: using the
+    # larger sample count only widens the sum, which keeps the test sound (more buckets replayed, never fewer).
+    span = max(w.samples, w.pid_samples) + 1
+    win = Window.partitionBy(*group).orderBy("bin").rangeBetween(-span, 0)
+    rolled = binned.withColumn("run", F.sum("amount").over(win))
+    return (rolled.groupBy(*group)
+            .agg(F.max("run").alias("max_run"), F.first("w").alias("w"), F.first("n").alias("n"),
+                 F.max("limit").alias("limit"), F.sum("charges").alias("charges"),
+                 F.sum("logged_throttled").alias("logged_throttled"))
+            .withColumn("at_risk", F.col("kind").isin("mutation", "pids")
+                        | (F.col("max_run") > F.col("limit") * (F.col("n") - 1) * F.col("w") / 1000.0 * 0.999)))
+
+
+def whatif_summaries(replayed: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Per bucket and kind: replayed vs logged throttles; and the agreement table (replay == log, per kind)."""
+    summary = (replayed.groupBy("kind", "bucket_user", "bucket_client_id")
+               .agg(F.count(F.lit(1)).alias("charges"), F.sum("amount").alias("amount"), F.max("limit").alias("limit"),
+                    F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+                    F.sum("throttle_ms").alias("throttle_ms"), F.max("throttle_ms").alias("max_throttle_ms"),
+                    F.sum("rejected_topics").alias("rejected_topics"),
+                    F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled"),
+                    F.sum(F.coalesce(F.col("logged_throttle_ms"), F.lit(0))).alias("logged_throttle_ms"),
+                    F.countDistinct("user", "client_id").alias("clients"),
+                    F.min("ts_ms").alias("first_ts_ms"), F.max("ts_ms").alias("last_ts_ms"))
+               .withColumn("throttled_pct", F.col("throttled") * 100.0 / F.col("charges")))
+    logged = F.col("logged_throttle_ms").isNotNull() & (F.col("event") == "request")
+    agreement = (replayed.groupBy("kind")
+                 .agg(F.count(F.lit(1)).alias("charges"), F.sum(F.when(logged, 1).otherwise(0)).alias("logged"),
+                      F.sum(F.when(logged & (F.col("throttle_ms") == F.col("logged_throttle_ms")), 1).otherwise(0))
+                      .alias("identical"),
+                      F.sum(F.when(logged & ((F.col("throttle_ms") > 0) != (F.col("logged_throttle_ms") > 0)), 1)
+                            .otherwise(0)).alias("throttle_decision_differs")))
+    return summary, agreement
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+
+def run(spark: SparkSession, opts: JobOptions) -> JobResult:
+    """Run every stage; returns the driver-side aggregates (the report is written unless ``opts.report`` is off)."""
+    t0 = time.monotonic()
+    tables: dict[str, str] = {}
+    out = opts.out.rstrip("/")
+    if "://" not in out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    total = 7 + (1 if opts.quotas else 0) + (1 if opts.report else 0)
+    prog = Progress(spark.sparkContext, total)
+    ship_code(spark)
+    pid_window_s = max(1, round(opts.quotas.windows.pid_window_ms / 1000)) if opts.quotas else 3600
+    try:
+        events = prepare(read_events(spark, opts.input, opts.fmt))
+        with prog.stage("overview"):
+            ov = overview(events)
+            log.info("  %s events (%s requests) from %s users / %s (user, client-id) pairs; %s missing (seq gaps)",
+                     ov.get("events"), ov.get("requests"), ov.get("users"), ov.get("entities"), ov["missing_events"])
+        with prog.stage("usage per entity per second"):
+            _write(usage_per_second(events), out, "usage_1s", tables)
+            usage_1s = spark.read.parquet(tables["usage_1s"])
+        with prog.stage("throttle and rejection totals"):
+            _write(throttle_totals(events), out, "throttle_totals", tables)
+            totals = spark.read.parquet(tables["throttle_totals"])
+            top = totals.orderBy(F.desc("throttle_ms"), F.desc("rejected_topics"), F.desc("bytes_in")) \
+                .limit(opts.top).toPandas()
+        with prog.stage("latency per API"):
+            _write(latency(events), out, "latency", tables)
+            lat = spark.read.parquet(tables["latency"]).orderBy("api_key").toPandas()
+        with prog.stage(f"usage over {opts.window_s}s windows"):
+            _write(usage_windows(usage_1s, opts.window_s, pid_window_s), out, "usage_windows", tables)
+            windows = spark.read.parquet(tables["usage_windows"])
+        with prog.stage("recommendations"):
+            rec_raw = recommendations(windows, opts.percentile, opts.headroom).toPandas()
+            rec = finish_recommendations(rec_raw, opts.percentile, opts.headroom, opts.budgets)
+            spark.createDataFrame(rec.astype({"budget_share": "float64"})).coalesce(1).write.mode("overwrite") \
+                .parquet(f"{out}/recommendations")
+            tables["recommendations"] = f"{out}/recommendations"
+        with prog.stage("plot data"):
+            from spark_analysis import report as report_mod
+
+            plots = report_mod.plot_data(spark, usage_1s, windows, top, ov, opts)
+        summary_pd = agreement_pd = None
+        if opts.quotas:
+            with prog.stage("what-if replay through quotas/"):
+                skipped: dict[str, Any] = {}
+                replayed = whatif(spark, events, opts.quotas, skipped=skipped)
+                log.info("  %s buckets (%s charges) provably never over quota: not replayed (%s had a logged "
+                         "throttle)", skipped.get("buckets"), skipped.get("charges"), skipped.get("logged_throttled"))
+                ov["replay_skipped"] = skipped
+                _write(replayed, out, "whatif_charges", tables)
+                replayed = spark.read.parquet(tables["whatif_charges"])
+                summary, agreement = whatif_summaries(replayed)
+                _write(summary, out, "whatif_summary", tables)
+                summary_pd = (spark.read.parquet(tables["whatif_summary"])
+                              .orderBy(F.desc("throttle_ms"), F.desc("rejected_topics")).limit(200).toPandas())
+                agreement_pd = agreement.orderBy("kind").toPandas()
+                plots["whatif_bins"] = report_mod.whatif_bins(replayed, summary_pd, ov, opts)
+                log.info("  replay: %d buckets, %d throttled charges",
+                         len(summary_pd), int(summary_pd["throttled"].sum()) if len(summary_pd) else 0)
+        report_path = None
+        if opts.report:
+            with prog.stage("HTML report"):
+                report_path = report_mod.write_report(out, ov, top, lat, rec, summary_pd, agreement_pd, plots, opts,
+                                                      tables)
+                log.info("  report: %s", report_path)
+    finally:
+        prog.close()
+    log.info("done in %.1f s; tables in %s", time.monotonic() - t0, out)
+    return JobResult(out, ov, tables, prog.timings, report_path, top, rec, summary_pd, agreement_pd)
