@@ -81,7 +81,8 @@ class Decision:
     """What the policy decided for one request, carried to its response."""
 
     __slots__ = ("user", "client_id", "scope", "throttle_ms", "fetch", "request_quota", "merge", "values",
-                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "wall_ms", "holds")
+                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms", "holds",
+                 "topic_partitions")
 
     def __init__(self, user: str, client_id: str, scope: str, header: RequestHeader, bytes_in: int) -> None:
         self.user = user
@@ -90,8 +91,9 @@ class Decision:
         self.api_key = header.api_key
         self.api_version = header.api_version
         self.bytes_in = bytes_in
-        self.wall_ms = round(time.time() * 1000)
-        """When the request's own charges were made (epoch ms), for the decision log."""
+        self.charged_ms = 0
+        """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
+        self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
         self.fetch = False
         self.request_quota = False
@@ -120,6 +122,7 @@ class Policy:
         self._keys_generation = -1
         self.producer_ids: ProducerIdTracker | None = None
         self.decision_log = _open_decision_log(config)
+        self._epoch_offset_ms = round(time.time() * 1000) - _now_ms()
         self._pid_holds: dict[str, float] = {}
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
         self.reload(config)
@@ -196,6 +199,7 @@ class Policy:
             return None
         d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
         now_ms = round(now * 1000)
+        d.charged_ms = now_ms
         if REQUEST_PERCENTAGE in active:
             d.request_quota = True
         if key == Api.PRODUCE:
@@ -274,6 +278,8 @@ class Policy:
         # Kafka's rules (quotas.token_bucket.admit): strict requests report a throttle only when a topic was
         # rejected; a fully admitted one that drives tokens negative gets 0, and its successor is rejected.
         # In shadow mode the same decision is made and recorded, and the request still goes through whole.
+        d.charged_ms = now_ms
+        d.topic_partitions = list(counts)
         admission = admit(tracker.stat, counts, now_ms, strict=request.splittable)
         admitted, throttle = admission.admitted, admission.throttle_ms
         tracker.note_throttle(throttle)
@@ -378,7 +384,7 @@ class Policy:
                 conn.mute.mute_for(throttle / 1000)
         if d.holds:
             conn.throttle_served(throttle / 1000 if self.enforce else 0)
-        self._record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms)
+        self._record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms)
         return pieces
 
     def on_unanswered(self, conn: Connection, d: Decision) -> None:
@@ -387,9 +393,10 @@ class Policy:
             conn.throttle_served(d.throttle_ms / 1000 if self.enforce else 0)
         elif d.throttle_ms > 0 and self.enforce:
             conn.mute.mute_for(d.throttle_ms / 1000)
-        self._record(conn, d, 0, None)
+        self._record(conn, d, 0, None, d.charged_ms)
 
-    def _record(self, conn: Connection, d: Decision, bytes_out: int, upstream_ms: float | None) -> None:
+    def _record(self, conn: Connection, d: Decision, bytes_out: int, upstream_ms: float | None,
+                now_ms: int) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
         if d.rejected:
             action = "reject"
@@ -404,11 +411,15 @@ class Policy:
         if self.decision_log is None:
             return
         event = {
-            "event": "request", "ts_ms": round(time.time() * 1000), "req_ts_ms": d.wall_ms, "conn": conn.id,
+            # Both times are the exact clock values the charges used (response-time charges: ts_ms; request-
+            # time ones: req_ts_ms), shifted by one fixed offset to epoch ms, so a replay reproduces them.
+            "event": "request", "ts_ms": now_ms + self._epoch_offset_ms,
+            "req_ts_ms": d.charged_ms + self._epoch_offset_ms, "conn": conn.id,
             "user": d.user, "client_id": d.client_id, "api_key": d.api_key, "api_version": d.api_version,
             "requests": 1, "bytes_in": d.bytes_in, "bytes_out": bytes_out, "mutations": d.mutations,
             "new_pids": d.new_pids, "upstream_ms": upstream_ms, "action": action, "throttle_ms": d.throttle_ms,
             "shadow": shadow, "rejected_topics": d.rejected, "scope": d.scope,
+            "topic_partitions": d.topic_partitions,
         }
         for key, (amount, limit, throttle) in d.values.items():
             kind = _KINDS[key]
