@@ -21,18 +21,18 @@ _VERSION = 4  # the oldest Metadata Kafka 4.x still answers; not flexible, so tr
 
 
 async def discover_brokers(
-    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int
+    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl=None
 ) -> list[BrokerEndpoint] | None:
     for host, port in addresses:
         try:
-            return await asyncio.wait_for(_ask(host, port, max_frame_bytes), timeout)
+            return await asyncio.wait_for(_ask(host, port, max_frame_bytes, ssl), timeout)
         except Exception as exc:  # noqa: BLE001 - any failure just means "learn lazily"
             log.info("startup discovery via %s:%d failed (%s: %s)", host, port, type(exc).__name__, exc)
     return None
 
 
-async def _ask(host: str, port: int, max_frame_bytes: int) -> list[BrokerEndpoint]:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> list[BrokerEndpoint]:
+    reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
     try:
         req = MetadataRequest(topics=[], allow_auto_topic_creation=False)
         req.API_VERSION = _VERSION

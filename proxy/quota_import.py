@@ -21,18 +21,18 @@ _VERSION = 0
 
 
 async def fetch_cluster_quotas(addresses: list[tuple[str, int]], timeout: float,
-                               max_frame_bytes: int) -> dict[QuotaEntity, dict[str, float]]:
+                               max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
     errors = []
     for host, port in addresses:
         try:
-            return await asyncio.wait_for(_ask(host, port, max_frame_bytes), timeout)
+            return await asyncio.wait_for(_ask(host, port, max_frame_bytes, ssl), timeout)
         except Exception as exc:  # noqa: BLE001 - try the next bootstrap server, report all at the end
             errors.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
     raise ConnectionError("cannot read the cluster's client quotas (" + "; ".join(errors) + ")")
 
 
-async def _ask(host: str, port: int, max_frame_bytes: int) -> dict[QuotaEntity, dict[str, float]]:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
+    reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
     try:
         req = DescribeClientQuotasRequest(components=[], strict=False)
         req.API_VERSION = _VERSION

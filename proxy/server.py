@@ -65,7 +65,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         brokers = await discover_brokers(
             self.config.upstream.addresses(), self.config.upstream.connect_timeout_ms / 1000,
-            self.config.max_frame_bytes,
+            self.config.max_frame_bytes, self.upstream_ssl,
         )
         if brokers:
             await self.directory.learn(brokers)
@@ -101,7 +101,7 @@ class Proxy:
             cfg = self.config
             try:
                 quotas = await fetch_cluster_quotas(cfg.upstream.addresses(), cfg.upstream.connect_timeout_ms / 1000,
-                                                    cfg.max_frame_bytes)
+                                                    cfg.max_frame_bytes, self.upstream_ssl)
             except Exception as exc:  # noqa: BLE001 - keep the last imported quotas and try again later
                 log.warning("quota import: %s", exc)
             else:
