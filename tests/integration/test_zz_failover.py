@@ -13,14 +13,20 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.conftest import broker_ports
-from tests.support import ConnectionWatcher
+from tests.support import ConnectionWatcher, wait_until
 
 pytestmark = pytest.mark.cluster
 
 
 def _leader(bootstrap: str, topic: str) -> int:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-    return md.topics[topic].partitions[0].leader
+    """The partition's leader, once the broker answering knows the topic (metadata propagates a moment later)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def known():
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        return parts[0].leader if 0 in parts and parts[0].leader >= 0 else None
+
+    return wait_until(known, 30, what=f"a leader for {topic}")
 
 
 def test_leader_failover_through_the_proxy(cluster, proxy):
