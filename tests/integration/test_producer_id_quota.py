@@ -89,3 +89,26 @@ def test_transactional_producer_restarting_with_the_same_id_is_not_charged_twice
         p.commit_transaction(60)
     # The same transactional id keeps its producer id (only the epoch moves): one new id in all.
     assert _metric(port, "ktp_producerids_recorded_total", "alice", over=max) == 1
+
+
+def test_java_new_producer_per_batch_is_throttled(cluster, fresh_proxy):
+    """The same pattern with Kafka's Java producer: one producer-perf-test JVM (one idempotent producer, one
+    record) per batch, as alice. A JVM takes seconds to start, so the quota is 1 new id per 10 s window."""
+    port = free_port()
+    quota = {**QUOTA, "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 1}}]}
+    proxy = fresh_proxy(sasl=True, **{"metrics.port": port, **quota})
+    topic = f"pids-java-{uuid.uuid4().hex[:6]}"
+    props = cluster.java_client_props("alice")
+    took = []
+    for _ in range(5):
+        t0 = time.monotonic()
+        r = cluster.tool("producer_perf", "--bootstrap-server", proxy.bootstrap, "--topic", topic,
+                         "--num-records", "1", "--record-size", "100", "--throughput", "-1",
+                         "--command-config", str(props), "--command-property", "acks=all", "enable.idempotence=true",
+                         timeout=180)
+        assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+        took.append(time.monotonic() - t0)
+    assert _metric(port, "ktp_producerids_recorded_total", "alice") == 5  # one new id per JVM
+    assert _metric(port, "ktp_producerids_throttle_time_total", "alice") > 0
+    # Once over quota the next JVM's InitProducerId/Produce waits out the throttle on its fresh connections.
+    assert max(took[2:]) > min(took[:2]) + 3.0, [round(t, 1) for t in took]
