@@ -151,7 +151,6 @@ class Connection:
         # SASL principal once an exchange succeeds, else the client certificate's mapped name, else ANONYMOUS.
         self.identity = ConnectionIdentity(proxy.config.sasl.oauthbearer_principal_claim)
         self.client_id = ""
-        self.broker_label = label
         self._held: deque | None = None  # responses held behind one waiting for a new listener
         self._deferred: deque | None = None  # requests held behind one the policy is still deciding
         self._own_corr = -1

@@ -31,16 +31,24 @@ async def discover_brokers(
     return None
 
 
-async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> list[BrokerEndpoint]:
+async def ask_once(host: str, port: int, request, response_cls, version: int, max_frame_bytes: int, ssl=None):
+    """One request on a connection of the proxy's own, its decoded response, and the connection closed.
+
+    For the few things the proxy asks the cluster outside any client's connection (startup discovery,
+    quota import); frames are bounded by ``max_frame_bytes`` like every other frame."""
     reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
     try:
-        req = MetadataRequest(topics=[], allow_auto_topic_creation=False)
-        req.API_VERSION = _VERSION
-        req.with_header(correlation_id=1, client_id="kafka-throttle-proxy")
-        writer.write(req.encode(header=True, framed=True))
+        request.API_VERSION = version
+        request.with_header(correlation_id=1, client_id="kafka-throttle-proxy")
+        writer.write(request.encode(header=True, framed=True))
         await writer.drain()
         size = frame_size(await reader.readexactly(4), max_frame_bytes)
-        resp = MetadataResponse.decode(await reader.readexactly(size), version=_VERSION, header=True)
-        return [BrokerEndpoint(b.node_id, b.host, b.port, b.rack) for b in resp.brokers]
+        return response_cls.decode(await reader.readexactly(size), version=version, header=True)
     finally:
         writer.close()
+
+
+async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> list[BrokerEndpoint]:
+    resp = await ask_once(host, port, MetadataRequest(topics=[], allow_auto_topic_creation=False),
+                          MetadataResponse, _VERSION, max_frame_bytes, ssl)
+    return [BrokerEndpoint(b.node_id, b.host, b.port, b.rack) for b in resp.brokers]

@@ -13,7 +13,7 @@ import logging
 
 from kafka.protocol.admin import DescribeClientQuotasRequest, DescribeClientQuotasResponse
 
-from protocol.frames import frame_size
+from proxy.discovery import ask_once
 from quotas.entities import QUOTA_KEYS, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
 
 log = logging.getLogger(__name__)
@@ -32,17 +32,8 @@ async def fetch_cluster_quotas(addresses: list[tuple[str, int]], timeout: float,
 
 
 async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
-    reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
-    try:
-        req = DescribeClientQuotasRequest(components=[], strict=False)
-        req.API_VERSION = _VERSION
-        req.with_header(correlation_id=1, client_id="kafka-throttle-proxy")
-        writer.write(req.encode(header=True, framed=True))
-        await writer.drain()
-        size = frame_size(await reader.readexactly(4), max_frame_bytes)
-        resp = DescribeClientQuotasResponse.decode(await reader.readexactly(size), version=_VERSION, header=True)
-    finally:
-        writer.close()
+    resp = await ask_once(host, port, DescribeClientQuotasRequest(components=[], strict=False),
+                          DescribeClientQuotasResponse, _VERSION, max_frame_bytes, ssl)
     if resp.error_code != 0:
         raise ConnectionError(f"DescribeClientQuotas error {resp.error_code}: {resp.error_message}")
     out: dict[QuotaEntity, dict[str, float]] = {}

@@ -66,7 +66,7 @@ class Charge:
 
 
 class Tracker:
-    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "throttled", "last_throttle_ms", "mutations",
+    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "last_throttle_ms", "mutations",
                  "recorded_total")
 
     def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None) -> None:
@@ -79,14 +79,11 @@ class Tracker:
         self.recorded_total = 0.0
         """Everything ever recorded (bytes, percent-seconds, partitions, new producer ids): exact, for tests and
         for checking an offline analysis against the proxy's own counts."""
-        self.throttled = 0
         self.last_throttle_ms = 0
 
     def note_throttle(self, throttle_ms: int) -> None:
         self.last_throttle_ms = throttle_ms
-        if throttle_ms > 0:
-            self.throttle_ms_total += throttle_ms
-            self.throttled += 1
+        self.throttle_ms_total += max(throttle_ms, 0)
 
 
 class QuotaManager:
