@@ -3,6 +3,7 @@ speak, names only the proxy's listeners — checked on the wire, against the rea
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -72,6 +73,7 @@ def test_find_coordinator_every_version(proxy, via_proxy):
             entries = resp.coordinators if v >= 4 else [resp]
             if all(e.error_code == 0 for e in entries):
                 break
+            time.sleep(0.5)
         else:
             pytest.fail(f"FindCoordinator v{v} kept failing: {resp}")
         assert len(entries) == (2 if v >= 4 else 1)
@@ -108,6 +110,17 @@ def _topic_on_one_broker(proxy):
             break
     leader = t.partitions[0].leader_id
     other = next(b for b in md.brokers if b.node_id != leader)
+    wire.close()
+    # The follower learns the new topic from the controller a moment later; until then it answers
+    # UNKNOWN_TOPIC_OR_PARTITION instead of NOT_LEADER_OR_FOLLOWER with the leader's endpoint.
+    follower = KafkaWire(f"{other.host}:{other.port}")
+    for _ in range(50):
+        follower.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
+                                      allow_auto_topic_creation=False), 12)
+        if follower.recv()[1].topics[0].error_code == 0:
+            break
+        time.sleep(0.1)
+    follower.close()
     return topic, t.topic_id, leader, f"{other.host}:{other.port}"
 
 
