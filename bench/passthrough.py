@@ -5,8 +5,12 @@ Fetch requests with ready-made responses, and the proxy's CPU seconds per GiB ar
 
 Why: on a shared 2-core machine the real benchmark (``bench.run``) swings with other load, while
 CPU time of the proxy process per byte forwarded is what a change to the hot path moves, and it is
-far less sensitive to neighbours. Fetch v11 responses are streamed by the proxy (nothing in them is
-ever rewritten); v16+ may carry KIP-951 node_endpoints and are assembled and skimmed.
+far less sensitive to neighbours. Fetch responses stream through the proxy; from v16 their closing
+tagged section (KIP-951 node_endpoints) is found on the way and held back (``protocol.tail_watch``).
+
+A third phase runs the same client through a *bare relay*: a uvloop process that copies bytes
+between two sockets and does nothing else. Its CPU per GiB is the floor for any proxy that relays
+over TCP (the kernel's receive and send paths), so proxy/relay says what the proxy's own work costs.
 """
 
 from __future__ import annotations
@@ -69,6 +73,54 @@ async def _broker(port_file: Path, version: int, size: int) -> None:
     await server.serve_forever()
 
 
+async def _relay(port_file: Path, upstream: str) -> None:
+    """Copy bytes both ways between each client and the upstream, with flow control, nothing else."""
+    host, port = upstream.rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+
+    class Pump(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.peer: Pump | None = None
+            self.transport: asyncio.Transport | None = None
+            self.early: list[bytes] = []  # what arrived before the upstream connection was up
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if self.peer is None:
+                self.early.append(data)
+            else:
+                self.peer.transport.write(data)
+
+        def pause_writing(self) -> None:
+            self.peer.transport.pause_reading()
+
+        def resume_writing(self) -> None:
+            self.peer.transport.resume_reading()
+
+        def connection_lost(self, exc) -> None:
+            if self.peer is not None and self.peer.transport is not None:
+                self.peer.transport.close()
+
+    class Downstream(Pump):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            transport.pause_reading()
+            loop.create_task(self._connect())
+
+        async def _connect(self) -> None:
+            up = Pump()
+            await loop.create_connection(lambda: up, host, int(port))
+            up.peer, self.peer = self, up
+            up.transport.writelines(self.early)
+            self.transport.resume_reading()
+
+    server = await loop.create_server(Downstream, "127.0.0.1", 0)
+    port_file.write_text(str(server.sockets[0].getsockname()[1]))
+    await server.serve_forever()
+
+
 def _request(version: int, corr: int) -> bytes:
     flexible = version >= 12
     client = b"bench"
@@ -91,9 +143,12 @@ def _client(address: str, version: int, seconds: float, inflight: int) -> tuple[
     left = 0  # bytes of the current response still to read
     while True:
         if left == 0:
-            n = sock.recv_into(view[:4], 4)
+            n = 0
             while n < 4:
-                n += sock.recv_into(view[n:4], 4 - n)
+                got_now = sock.recv_into(view[n:4], 4 - n)
+                if got_now == 0:
+                    raise ConnectionError(f"{address} closed the connection")
+                n += got_now
             left = _I32.unpack_from(buf)[0]
             got += 4
         n = sock.recv_into(view, min(left, len(buf)))
@@ -119,37 +174,54 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=4)
     ap.add_argument("--log-level", default="WARNING", help="the proxy's (DEBUG: receive buffers per connection)")
     ap.add_argument("--serve-broker", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-relay", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_broker:
         import uvloop
 
         uvloop.run(_broker(Path(args.serve_broker), args.version, args.size_kib * 1024))
         return
+    if args.serve_relay:
+        import uvloop
+
+        uvloop.run(_relay(Path(args.serve_relay[0]), args.serve_relay[1]))
+        return
     with tempfile.TemporaryDirectory(prefix="ktp-passthrough-") as tmp:
         port_file = Path(tmp) / "port"
         broker = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-broker", str(port_file),
                                    "--version", str(args.version), "--size-kib", str(args.size_kib)],
                                   env={**os.environ})
-        proxy = None
+        proxy = relay = None
         try:
             while not port_file.exists() or not port_file.read_text():
                 time.sleep(0.05)
             upstream = f"127.0.0.1:{port_file.read_text()}"
+            relay_file = Path(tmp) / "relay-port"
+            relay = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-relay", str(relay_file),
+                                      upstream], env={**os.environ})  # fmt: skip
+            while not relay_file.exists() or not relay_file.read_text():
+                time.sleep(0.05)
             proxy = ProxyProcess(Path(tmp), upstream, {"log_level": args.log_level}).start()
-            ps = psutil.Process(proxy.proc.pid)
-            for phase in ("direct", "proxy"):
-                address = upstream if phase == "direct" else proxy.bootstrap
+            middle = {"relay": (f"127.0.0.1:{relay_file.read_text()}", psutil.Process(relay.pid)),
+                      "proxy": (proxy.bootstrap, psutil.Process(proxy.proc.pid))}  # fmt: skip
+            per_gib = {}
+            for phase in ("direct", "relay", "proxy"):
+                address, ps = middle.get(phase, (upstream, None))
                 _client(address, args.version, 1, args.inflight)  # warm-up
-                cpu0 = sum(ps.cpu_times()[:2])
+                cpu0 = sum(ps.cpu_times()[:2]) if ps else 0.0
                 got, wall = _client(address, args.version, args.seconds, args.inflight)
-                cpu = sum(ps.cpu_times()[:2]) - cpu0
-                gib = got / (1 << 30)
+                cpu = sum(ps.cpu_times()[:2]) - cpu0 if ps else 0.0
+                per_gib[phase] = cpu / (got / (1 << 30))
                 print(f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {got / wall / (1 << 20):8.1f} MiB/s, "
-                      f"proxy CPU {cpu / gib if phase == 'proxy' else 0:.3f} s/GiB ({cpu / wall:.0%} of a core)")
+                      f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)")
+            print(f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}")
         finally:
             if proxy is not None:
                 proxy.proc.terminate()
                 proxy.proc.wait(10)
+            if relay is not None:
+                relay.terminate()
+                relay.wait(10)
             broker.terminate()
             broker.wait(10)
             if args.log_level == "DEBUG":

@@ -12,14 +12,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from kafka.protocol.api_message import ApiMessage
 
 from protocol.apis import Api, decode_body, response_class
 from protocol.skim import layout
+from protocol.varint import TruncatedError, read_uvarint
 
 _NODE_ENDPOINTS_TAG = 0
 _NODE_ENDPOINTS_SINCE = {Api.PRODUCE: 10, Api.FETCH: 16}
+_FILLER_TAGS = (10_000, 127)
+"""Tags no Produce or Fetch response defines: clients skip unknown tagged fields, so one of these,
+holding zero bytes, pads a rewritten tagged section back to the length already announced."""
 ADDRESS_APIS = frozenset(
     {Api.METADATA, Api.FIND_COORDINATOR, Api.DESCRIBE_CLUSTER, Api.PRODUCE, Api.FETCH}
 )
@@ -115,3 +120,113 @@ def _entries(api_key: int, msg: ApiMessage):
         for e in msg.node_endpoints or ():
             yield e.node_id, e.host, e.port, e.rack, setter_for(e)
 
+
+
+def carries_endpoints_tail(api_key: int, version: int) -> bool:
+    """Whether the only addresses a response can carry are in its top-level ``node_endpoints``
+    tagged field (Produce v10+, Fetch v16+): such a response may stream through with
+    ``protocol.tail_watch`` and have just its tagged section rewritten at the end."""
+    since = _NODE_ENDPOINTS_SINCE.get(api_key)
+    return since is not None and version >= since
+
+
+@cache
+def _empty_prefix(api_key: int, version: int) -> bytes:
+    """The non-tagged fields of an empty response: put before a tagged section, it makes a body
+    kafka-python can decode, so the section is read with the schema, not by hand."""
+    cls = response_class(api_key)
+    body = cls().encode(version=version)
+    return bytes(body[: layout(cls, version, body).tags_offset])
+
+
+def _tag_entries(section: bytes) -> list[tuple[int, bytes]]:
+    """(tag, encoded entry) for each field of a tagged section; TruncatedError when it is cut short
+    or has bytes after its last field."""
+    count, pos = read_uvarint(section, 0)
+    entries = []
+    for _ in range(count):
+        start = pos
+        tag, pos = read_uvarint(section, pos)
+        size, pos = read_uvarint(section, pos)
+        pos += size
+        entries.append((tag, section[start:pos]))
+    if pos != len(section):
+        raise TruncatedError(f"tagged section of {len(section)} bytes holds {pos}")
+    return entries
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _filler(size: int) -> bytes | None:
+    """One unknown tagged field of exactly ``size`` bytes, or None when none is that small."""
+    for tag in _FILLER_TAGS:
+        head = _uvarint(tag)
+        for k in range(max(0, size - len(head) - 5), size - len(head)):
+            entry = head + _uvarint(k)
+            if len(entry) + k == size:
+                return entry + bytes(k)
+    return None
+
+
+def _section(entries: list[tuple[int, bytes]]) -> bytes:
+    entries = sorted(entries, key=lambda e: e[0])
+    return _uvarint(len(entries)) + b"".join(e for _, e in entries)
+
+
+def _padded(entries: list[tuple[int, bytes]], length: int) -> bytes | None:
+    bare = _section(entries)
+    if len(bare) == length:
+        return bare
+    # The filler adds one entry: the count may grow a byte when it passes 127.
+    head = len(_uvarint(len(entries) + 1)) + sum(len(e) for _, e in entries)
+    filler = _filler(length - head)
+    return None if filler is None else _section([*entries, (_FILLER_TAGS[0], filler)])
+
+
+def rewrite_endpoints_tail(
+    api_key: int,
+    version: int,
+    section: bytes,
+    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
+) -> tuple[bytes, list[BrokerEndpoint]] | None:
+    """Rewrite the ``node_endpoints`` in a top-level tagged ``section`` without changing its length.
+
+    Returns None when the section has no ``node_endpoints``; else the new section and the endpoints
+    the broker sent. ``mapping`` gives an endpoint's proxy address, or None to leave it out. The
+    length is fixed because the frame's size went out before this, its last part, was seen: a
+    shorter section is padded with an unknown tagged field; when the rewritten endpoints do not
+    fit, the last ones are left out (all of them if need be), and for a leader it was not told the
+    address of the client does what KIP-951 prescribes: it refreshes its metadata (which the proxy
+    rewrites in full).
+    Raises ValueError for a section that does not parse.
+    """
+    entries = _tag_entries(section)
+    if all(tag != _NODE_ENDPOINTS_TAG for tag, _ in entries):
+        return None
+    prefix = _empty_prefix(api_key, version)
+    msg = decode_body(response_class(api_key), prefix + section, version)
+    addressed = AddressedResponse(api_key, version, msg)
+    endpoints = addressed.endpoints()
+    kept = []
+    for ep in msg.node_endpoints:
+        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
+        if mapped is not None:
+            ep.host, ep.port = mapped
+            kept.append(ep)
+    # As many endpoints as fit (a longer proxy host name may not leave room for all of them).
+    for n in range(len(kept), 0, -1):
+        msg.node_endpoints = kept[:n]
+        rewritten = _padded(_tag_entries(bytes(msg.encode())[len(prefix) :]), len(section))
+        if rewritten is not None:
+            return rewritten, endpoints
+    rewritten = _padded([(tag, e) for tag, e in entries if tag != _NODE_ENDPOINTS_TAG], len(section))
+    if rewritten is None:  # unreachable: node_endpoints takes at least 3 bytes, a filler 2
+        raise ValueError(f"cannot fit node_endpoints into {len(section)} bytes")
+    return rewritten, endpoints

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
+from protocol.addresses import carries_endpoints_tail
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
 from protocol.frames import FrameError, FrameReader, FrameReceiver, StreamHead, StreamPiece
@@ -41,7 +42,7 @@ from protocol.sasl_identity import (
     decode_handshake_response,
 )
 from protocol.throttle_field import needs_walk
-from proxy.responses import AddressEdit, inspect_response, needs_whole_body
+from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
 from proxy.tls import CertificateError, ConnectionIdentity, NoMatchingRule, peer_principal
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class Connection:
         self.identity = ConnectionIdentity(proxy.config.sasl.oauthbearer_principal_claim)
         self.client_id = ""
         self._held: deque | None = None  # responses held behind one waiting for a new listener
+        self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
         self._deferred: deque | None = None  # requests held behind one the policy is still deciding
         self._own_corr = -1
         self.last_response_at = 0.0
@@ -492,7 +494,12 @@ class Connection:
                 if self._held is not None:
                     self._held.append(frame)
                 elif type(frame) is StreamPiece:
-                    out.append(frame.data)
+                    if self._tail is None:
+                        out.append(frame.data)
+                    else:
+                        self._tail.pass_on((frame.data,), frame.last, out)
+                        if frame.last:
+                            self._tail_done()
                 else:
                     self._on_response(frame, out)
         except FrameError as exc:
@@ -536,11 +543,16 @@ class Connection:
             self.proxy.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
             self.proxy.stats.latency_count_by_api[name] += 1
             self.identity.on_other_response()
+            pieces = None
             if pending.decision is not None:
                 pieces = self.proxy.policy.on_response(self, pending, frame.data, frame.total)
-                out.extend(pieces if pieces is not None else (frame.data,))
+            key, version = pending.header.api_key, pending.header.api_version
+            if carries_endpoints_tail(key, version):
+                body_start = 4 + response_body_offset(frame.data[4:], key, version)
+                self._tail = StreamedTail(key, version, body_start, self.proxy.directory)
+                self._tail.pass_on(pieces or (frame.data,), False, out)
             else:
-                out.append(frame.data)
+                out.extend(pieces or (frame.data,))
             return
         if head is not None and head.header is _RAW:
             self.inflight.pop(head.header.correlation_id)
@@ -581,6 +593,18 @@ class Connection:
         else:
             self._finish(pending, _SIZE.pack(len(result)) + result, out)
         self._release_local(out)
+
+    def _tail_done(self) -> None:
+        """A streamed response is complete; brokers it named without a listener get one now."""
+        missing, self._tail = self._tail.missing, None
+        if missing:
+            asyncio.get_running_loop().create_task(self._learn(missing))
+
+    async def _learn(self, endpoints) -> None:
+        try:
+            await self.proxy.directory.learn(endpoints)
+        except Exception as exc:  # noqa: BLE001 - e.g. no free port; the next Metadata tries again
+            log.warning("cannot start a listener for %s: %s: %s", endpoints, type(exc).__name__, exc)
 
     def _sasl_answer(self, header: RequestHeader, body) -> None:
         offset = response_body_offset(body, header.api_key, header.api_version)

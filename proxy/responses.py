@@ -11,11 +11,20 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from protocol.addresses import ADDRESS_APIS, AddressedResponse, BrokerEndpoint, decode_addressed, may_carry_addresses
+from protocol.addresses import (
+    ADDRESS_APIS,
+    AddressedResponse,
+    BrokerEndpoint,
+    carries_endpoints_tail,
+    decode_addressed,
+    may_carry_addresses,
+    rewrite_endpoints_tail,
+)
 from protocol.api_versions import cap_api_versions
-from protocol.apis import Api
+from protocol.apis import Api, response_class
 from protocol.headers import response_body_offset
 from protocol.inflight import Pending
+from protocol.tail_watch import TailWatch
 from proxy.brokers import BrokerDirectory
 
 
@@ -47,12 +56,70 @@ class AddressEdit:
 
 
 def needs_whole_body(api_key: int, api_version: int) -> bool:
-    """Whether ``inspect_response`` may rewrite the response to this request, so it must be assembled
-    before any of it is forwarded. Everything else (the bulk: Fetch before v16, Produce before v10)
-    can be streamed through; its leading bytes are still seen first (``protocol.frames.HEAD_BYTES``)."""
+    """Whether ``inspect_response`` may rewrite the response to this request anywhere but in its
+    closing tagged section, so it must be assembled before any of it is forwarded. Everything else
+    (the bulk: Fetch and Produce) can be streamed through; its leading bytes are still seen first
+    (``protocol.frames.HEAD_BYTES``), and from Fetch v16 / Produce v10 its last bytes are held back
+    and rewritten by a ``StreamedTail``."""
     if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
         return True
-    return may_carry_addresses(api_key, api_version)
+    return may_carry_addresses(api_key, api_version) and not carries_endpoints_tail(api_key, api_version)
+
+
+class StreamedTail:
+    """A response streaming through whose closing tagged section may hold ``node_endpoints``.
+
+    Pieces are forwarded as they come, up to the tagged section, which ``TailWatch`` finds on the
+    way; that section (one byte when empty) is held until the frame is complete and then released,
+    rewritten to the proxy's addresses at the same length if it names brokers. An endpoint of a
+    broker that has no listener yet is left out (``missing`` lists it, so the caller can start one):
+    the stream cannot wait, and the client refreshes its metadata for a leader it was not told of.
+    """
+
+    __slots__ = ("_key", "_version", "_skip", "_watch", "_held", "_directory", "missing")
+
+    def __init__(self, api_key: int, version: int, body_start: int, directory: BrokerDirectory) -> None:
+        self._key = api_key
+        self._version = version
+        self._skip = body_start  # frame bytes before the body: size prefix and response header
+        self._watch = TailWatch(response_class(api_key), version)
+        self._held: list[bytes] | None = None
+        self._directory = directory
+        self.missing: list[BrokerEndpoint] = []
+
+    def pass_on(self, pieces, last: bool, out: list) -> None:
+        """Append to ``out`` what of ``pieces`` (consecutive bytes of the frame) may go on now; with
+        ``last``, the frame is complete and the held section goes too. Raises ValueError for a frame
+        that ends before its tagged section or whose section does not parse."""
+        for piece in pieces:
+            if self._held is not None:
+                self._held.append(bytes(piece))
+                continue
+            start = 0
+            if self._skip:
+                start = min(self._skip, len(piece))
+                self._skip -= start
+            at = self._watch.feed(piece[start:]) if start < len(piece) else None
+            if at is None:
+                out.append(piece)
+                continue
+            cut = start + at
+            if cut:
+                out.append(piece[:cut])
+            self._held = [bytes(piece[cut:])]
+        if not last:
+            return
+        if self._held is None:
+            raise ValueError(f"response ended {self._watch.consumed} bytes into its body, before its tagged fields")
+        section = b"".join(self._held)
+        result = rewrite_endpoints_tail(self._key, self._version, section, self._map)
+        out.append(section if result is None else result[0])
+
+    def _map(self, ep: BrokerEndpoint) -> tuple[str, int] | None:
+        if self._directory.observe([ep]):
+            self.missing.append(ep)
+            return None
+        return self._directory.advertised(ep.node_id)
 
 
 def inspect_response(

@@ -156,3 +156,62 @@ def test_kip951_node_endpoints_in_produce_and_fetch(proxy, via_proxy):
     assert [e.node_id for e in resp.node_endpoints] == [leader]
     for e in resp.node_endpoints:
         _assert_proxy_address(proxy, e.host, e.port)
+
+
+def test_kip951_node_endpoints_at_the_end_of_a_streamed_fetch(cluster, fresh_proxy, via_proxy):
+    """A multi-megabyte Fetch v16+ response streams through (it is not assembled first), and its
+    closing node_endpoints still names only the proxy: one partition with 3 MiB of records led by
+    the broker asked, one led by another broker (NOT_LEADER_OR_FOLLOWER + that broker's endpoint)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    proxy = fresh_proxy(log_level="DEBUG")
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    ids = sorted(b.node_id for b in cluster.brokers)
+    big, other = f"big-{uuid.uuid4().hex[:6]}", f"elsewhere-{uuid.uuid4().hex[:6]}"
+    futures = admin.create_topics([NewTopic(big, num_partitions=1, replica_assignment=[[ids[0]]]),
+                                   NewTopic(other, num_partitions=1, replica_assignment=[[ids[1]]])])
+    for f in futures.values():
+        f.result(30)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 20})
+    for _ in range(3 * 1024):
+        producer.produce(big, b"r" * 1024)
+    assert producer.flush(30) == 0
+    wire = KafkaWire(proxy.bootstrap)
+    for _ in range(50):  # both topics known, with leaders, to the broker we ask (metadata propagates)
+        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=t, topic_id=None)
+                                          for t in (big, other)], allow_auto_topic_creation=False), 12)
+        _, md = wire.recv()
+        if all(t.error_code == 0 and t.partitions and t.partitions[0].leader_id >= 0 for t in md.topics):
+            break
+        time.sleep(0.1)
+    wire.close()
+    topic_ids = {t.name: t.topic_id for t in md.topics}
+    leader = next(b for b in md.brokers if b.node_id == ids[0])
+    fv = via_proxy[1][1]
+    assert fv >= 16
+    F = FetchRequest.FetchTopic
+    wire = KafkaWire(f"{leader.host}:{leader.port}")
+    for _ in range(50):
+        wire.send(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=16 << 20, isolation_level=0,
+                               session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[], topics=[
+                                   F(topic=t, topic_id=topic_ids[t], partitions=[F.FetchPartition(
+                                       partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                                       last_fetched_epoch=-1, partition_max_bytes=8 << 20)])
+                                   for t in (big, other)]), fv)
+        _, resp = wire.recv()
+        errors = {r.topic_id: r.partitions[0].error_code for r in resp.responses}
+        if errors[topic_ids[other]] == 6:  # the broker knows the other topic's leader by now
+            break
+        time.sleep(0.1)
+    wire.close()
+    assert errors == {topic_ids[big]: 0, topic_ids[other]: 6}
+    records = next(r for r in resp.responses if r.topic_id == topic_ids[big]).partitions[0].records
+    assert len(records) > 2 << 20
+    assert [e.node_id for e in resp.node_endpoints] == [ids[1]]
+    for e in resp.node_endpoints:
+        _assert_proxy_address(proxy, e.host, e.port)
+    deadline = time.monotonic() + 10
+    while f"Fetch v{fv} streamed" not in proxy.log() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the connection's summary is logged when it closes
+    assert f"Fetch v{fv} streamed" in proxy.log()
