@@ -139,8 +139,7 @@ class QuotaManager:
         stat: SampledRate = t.stat
         stat.record(amount, now_ms)
         t.recorded_total += amount
-        observed = stat.measure(now_ms)
-        window = stat.window_ms(now_ms)
+        observed, window = stat.measure_and_window(now_ms)
         if key == REQUEST_PERCENTAGE:
             throttle = request_throttle_ms(observed, r.limit, window, self.windows.window_ms)
         elif key == PRODUCER_IDS_RATE:

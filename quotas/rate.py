@@ -69,7 +69,7 @@ class SampledRate:
     entity, and there may be many). Not thread-safe; the proxy runs on one event loop.
     """
 
-    __slots__ = ("_current", "_last", "_samples", "_size", "_starts", "_values", "_window_ms")
+    __slots__ = ("_current", "_last", "_min_last", "_samples", "_size", "_starts", "_values", "_window_ms")
 
     def __init__(self, samples: int = 11, window_ms: float = 1000) -> None:
         if samples < 1:
@@ -84,6 +84,7 @@ class SampledRate:
         self._last = array("d", bytes(8 * slots))
         self._size = 0  # slots in use so far (Kafka's growing sample list)
         self._current = 0
+        self._min_last = -math.inf  # no slot's last event is older: while it is recent, nothing can expire
 
     @property
     def samples(self) -> int:
@@ -126,11 +127,18 @@ class SampledRate:
         self._last[i] = now_ms
 
     def _purge(self, now_ms: float) -> None:
+        # Why the shortcut: every charge checks expiry two or three times, and a sample can only expire
+        # once the oldest "last event" is a whole window set old. Each slot's last time only ever grows,
+        # so a stale (smaller) _min_last errs towards looking, never towards skipping.
         expire = self._samples * self._window_ms
+        if now_ms - self._min_last < expire:
+            return
         last = self._last
-        for i in range(self._size):
+        size = self._size
+        for i in range(size):
             if now_ms - last[i] >= expire:
                 self._reset(i, now_ms)
+        self._min_last = min(last[:size]) if size else -math.inf
 
     def total(self, now_ms: float) -> float:
         """Sum of the live samples at ``now_ms`` (after purging expired ones)."""
@@ -158,14 +166,19 @@ class SampledRate:
 
     def measure(self, now_ms: float) -> float:
         """Observed rate at ``now_ms`` in units per second (never negative)."""
+        return self.measure_and_window(now_ms)[0]
+
+    def measure_and_window(self, now_ms: float) -> tuple[float, float]:
+        """``(measure(now_ms), window_ms(now_ms))`` in one pass: the quota check needs both on every charge."""
         total = self.total(now_ms)
-        return total / (self.window_ms(now_ms) / 1000.0)
+        window = self.window_ms(now_ms)
+        return total / (window / 1000.0), window
 
     def throttle_ms(self, quota: float, now_ms: float, cap_ms: float | None = None) -> int:
         """Kafka's throttle for this rate against ``quota`` at ``now_ms`` (0 within quota); ``cap_ms`` caps it
         (request quota: one sample window), ``None`` for no cap (byte rates)."""
-        observed = self.measure(now_ms)
-        t = throttle_time_ms(observed, quota, self.window_ms(now_ms))
+        observed, window = self.measure_and_window(now_ms)
+        t = throttle_time_ms(observed, quota, window)
         return t if cap_ms is None else min(t, java_round(cap_ms))
 
     def record_and_throttle_ms(self, value: float, quota: float, now_ms: float, cap_ms: float | None = None) -> int:

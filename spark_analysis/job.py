@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from spark_analysis.progress import Progress
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
-from spark_analysis.replay import REPLAY_OUTPUT_SCHEMA, make_replay_fn, resolve_pairs
+from spark_analysis.replay import BY_ID_OUTPUT_SCHEMA, REPLAY_OUTPUT_SCHEMA, make_replay_fn, resolve_pairs
 from spark_analysis.schema import QUOTA_KINDS, amount_column, read_events
 
 log = logging.getLogger("spark_analysis")
@@ -348,7 +348,7 @@ def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFra
             cond = cond & ((amt > 0) | (F.coalesce(F.col("rejected_topics"), F.lit(0)) > 0)
                            | F.coalesce(F.size("topic_partitions") > 0, F.lit(False)))
         parts.append(events.where(cond).select(
-            "proxy",
+            F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),  # bucket columns are join keys: never null
             (F.lit("") if cluster_scope else F.coalesce(F.col("scope"), F.lit(""))).alias("scope"),
             F.lit(k).alias("kind"), "user", F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
             ts.alias("charge_ts_ms"), "ts_ms", F.coalesce(F.col("seq"), F.lit(0)).alias("seq"), "event",
@@ -359,6 +359,10 @@ def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFra
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
+
+
+REPLAY_TASKS = 16
+"""Least number of replay tasks; the job writes the replay with AQE's partition coalescing off."""
 
 
 def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, prefilter: bool = True,
@@ -385,15 +389,28 @@ def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, pref
     ch = charges(events, kinds, config.scope == "cluster")
     joined = ch.join(F.broadcast(resolved), ["user", "client_id", "kind"])
     group = ["proxy", "scope", "kind", "bucket_user", "bucket_client_id"]
+    # One row per bucket (aggregates, a few thousand at most): collected once, so the bucket test is not
+    # computed a second time, and each bucket gets a number to travel under (see make_replay_fn).
     if prefilter:
-        risk = at_risk_buckets(joined, config)
+        rows = at_risk_buckets(joined, config).select(*group, "at_risk", "charges", "logged_throttled").collect()
         if skipped is not None:
-            row = risk.where(~F.col("at_risk")).agg(
-                F.count(F.lit(1)).alias("buckets"), F.sum("charges").alias("charges"),
-                F.sum("logged_throttled").alias("logged_throttled")).first()
-            skipped.update({k: int(v or 0) for k, v in row.asDict().items()})
-        joined = joined.join(F.broadcast(risk.where("at_risk").select(*group)), group, "left_semi")
-    return joined.drop("limit").groupBy(*group).applyInPandas(make_replay_fn(config), REPLAY_OUTPUT_SCHEMA)
+            safe = [r for r in rows if not r["at_risk"]]
+            skipped.update({"buckets": len(safe), "charges": sum(int(r["charges"]) for r in safe),
+                            "logged_throttled": sum(int(r["logged_throttled"] or 0) for r in safe)})
+        rows = [r for r in rows if r["at_risk"]]
+    else:
+        rows = joined.select(*group).distinct().collect()
+    buckets = {i: tuple(r[c] for c in group) for i, r in enumerate(rows)}
+    ids = spark.createDataFrame([(i, *keys) for i, keys in buckets.items()],
+                                "bucket_id long, " + ", ".join(f"{c} string" for c in group))
+    slim = joined.join(F.broadcast(ids), group).drop(*group, "limit")
+    # Many small tasks rather than AQE's few big ones: a bucket's replay is CPU in Python, so two coalesced
+    # partitions left one core idle while the other finished the larger half.
+    tasks = max(REPLAY_TASKS, 4 * spark.sparkContext.defaultParallelism)
+    replayed = (slim.repartition(tasks, "bucket_id").groupBy("bucket_id")
+                .applyInPandas(make_replay_fn(config, buckets), BY_ID_OUTPUT_SCHEMA))
+    columns = [c.split(" ")[0] for c in REPLAY_OUTPUT_SCHEMA.split(", ")]
+    return replayed.join(F.broadcast(ids), "bucket_id").select(*columns)
 
 
 def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
@@ -504,7 +521,12 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
                 log.info("  %s buckets (%s charges) provably never over quota: not replayed (%s had a logged "
                          "throttle)", skipped.get("buckets"), skipped.get("charges"), skipped.get("logged_throttled"))
                 ov["replay_skipped"] = skipped
-                _write(replayed, out, "whatif_charges", tables)
+                coalesce = spark.conf.get("spark.sql.adaptive.coalescePartitions.enabled")
+                spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+                try:
+                    _write(replayed, out, "whatif_charges", tables)
+                finally:
+                    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", coalesce)
                 replayed = spark.read.parquet(tables["whatif_charges"])
                 summary, agreement = whatif_summaries(replayed)
                 _write(summary, out, "whatif_summary", tables)

@@ -112,11 +112,30 @@ def replay_frame(pdf: pd.DataFrame, config: ReplayConfig) -> pd.DataFrame:
     })
 
 
-def make_replay_fn(config: ReplayConfig):
-    """The function handed to ``applyInPandas`` (a closure over the picklable config)."""
+GROUP_COLUMNS = ("proxy", "scope", "kind", "bucket_user", "bucket_client_id")
+"""What identifies a bucket; inside Spark they travel as one ``bucket_id`` (see :func:`make_replay_fn`)."""
+
+BY_ID_OUTPUT_SCHEMA = "bucket_id long, " + ", ".join(
+    f for f in REPLAY_OUTPUT_SCHEMA.split(", ") if f.split(" ")[0] not in GROUP_COLUMNS
+)
+
+
+def make_replay_fn(config: ReplayConfig, buckets: dict[int, tuple[str, ...]]):
+    """The function handed to ``applyInPandas``, grouped by ``bucket_id`` (a closure over the picklable
+    config and the bucket table, ``id -> GROUP_COLUMNS values``; a few thousand entries at most).
+
+    Why ids: every column crossing into and out of the Python worker is converted row by row, and the five
+    bucket columns are the same strings on every row of a group. Shipping one long instead took a large
+    share of the replay's time; the caller joins the names back.
+    """
 
     def replay_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return replay_frame(pdf, config)
+        bucket_id = int(pdf["bucket_id"].iloc[0])
+        for name, value in zip(GROUP_COLUMNS, buckets[bucket_id], strict=True):
+            pdf[name] = value
+        out = replay_frame(pdf, config).drop(columns=list(GROUP_COLUMNS))
+        out.insert(0, "bucket_id", bucket_id)
+        return out
 
     return replay_group
 

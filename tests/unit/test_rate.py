@@ -301,3 +301,33 @@ def test_throttle_formula_properties(observed: float, quota: float, window: floa
     assert (t == 0) or observed > quota
     assert request_throttle_ms(observed, quota, window, cap) == min(t, cap)
     assert byte_rate_throttle_ms(observed, quota, window) == t
+
+
+class _AlwaysPurging(SampledRate):
+    """SampledRate without the expiry shortcut: the reference the shortcut must agree with."""
+
+    __slots__ = ()
+
+    def _purge(self, now_ms: float) -> None:
+        expire = self._samples * self._window_ms
+        for i in range(self._size):
+            if now_ms - self._last[i] >= expire:
+                self._reset(i, now_ms)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    samples=st.integers(1, 6),
+    window=st.sampled_from([1.0, 10.0, 100.0, 250.0]),
+    steps=st.lists(st.tuples(st.integers(-50, 3000), st.floats(0, 1e6), st.booleans()), max_size=60),
+)
+def test_expiry_shortcut_changes_nothing(samples: int, window: float, steps) -> None:
+    fast, slow = SampledRate(samples, window), _AlwaysPurging(samples, window)
+    now = 1_000_000.0
+    for dt, value, check_only in steps:
+        now += dt  # now and then backwards
+        if not check_only:
+            fast.record(value, now)
+            slow.record(value, now)
+        assert fast.measure_and_window(now) == slow.measure_and_window(now)
+        assert fast.throttle_ms(5000.0, now) == slow.throttle_ms(5000.0, now)
