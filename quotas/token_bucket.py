@@ -24,47 +24,22 @@ The bucket
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
 from quotas.throttle import java_round
 
 __all__ = [
-    "CREATE_PARTITIONS",
-    "CREATE_TOPICS",
-    "DELETE_TOPICS",
-    "STRICT_SINCE_VERSION",
     "THROTTLING_QUOTA_EXCEEDED",
     "Admission",
     "TokenBucket",
     "admit",
     "admit_permissive",
     "admit_strict",
-    "is_strict",
 ]
 
 THROTTLING_QUOTA_EXCEEDED: Final = 89
 """Error code for a topic rejected by a strict controller-mutation quota."""
-
-CREATE_TOPICS: Final = 19
-DELETE_TOPICS: Final = 20
-CREATE_PARTITIONS: Final = 37
-
-STRICT_SINCE_VERSION: Final[Mapping[int, int]] = MappingProxyType(
-    {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
-)
-"""api_key -> first version whose clients understand THROTTLING_QUOTA_EXCEEDED (strict admission)."""
-
-
-def is_strict(api_key: int, api_version: int) -> bool:
-    """True if this mutation request gets strict admission (per-topic rejection); False: permissive (mute).
-
-    Kafka's ``ControllerMutationQuotaManager.newQuotaFor(request, strictSinceVersion)``. Non-mutation APIs: False.
-    """
-    since = STRICT_SINCE_VERSION.get(api_key)
-    return since is not None and api_version >= since
-
 
 class TokenBucket:
     """Tokens for one quota entity: refill ``rate`` per second up to ``burst``; may go negative.

@@ -18,8 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from protocol.mutations import is_strict
 from quotas.manager import QuotaManager
-from quotas.token_bucket import admit, is_strict
+from quotas.token_bucket import admit
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 
 REPLAY_OUTPUT_SCHEMA = (

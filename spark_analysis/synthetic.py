@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from protocol.mutations import is_strict
 from proxy.decision_log import COLUMNS, SCHEMA_VERSION, arrow_schema
 from quotas.manager import QuotaManager
-from quotas.token_bucket import admit, is_strict
+from quotas.token_bucket import admit
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 
 __all__ = ["NOISY_USER", "ProxySimulator", "generate", "live_config_yaml", "main", "small_traffic"]

@@ -7,16 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotas.token_bucket import (
-    CREATE_PARTITIONS,
-    CREATE_TOPICS,
-    DELETE_TOPICS,
     THROTTLING_QUOTA_EXCEEDED,
     Admission,
     TokenBucket,
     admit,
     admit_permissive,
     admit_strict,
-    is_strict,
 )
 
 # ----------------------------------------------------------------------------------------- reference vectors
@@ -220,15 +216,6 @@ def test_admit_takes_a_generator() -> None:
     assert admit_strict(bucket, (n for n in [12, 1]), 0) == [True, False]
 
 
-def test_strict_versions() -> None:
-    assert (CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS) == (19, 20, 37)
-    assert not is_strict(CREATE_TOPICS, 5)
-    assert is_strict(CREATE_TOPICS, 6)
-    assert not is_strict(DELETE_TOPICS, 4)
-    assert is_strict(DELETE_TOPICS, 5)
-    assert not is_strict(CREATE_PARTITIONS, 2)
-    assert is_strict(CREATE_PARTITIONS, 3)
-    assert not is_strict(0, 100)
 
 
 # ----------------------------------------------------------------------------------------- properties
