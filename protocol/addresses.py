@@ -164,14 +164,14 @@ def _uvarint(n: int) -> bytes:
     return bytes(out)
 
 
-def _filler(size: int) -> bytes | None:
-    """One unknown tagged field of exactly ``size`` bytes, or None when none is that small."""
+def _filler(size: int) -> tuple[int, bytes] | None:
+    """(tag, entry): one unknown tagged field of exactly ``size`` bytes, or None when none is that small."""
     for tag in _FILLER_TAGS:
         head = _uvarint(tag)
         for k in range(max(0, size - len(head) - 5), size - len(head)):
             entry = head + _uvarint(k)
             if len(entry) + k == size:
-                return entry + bytes(k)
+                return tag, entry + bytes(k)
     return None
 
 
@@ -187,7 +187,7 @@ def _padded(entries: list[tuple[int, bytes]], length: int) -> bytes | None:
     # The filler adds one entry: the count may grow a byte when it passes 127.
     head = len(_uvarint(len(entries) + 1)) + sum(len(e) for _, e in entries)
     filler = _filler(length - head)
-    return None if filler is None else _section([*entries, (_FILLER_TAGS[0], filler)])
+    return None if filler is None else _section([*entries, filler])
 
 
 def rewrite_endpoints_tail(
