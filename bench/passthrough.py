@@ -11,6 +11,13 @@ tagged section (KIP-951 node_endpoints) is found on the way and held back (``pro
 A third phase runs the same client through a *bare relay*: a uvloop process that copies bytes
 between two sockets and does nothing else. Its CPU per GiB is the floor for any proxy that relays
 over TCP (the kernel's receive and send paths), so proxy/relay says what the proxy's own work costs.
+
+A fourth phase, "splice", runs a relay that moves broker->client bytes with ``os.splice`` through a
+pipe (``bench.splice_relay``), never copying them into user space: how far below the copying floor a
+proxy could go if it handed Fetch response bodies to the kernel. The client checks every response's
+size and correlation id (in order), so lost, duplicated or reordered bytes fail the run; ``--verify``
+also has the broker send patterned records instead of zeros and compares every byte the client
+receives with them (costs client CPU, so not for the figures).
 """
 
 from __future__ import annotations
@@ -34,22 +41,24 @@ from tests.support import ProxyProcess
 _I32 = struct.Struct(">i")
 
 
-def fetch_response(version: int, size: int) -> bytes:
-    """One Fetch response body (no header), ``size`` bytes of records in one partition."""
+def fetch_response(version: int, size: int, pattern: bool = False) -> bytes:
+    """One Fetch response body (no header), ``size`` bytes of records in one partition: zeros, or with
+    ``pattern`` a sequence of period 251 (a prime), so that a lost or moved byte shows."""
     from kafka.protocol.consumer import FetchResponse
 
     R = FetchResponse.FetchableTopicResponse
     P = R.PartitionData
     part = P(partition_index=0, error_code=0, high_watermark=1, last_stable_offset=1, log_start_offset=0,
              diverging_epoch=None, current_leader=None, snapshot_id=None, aborted_transactions=[],
-             preferred_read_replica=-1, records=b"\x00" * size)
+             preferred_read_replica=-1,
+             records=(bytes(range(251)) * (size // 251 + 1))[:size] if pattern else b"\x00" * size)
     resp = FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[
         R(topic="t", topic_id=uuid.UUID(int=1), partitions=[part])], node_endpoints=[])
     return resp.encode(version=version)
 
 
-async def _broker(port_file: Path, version: int, size: int) -> None:
-    body = fetch_response(version, size)
+async def _broker(port_file: Path, version: int, size: int, pattern: bool) -> None:
+    body = fetch_response(version, size, pattern)
     flexible = version >= 12
     head = b"\x00" if flexible else b""
 
@@ -129,7 +138,12 @@ def _request(version: int, corr: int) -> bytes:
     return _I32.pack(len(frame)) + frame
 
 
-def _client(address: str, version: int, seconds: float, inflight: int) -> tuple[int, float]:
+def _client(address: str, version: int, seconds: float, inflight: int,
+            expect: bytes | None = None) -> tuple[int, float]:
+    """Pipeline ``inflight`` Fetch requests for ``seconds``; return (bytes received, wall seconds).
+
+    Each response must have the first one's size and the next correlation id; with ``expect`` (the
+    broker's response after its correlation id) every byte is compared too."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     corr = 0
@@ -141,19 +155,31 @@ def _client(address: str, version: int, seconds: float, inflight: int) -> tuple[
     buf = bytearray(1 << 20)
     view = memoryview(buf)
     left = 0  # bytes of the current response still to read
+    pos = 0  # where in the response (after its correlation id) the next byte goes
+    answered = 0  # responses read
+    size = None  # every response's size (the first one's)
     while True:
         if left == 0:
             n = 0
-            while n < 4:
-                got_now = sock.recv_into(view[n:4], 4 - n)
+            while n < 8:
+                got_now = sock.recv_into(view[n:8], 8 - n)
                 if got_now == 0:
                     raise ConnectionError(f"{address} closed the connection")
                 n += got_now
-            left = _I32.unpack_from(buf)[0]
-            got += 4
+            this_size, this_corr = struct.unpack_from(">ii", buf)
+            size = this_size if size is None else size
+            answered += 1
+            if this_size != size or this_corr != answered:
+                raise AssertionError(f"response {answered}: size {this_size} correlation id {this_corr}, "
+                                     f"expected {size} and {answered}")
+            left, pos = this_size - 4, 0
+            got += 8
         n = sock.recv_into(view, min(left, len(buf)))
         if n == 0:
             raise ConnectionError("proxy closed the connection")
+        if expect is not None and bytes(view[:n]) != expect[pos:pos + n]:
+            raise AssertionError(f"response {answered}: bytes {pos}..{pos + n} differ from the broker's")
+        pos += n
         left -= n
         got += n
         if left == 0:
@@ -174,24 +200,38 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=4)
     ap.add_argument("--log-level", default="WARNING", help="the proxy's (DEBUG: receive buffers per connection)")
     ap.add_argument("--serve-broker", help=argparse.SUPPRESS)
+    ap.add_argument("--pipe-kib", type=int, default=1024, help="splice phase: pipe size (F_SETPIPE_SZ)")
+    ap.add_argument("--verify", action="store_true", help="compare every byte received (costs client CPU)")
     ap.add_argument("--serve-relay", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-splice", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_broker:
         import uvloop
 
-        uvloop.run(_broker(Path(args.serve_broker), args.version, args.size_kib * 1024))
+        uvloop.run(_broker(Path(args.serve_broker), args.version, args.size_kib * 1024, args.verify))
         return
     if args.serve_relay:
         import uvloop
 
         uvloop.run(_relay(Path(args.serve_relay[0]), args.serve_relay[1]))
         return
+    if args.serve_splice:
+        import uvloop
+
+        from bench.splice_relay import serve
+
+        uvloop.run(serve(Path(args.serve_splice[0]), args.serve_splice[1], args.pipe_kib * 1024))
+        return
+    expect = None
+    if args.verify:
+        expect = (b"\x00" if args.version >= 12 else b"") + fetch_response(args.version, args.size_kib * 1024, True)
     with tempfile.TemporaryDirectory(prefix="ktp-passthrough-") as tmp:
         port_file = Path(tmp) / "port"
         broker = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-broker", str(port_file),
-                                   "--version", str(args.version), "--size-kib", str(args.size_kib)],
+                                   "--version", str(args.version), "--size-kib", str(args.size_kib)]
+                                  + (["--verify"] if args.verify else []),
                                   env={**os.environ})
-        proxy = relay = None
+        proxy = relay = splice = None
         try:
             while not port_file.exists() or not port_file.read_text():
                 time.sleep(0.05)
@@ -199,29 +239,39 @@ def main() -> None:
             relay_file = Path(tmp) / "relay-port"
             relay = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-relay", str(relay_file),
                                       upstream], env={**os.environ})  # fmt: skip
-            while not relay_file.exists() or not relay_file.read_text():
+            splice_file = Path(tmp) / "splice-port"
+            splice = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-splice", str(splice_file),
+                                       upstream, "--pipe-kib", str(args.pipe_kib)], env={**os.environ})  # fmt: skip
+            while not all(f.exists() and f.read_text() for f in (relay_file, splice_file)):
+                if relay.poll() is not None or splice.poll() is not None:
+                    raise RuntimeError("a relay process did not start (see its error above)")
                 time.sleep(0.05)
             proxy = ProxyProcess(Path(tmp), upstream, {"log_level": args.log_level}).start()
             middle = {"relay": (f"127.0.0.1:{relay_file.read_text()}", psutil.Process(relay.pid)),
+                      "splice": (f"127.0.0.1:{splice_file.read_text()}", psutil.Process(splice.pid)),
                       "proxy": (proxy.bootstrap, psutil.Process(proxy.proc.pid))}  # fmt: skip
-            per_gib = {}
-            for phase in ("direct", "relay", "proxy"):
+            per_gib, rate = {}, {}
+            for phase in ("direct", "relay", "splice", "proxy"):
                 address, ps = middle.get(phase, (upstream, None))
-                _client(address, args.version, 1, args.inflight)  # warm-up
+                _client(address, args.version, 1, args.inflight, expect)  # warm-up
                 cpu0 = sum(ps.cpu_times()[:2]) if ps else 0.0
-                got, wall = _client(address, args.version, args.seconds, args.inflight)
+                got, wall = _client(address, args.version, args.seconds, args.inflight, expect)
                 cpu = sum(ps.cpu_times()[:2]) - cpu0 if ps else 0.0
                 per_gib[phase] = cpu / (got / (1 << 30))
-                print(f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {got / wall / (1 << 20):8.1f} MiB/s, "
+                rate[phase] = got / wall / (1 << 20)
+                print(f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {rate[phase]:8.1f} MiB/s, "
                       f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)")
-            print(f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}")
+            print(f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}, "
+                  f"splice/relay: {per_gib['splice'] / per_gib['relay']:.2f}; MiB/s over direct: "
+                  + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy")))
         finally:
             if proxy is not None:
                 proxy.proc.terminate()
                 proxy.proc.wait(10)
-            if relay is not None:
-                relay.terminate()
-                relay.wait(10)
+            for child in (relay, splice):
+                if child is not None:
+                    child.terminate()
+                    child.wait(10)
             broker.terminate()
             broker.wait(10)
             if args.log_level == "DEBUG":
