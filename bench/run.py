@@ -49,7 +49,14 @@ RECORD = 1024
 MIB = 1024 * 1024
 PERF_JVM = ("-Xmx512m",)  # full tiered JIT: the harness's C1-only tool default would make the client the bottleneck
 THROUGHPUT_TARGET = 0.95  # proxy/direct
+QUOTAS_TARGET = 0.90  # (proxy with every quota configured, none binding)/direct: issue 5
 LATENCY_TARGET_MS = 0.2  # added p50
+SIDES = ("direct", "proxy", "quotas")
+"""Where a workload's clients connect: the cluster itself; a proxy with no quota configured; a second proxy
+with every quota kind configured at a value no client reaches, so every request is charged and checked."""
+HUGE_QUOTAS = {"producer_byte_rate": 10**15, "consumer_byte_rate": 10**15, "request_percentage": 10**6,
+               "controller_mutation_rate": 10**9}
+TARGETS = {"proxy": THROUGHPUT_TARGET, "quotas": QUOTAS_TARGET}
 PROFILE_DIR = REPO / "bench" / "profiles"
 
 Metrics = dict[str, float]  # "_active_s": seconds of actual work in the run (for the proxy's % of a core)
@@ -142,8 +149,9 @@ class Workload:
 
     name: str
     run: Callable[[str], Metrics]
-    samples: dict[str, list[Metrics]] = field(default_factory=lambda: {"direct": [], "proxy": []})
-    proxy_cpu: list[tuple[float, float]] = field(default_factory=list)  # (CPU seconds, active seconds) per run
+    samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in SIDES})
+    proxy_cpu: dict[str, list[tuple[float, float]]] = field(  # per proxy side: (CPU seconds, active seconds) per run
+        default_factory=lambda: {s: [] for s in SIDES[1:]})
 
 
 # (workload, metric key, label, "tput" = higher is better and held to the throughput target, or "lat")
@@ -172,41 +180,52 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
 
 
-def results_markdown(wl: dict[str, Workload]) -> tuple[str, list[str]]:
-    """The comparison table, the proxy CPU table, and verdict lines on the two targets."""
-    out = ["| metric | direct | proxy | ratio (proxy/direct) | direct range | proxy range |",
-           "|---|---:|---:|---:|---:|---:|"]
+def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The comparison table, the proxy CPU table, and verdict lines on the targets.
+
+    ``sides`` is "direct" plus the proxy sides measured; each proxy side gets its median and its ratio to
+    direct, held to its own target (:data:`TARGETS`)."""
+    proxies = [s for s in sides if s != "direct"]
+    head = ["metric", "direct"] + [x for s in proxies for x in (s, f"{s}/direct")] + [f"{s} range" for s in sides]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     misses: list[str] = []
     for name, key, label, kind in ROWS:
         if name not in wl:
             continue
         w = wl[name]
-        d, p = _med(w, "direct", key), _med(w, "proxy", key)
-        rng = {s: f"{_fmt(min(v))}–{_fmt(max(v))}" for s in w.samples if (v := [m[key] for m in w.samples[s]])}
-        ratio = p / d if d else float("nan")
-        flag = " ✗" if kind == "tput" and ratio < THROUGHPUT_TARGET else ""
-        out.append(f"| {label} | {_fmt(d)} | {_fmt(p)} | {ratio:.3f}{flag} | {rng['direct']} | {rng['proxy']} |")
-        if flag:
-            misses.append(f"{label}: {ratio:.3f} < {THROUGHPUT_TARGET}")
+        d = _med(w, "direct", key)
+        cells = [label, _fmt(d)]
+        for s in proxies:
+            p = _med(w, s, key)
+            ratio = p / d if d else float("nan")
+            flag = " ✗" if kind == "tput" and ratio < TARGETS[s] else ""
+            cells += [_fmt(p), f"{ratio:.3f}{flag}"]
+            if flag:
+                misses.append(f"{label} ({s}): {ratio:.3f} < {TARGETS[s]}")
+        cells += [f"{_fmt(min(v))}–{_fmt(max(v))}" for s in sides if (v := [m[key] for m in w.samples[s]])]
+        out.append("| " + " | ".join(cells) + " |")
     if "probe" in wl and "java-fixed" in wl:
-        added_probe = _med(wl["probe"], "proxy", "p50") - _med(wl["probe"], "direct", "p50")
-        added_java = _med(wl["java-fixed"], "proxy", "p50") - _med(wl["java-fixed"], "direct", "p50")
-        added_avg = _med(wl["java-fixed"], "proxy", "avg") - _med(wl["java-fixed"], "direct", "avg")
-        out += [
-            "",
-            f"**Added p50 latency** (proxy p50 − direct p50): **{added_probe:+.3f} ms** with the sequential "
-            f"confluent-kafka probe (sub-ms resolution); {added_java:+.0f} ms with producer-perf-test at a fixed rate "
-            f"(whole-ms resolution; its avg latency moved {added_avg:+.2f} ms).",
-        ]
-        if added_probe > LATENCY_TARGET_MS:
-            misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
-    out += ["", "| workload (proxy runs) | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
-            "|---|---:|---:|---:|"]  # fmt: skip
+        out.append("")
+        for s in proxies:
+            added_probe = _med(wl["probe"], s, "p50") - _med(wl["probe"], "direct", "p50")
+            added_java = _med(wl["java-fixed"], s, "p50") - _med(wl["java-fixed"], "direct", "p50")
+            added_avg = _med(wl["java-fixed"], s, "avg") - _med(wl["java-fixed"], "direct", "avg")
+            out.append(
+                f"**Added p50 latency, {s}** (its p50 − direct p50): **{added_probe:+.3f} ms** with the sequential "
+                f"confluent-kafka probe (sub-ms resolution); {added_java:+.0f} ms with producer-perf-test at a fixed "
+                f"rate (whole-ms resolution; its avg latency moved {added_avg:+.2f} ms).")
+            if s == "proxy" and added_probe > LATENCY_TARGET_MS:
+                misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
+    out += ["", "| workload | side | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
+            "|---|---|---:|---:|---:|"]  # fmt: skip
     for w in wl.values():
-        cpu = statistics.median(c for c, _ in w.proxy_cpu)
-        act = statistics.median(a for _, a in w.proxy_cpu)
-        pct = statistics.median(100 * c / a for c, a in w.proxy_cpu)
-        out.append(f"| {w.name} | {cpu:.2f} | {act:.2f} | {pct:.0f}% |")
+        for s in proxies:
+            if not w.proxy_cpu[s]:
+                continue
+            cpu = statistics.median(c for c, _ in w.proxy_cpu[s])
+            act = statistics.median(a for _, a in w.proxy_cpu[s])
+            pct = statistics.median(100 * c / a for c, a in w.proxy_cpu[s])
+            out.append(f"| {w.name} | {s} | {cpu:.2f} | {act:.2f} | {pct:.0f}% |")
     return "\n".join(out), misses
 
 
@@ -332,27 +351,28 @@ def run_profiles(cluster: KafkaCluster, proxy: ProxyProcess, n: int) -> str:
 
 # ----------------------------------------------------------------------------------------------- main
 def warm_up(
-    cluster: KafkaCluster, proxy_bs: str, wl: dict[str, Workload], n: int, budget_s: float, consume_n: int
+    cluster: KafkaCluster, proxy_bs: list[str], wl: dict[str, Workload], n: int, budget_s: float, consume_n: int
 ) -> float:
     """Unmeasured runs until the brokers are warm; returns the seconds spent.
 
     Freshly started brokers are slow: in trials on this machine their C2 JIT took ~300 MB of acks=all
     traffic to settle, direct producer throughput rising 4x (1.8 -> 7.5 MB/s) over six 50 MB runs. So
-    produce (both sides, >= 3 rounds) until direct throughput changes < 10% between rounds or the budget
-    is spent, then run every other workload once per side for its own code paths (fetch, kcat, probe).
+    produce (direct and through the first proxy, >= 3 rounds) until direct throughput changes < 10% between
+    rounds or the budget is spent, then run every other workload once per side for its own code paths
+    (fetch, kcat, probe) in the brokers and in each proxy.
     """
     t0, seen, produced = time.monotonic(), [0.0], 0
     while time.monotonic() - t0 < budget_s:
         seen.append(java_produce(cluster, cluster.bootstrap, n, -1)["mbps"])
-        via = java_produce(cluster, proxy_bs, n, -1)["mbps"]
+        via = java_produce(cluster, proxy_bs[0], n, -1)["mbps"]
         produced += 2 * n
         print(f"warm-up produce: direct {seen[-1]:.1f} MB/s, proxy {via:.1f} MB/s", flush=True)
         if len(seen) > 3 and abs(seen[-1] - seen[-2]) < 0.1 * seen[-2]:
             break
     if produced < consume_n:  # consumers read from the beginning: the topic must hold enough
         java_produce(cluster, cluster.bootstrap, consume_n - produced, -1)
-    for w in list(wl.values())[1:]:
-        for bs in (cluster.bootstrap, proxy_bs):
+    for i, w in enumerate(wl.values()):
+        for bs in (cluster.bootstrap, *proxy_bs) if i else proxy_bs[1:]:
             w.run(bs)
     print(f"warm-up done in {time.monotonic() - t0:.0f} s", flush=True)
     return time.monotonic() - t0
@@ -395,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", help="markdown report (default BENCHMARKS.md, none with --quick)")
     ap.add_argument("--only", help="comma-separated workloads to measure (e.g. java-consume,kcat-consume); "
                     "writes no report unless --output")
+    ap.add_argument("--no-quotas", action="store_true",
+                    help="skip the third side (a proxy with every quota configured, none binding)")
     args = ap.parse_args(argv)
+    sides = SIDES[:2] if args.no_quotas else SIDES
     n = args.records or (30_000 if args.quick else 300_000)
     repeats = args.repeats or (1 if args.quick else 3)
     rate, rate_s = 2000, (5 if args.quick else 12)
@@ -414,7 +437,13 @@ def main(argv: list[str] | None = None) -> int:
             payload = workdir / "payload.txt"
             write_payload(payload, n)
             proxy = ProxyProcess(workdir, cluster.bootstrap).start()
-            proxy_ps = psutil.Process(proxy.proc.pid)  # type: ignore[union-attr]
+            proxies = {"proxy": proxy}
+            if "quotas" in sides:
+                proxies["quotas"] = ProxyProcess(workdir, cluster.bootstrap, {"quotas.entities": [
+                    {"entity": {"user": "<default>"}, "quotas": {**HUGE_QUOTAS, "producer_ids_rate": 10**9}},
+                    {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
+                ]}, name="quotas").start()  # fmt: skip
+            proxy_ps = {s: psutil.Process(p.proc.pid) for s, p in proxies.items()}  # type: ignore[union-attr]
             wl = {w.name: w for w in [
                 Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1)),
                 Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate)),
@@ -428,33 +457,37 @@ def main(argv: list[str] | None = None) -> int:
                 if unknown:
                     raise SystemExit(f"--only: unknown workload(s) {sorted(unknown)}; known: {sorted(wl)}")
                 wl = {k: w for k, w in wl.items() if k in args.only.split(",") or k == "java-produce"}
-            print(f"cluster {cluster.bootstrap}, proxy {proxy.bootstrap}; warming up", flush=True)
-            warm_s = warm_up(cluster, proxy.bootstrap, wl, max(n // 3, 10_000), 45 if args.quick else 150, 3 * n)
+            print(f"cluster {cluster.bootstrap}, " + ", ".join(f"{s} {p.bootstrap}" for s, p in proxies.items())
+                  + "; warming up", flush=True)
+            warm_s = warm_up(cluster, [p.bootstrap for p in proxies.values()], wl, max(n // 3, 10_000),
+                             45 if args.quick else 150, 3 * n)
             if args.only and "java-produce" not in args.only.split(","):
                 del wl["java-produce"]  # it was kept for the warm-up only
             for r in range(repeats):
                 for w in wl.values():
-                    for side in ("direct", "proxy") if r % 2 == 0 else ("proxy", "direct"):
-                        bs = proxy.bootstrap if side == "proxy" else cluster.bootstrap
-                        cpu0, t0 = proxy_ps.cpu_times(), time.perf_counter()
+                    for side in sides if r % 2 == 0 else sides[::-1]:
+                        bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
+                        ps = proxy_ps.get(side, proxy_ps["proxy"])
+                        cpu0, t0 = ps.cpu_times(), time.perf_counter()
                         m = w.run(bs)
-                        cpu1, wall = proxy_ps.cpu_times(), time.perf_counter() - t0
+                        cpu1, wall = ps.cpu_times(), time.perf_counter() - t0
                         cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
                         w.samples[side].append(m)
-                        if side == "proxy":
-                            w.proxy_cpu.append((cpu, m["_active_s"]))
+                        if side in proxies:
+                            w.proxy_cpu[side].append((cpu, m["_active_s"]))
                         shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
                         print(f"[{r + 1}/{repeats}] {w.name:13} {side:6} {shown}  "
                               f"(wall {wall:.1f}s, proxy cpu {cpu:.2f}s)", flush=True)  # fmt: skip
-            warnings = sum(" WARNING " in ln for ln in proxy.log().splitlines())
-            table, misses = results_markdown(wl)
+            warnings = sum(" WARNING " in ln for p in proxies.values() for ln in p.log().splitlines())
+            table, misses = results_markdown(wl, sides)
             print("\n" + table + "\n")
-            verdict = (["**Both targets met.**"] if not misses else
+            verdict = (["**All targets met.**"] if not misses else
                        ["**Targets not met:**", *(f"- {m}" for m in misses)])  # fmt: skip
             print("\n".join(verdict), flush=True)
             profile = run_profiles(cluster, proxy, n) if args.profile else ""
-            if proxy.terminate() != 0:
-                raise RuntimeError(f"proxy exited badly:\n{proxy.log()[-3000:]}")
+            for p in proxies.values():
+                if p.terminate() != 0:
+                    raise RuntimeError(f"proxy exited badly:\n{p.log()[-3000:]}")
             info = machine_info(cluster, code)
         shutil.rmtree(workdir, ignore_errors=True)
     except BaseException:
@@ -466,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = [
         "# Benchmarks: pass-through cost of the proxy", "",
-        f"Targets: pass-through throughput ≥ {THROUGHPUT_TARGET} × direct; added p50 latency ≤ {LATENCY_TARGET_MS} ms.",
+        f"Targets: pass-through throughput ≥ {THROUGHPUT_TARGET} × direct and added p50 latency ≤ "
+        f"{LATENCY_TARGET_MS} ms (side `proxy`: no quota configured, issue 2); throughput ≥ {QUOTAS_TARGET} × direct "
+        "with every quota configured but none binding (side `quotas`, issue 5).",
         "", "## How it was measured", "",
         f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.", *info,
         f"- Topic `{TOPIC}`: 3 partitions, replication factor 3. Records are 1 KiB. Throughput runs move "
@@ -478,8 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         "kcat producing from a file (acks=all, linger.ms=5) and consuming (`-C -e -o beginning -c N`), timed "
         "wall-clock including startup on both sides; a confluent-kafka producer in the benchmark process "
         "(acks=all, linger.ms=0, one record in flight).",
-        f"- Each workload runs direct and through one long-lived proxy process, interleaved, {repeats} pair(s), "
-        "alternating which side goes first (ABBA); the table shows medians and the min–max of the samples. "
+        f"- Each workload runs direct and through each long-lived proxy process ({', '.join(sides)}), interleaved, "
+        f"{repeats} round(s), the order reversed every other round (ABC CBA); the table shows medians and the "
+        "min–max of the samples. Side `quotas` is a second proxy whose config sets every quota kind (producer and "
+        "consumer byte rate, request percentage, controller mutation rate, producer ids rate) on `<default>` "
+        "user and `<default>` client-id at values no client reaches, so every request is charged and checked. "
         f"Warm-up first ({warm_s:.0f} s, unmeasured): producer runs on both sides until direct throughput "
         "is steady (fresh brokers' JIT needs a few hundred MB), then each other workload once per side.",
         "- Proxy CPU: psutil user+system time of the proxy process across each proxy run, divided by the "

@@ -100,6 +100,8 @@ class SampledRate:
         self._values[i] = 0.0
         self._starts[i] = now_ms
         self._last[i] = now_ms
+        if now_ms < self._min_last:  # a clock that went backwards: keep _min_last a lower bound
+            self._min_last = now_ms
 
     def _ensure_one(self, now_ms: float) -> None:
         if self._size == 0:
@@ -125,11 +127,14 @@ class SampledRate:
             self._reset(i, now_ms)
         self._values[i] += value
         self._last[i] = now_ms
+        if now_ms < self._min_last:  # see _reset
+            self._min_last = now_ms
 
     def _purge(self, now_ms: float) -> None:
         # Why the shortcut: every charge checks expiry two or three times, and a sample can only expire
-        # once the oldest "last event" is a whole window set old. Each slot's last time only ever grows,
-        # so a stale (smaller) _min_last errs towards looking, never towards skipping.
+        # once the oldest "last event" is a whole window set old. _min_last is kept a lower bound of every
+        # slot's last time (a time going backwards lowers it at once), so it errs towards looking, never
+        # towards skipping.
         expire = self._samples * self._window_ms
         if now_ms - self._min_last < expire:
             return
