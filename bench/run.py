@@ -152,6 +152,8 @@ class Workload:
     samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in SIDES})
     proxy_cpu: dict[str, list[tuple[float, float]]] = field(  # per proxy side: (CPU seconds, active seconds) per run
         default_factory=lambda: {s: [] for s in SIDES[1:]})
+    machine: dict[str, list[tuple[float, float]]] = field(  # per side: (busy CPU s of the whole machine, wall s)
+        default_factory=lambda: {s: [] for s in SIDES})
 
 
 # (workload, metric key, label, "tput" = higher is better and held to the throughput target, or "lat")
@@ -170,6 +172,12 @@ ROWS: list[tuple[str, str, str, str]] = [
     ("probe", "p50", "confluent-kafka sequential produce: p50 ms", "lat"),
     ("probe", "p99", "confluent-kafka sequential produce: p99 ms", "lat"),
 ]
+
+
+def _busy() -> float:
+    """CPU seconds the whole machine has spent not idle (every process: brokers, clients, proxies)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
 
 
 def _med(w: Workload, side: str, key: str) -> float:
@@ -214,9 +222,12 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
                 f"**Added p50 latency, {s}** (its p50 − direct p50): **{added_probe:+.3f} ms** with the sequential "
                 f"confluent-kafka probe (sub-ms resolution); {added_java:+.0f} ms with producer-perf-test at a fixed "
                 f"rate (whole-ms resolution; its avg latency moved {added_avg:+.2f} ms).")
+            out.append("")
             if s == "proxy" and added_probe > LATENCY_TARGET_MS:
                 misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
-    out += ["", "| workload | side | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
+    if out[-1]:
+        out.append("")
+    out += ["| workload | side | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
             "|---|---|---:|---:|---:|"]  # fmt: skip
     for w in wl.values():
         for s in proxies:
@@ -226,6 +237,15 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
             act = statistics.median(a for _, a in w.proxy_cpu[s])
             pct = statistics.median(100 * c / a for c, a in w.proxy_cpu[s])
             out.append(f"| {w.name} | {s} | {cpu:.2f} | {act:.2f} | {pct:.0f}% |")
+    out += ["", "| workload | side | machine CPU s per run (all processes) | wall s per run | machine busy, % of all "
+            f"{os.cpu_count()} cores |", "|---|---|---:|---:|---:|"]
+    for w in wl.values():
+        for s in sides:
+            if w.machine[s]:
+                busy = statistics.median(b for b, _ in w.machine[s])
+                wall = statistics.median(t for _, t in w.machine[s])
+                pct = statistics.median(100 * b / t / (os.cpu_count() or 1) for b, t in w.machine[s])
+                out.append(f"| {w.name} | {s} | {busy:.2f} | {wall:.2f} | {pct:.0f}% |")
     return "\n".join(out), misses
 
 
@@ -468,9 +488,10 @@ def main(argv: list[str] | None = None) -> int:
                     for side in sides if r % 2 == 0 else sides[::-1]:
                         bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
                         ps = proxy_ps.get(side, proxy_ps["proxy"])
-                        cpu0, t0 = ps.cpu_times(), time.perf_counter()
+                        cpu0, all0, t0 = ps.cpu_times(), _busy(), time.perf_counter()
                         m = w.run(bs)
                         cpu1, wall = ps.cpu_times(), time.perf_counter() - t0
+                        w.machine[side].append((_busy() - all0, wall))
                         cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
                         w.samples[side].append(m)
                         if side in proxies:
@@ -523,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         "- Proxy CPU: psutil user+system time of the proxy process across each proxy run, divided by the "
         "run's active time (records/throughput for the producer, fetch time for the Java consumer, wall time "
         "for kcat and the probe). 100% = one core, the most a single-threaded event loop can use.",
+        "- Machine CPU: psutil's system-wide busy time (user, nice, system, irq, softirq) across each run, all "
+        "processes together; divided by wall time × cores it says whether the run was CPU-bound, in which case "
+        "every CPU second a relay adds comes out of the brokers' and the client's share.",
         f"- Proxy log after the measured runs: {warnings} WARNING lines.", "",
         "## Results", "", table, "", *verdict, "",
     ]  # fmt: skip
