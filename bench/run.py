@@ -435,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", help="markdown report (default BENCHMARKS.md, none with --quick)")
     ap.add_argument("--only", help="comma-separated workloads to measure (e.g. java-consume,kcat-consume); "
                     "writes no report unless --output")
+    ap.add_argument("--pin", action="store_true",
+                    help="brokers, clients and this process on CPU 0, each proxy on CPU 1 (the proxy with a core "
+                         "of its own); writes no report unless --output")
     ap.add_argument("--no-quotas", action="store_true",
                     help="skip the third side (a proxy with every quota configured, none binding)")
     args = ap.parse_args(argv)
@@ -443,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     rate, rate_s = 2000, (5 if args.quick else 12)
     probes = 300 if args.quick else 2000
-    partial = args.quick or args.only
+    partial = args.quick or args.only or args.pin
+    if args.pin:
+        if (os.cpu_count() or 1) < 2 or not shutil.which("taskset"):
+            raise SystemExit("--pin needs 2 CPUs and taskset (util-linux)")
+        os.sched_setaffinity(0, {0})  # inherited by the brokers and every client started from here
     output = Path(args.output) if args.output else None if partial else REPO / "BENCHMARKS.md"
     command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
     started = datetime.datetime.now().astimezone()
@@ -464,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
                     {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
                 ]}, name="quotas").start()  # fmt: skip
             proxy_ps = {s: psutil.Process(p.proc.pid) for s, p in proxies.items()}  # type: ignore[union-attr]
+            if args.pin:  # every thread of each proxy onto the other CPU
+                for p in proxies.values():
+                    subprocess.run(["taskset", "-a", "-p", "-c", "1", str(p.proc.pid)], check=True,  # type: ignore[union-attr]
+                                   capture_output=True)
             wl = {w.name: w for w in [
                 Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1)),
                 Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate)),
@@ -547,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
         "- Machine CPU: psutil's system-wide busy time (user, nice, system, irq, softirq) across each run, all "
         "processes together; divided by wall time × cores it says whether the run was CPU-bound, in which case "
         "every CPU second a relay adds comes out of the brokers' and the client's share.",
+        *(["- **Pinned** (`--pin`): the benchmark process and everything it starts (the 3 brokers, every client) "
+            "on CPU 0, each proxy (all its threads, `taskset -a`) on CPU 1: the proxy has a core of its own and the "
+            "cluster and clients get the same single core on both sides."] if args.pin else []),
         f"- Proxy log after the measured runs: {warnings} WARNING lines.", "",
         "## Results", "", table, "", *verdict, "",
     ]  # fmt: skip
