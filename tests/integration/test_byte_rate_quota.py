@@ -164,15 +164,16 @@ def test_consumer_byte_rate_librdkafka(cluster, fresh_proxy, filled):
 @pytest.mark.parametrize("scope, factor", [("broker", 3), ("cluster", 1)])
 def test_scope_three_partitions_on_three_brokers(cluster, fresh_proxy, scope, factor):
     """Kafka enforces a quota per broker: 3 leaders → ~3 × the quota in aggregate; ``scope: cluster`` → ~1 ×.
-    The Java producer (it honours throttle_time_ms; librdkafka would hit the pipelining bug above), ~12 s
-    steady, so ±10 %."""
+    The Java producer (it honours throttle_time_ms; librdkafka would hit the pipelining bug above), ±10 %.
+    ~25 s of produce: with ~13 s, one CI run (2026-11-23) found only 3.8 s steady (the 1 s rate entered the
+    [0.9, 1.3] × quota band late), short of the 8 s this test needs to say anything."""
     quota = MIB
     proxy = fresh_proxy(**{**_quota({"user": "<default>"}, producer_byte_rate=quota), "quotas.scope": scope})
     topic = _name(f"scope-{scope}")
     create_topic(cluster, topic, [1, 2, 3])
     dirs = topic_dirs(cluster, topic)
     assert len(dirs) == 3
-    n = int((10 * WINDOW_S + 2 + 13) * factor * quota / (RECORD + 10))
+    n = int((10 * WINDOW_S + 2 + 25) * factor * quota / (RECORD + 10))
     with Sampler(lambda: log_bytes(dirs)) as s:
         res = java_produce(cluster, proxy.bootstrap, topic, n, f"scope-{scope}")
     assert res["sent"] == n and not res["errors"], res["errors"][:5]
