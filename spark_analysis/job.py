@@ -35,7 +35,13 @@ from pyspark.sql import functions as F
 
 from spark_analysis.progress import Progress
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
-from spark_analysis.replay import BY_ID_OUTPUT_SCHEMA, REPLAY_OUTPUT_SCHEMA, make_replay_fn, resolve_pairs
+from spark_analysis.replay import (
+    BY_ID_OUTPUT_SCHEMA,
+    GROUP_COLUMNS,
+    REPLAY_OUTPUT_SCHEMA,
+    make_replay_fn,
+    resolve_pairs,
+)
 from spark_analysis.schema import QUOTA_KINDS, amount_column, read_events
 
 log = logging.getLogger("spark_analysis")
@@ -388,7 +394,7 @@ def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, pref
                                           "bucket_client_id string, limit double")
     ch = charges(events, kinds, config.scope == "cluster")
     joined = ch.join(F.broadcast(resolved), ["user", "client_id", "kind"])
-    group = ["proxy", "scope", "kind", "bucket_user", "bucket_client_id"]
+    group = list(GROUP_COLUMNS)
     # One row per bucket (aggregates, a few thousand at most): collected once, so the bucket test is not
     # computed a second time, and each bucket gets a number to travel under (see make_replay_fn).
     if prefilter:
@@ -427,7 +433,7 @@ def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
     w = config.windows
     kind_w = F.when(F.col("kind") == "pids", F.lit(w.pid_window_ms)).otherwise(F.lit(w.window_ms))
     kind_n = F.when(F.col("kind") == "pids", F.lit(w.pid_samples)).otherwise(F.lit(w.samples))
-    group = ["proxy", "scope", "kind", "bucket_user", "bucket_client_id"]
+    group = list(GROUP_COLUMNS)
     binned = (joined.withColumn("w", kind_w).withColumn("n", kind_n)
               .withColumn("bin", F.floor(F.col("charge_ts_ms") / F.col("w")).cast("long"))
               .groupBy(*group, "bin")
