@@ -19,6 +19,7 @@ import logging
 import struct
 import time
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
@@ -57,12 +58,15 @@ _OWN_CLIENT_ID = "kafka-throttle-proxy"
 
 
 class Defer:
-    """The policy needs to ask the cluster before it can decide: the request, and every request after it on
-    this connection, wait (unread, in order) until ``decide`` returns the verdict."""
+    """The policy needs to ask the cluster, or to wait, before it can decide: the request, and every request
+    after it on this connection, wait (unread, in order) until the awaitable that ``decide()`` returns gives
+    the verdict. ``decide`` is a function, not an awaitable: the connection starts it when it is ready."""
 
     __slots__ = ("decide",)
 
-    def __init__(self, decide) -> None:
+    def __init__(self, decide: Callable[[], Awaitable[object]]) -> None:
+        if not callable(decide):  # a coroutine object handed over by mistake would fail only when awaited
+            raise TypeError(f"Defer takes a function returning an awaitable, not {type(decide).__name__}")
         self.decide = decide
 
 

@@ -183,12 +183,15 @@ class Policy:
             hold = self._pid_holds.get(conn.identity.principal)
             if hold is not None:
                 if hold > now and self.enforce:
-                    return Defer(self._after_hold(conn, header, body.tobytes(), hold - now))
+                    held = body.tobytes()  # the client's chunk may be reused before the hold ends
+                    return Defer(lambda: self._after_hold(conn, header, held, hold - now))
                 if hold <= now:
                     del self._pid_holds[conn.identity.principal]
         return self._decide(conn, header, body, now)
 
     async def _after_hold(self, conn: Connection, header: RequestHeader, body: bytes, seconds: float):
+        """KIP-936 hold: the request (and, unread, everything behind it on this connection) waits out the
+        user's producer-id throttle, then is decided as if it had just arrived; the connection stays open."""
         await asyncio.sleep(seconds)
         return self._decide(conn, header, memoryview(body), time.monotonic())
 
@@ -267,7 +270,8 @@ class Policy:
         request = mutations.parse_request(header.api_key, header.api_version, body[header.body_offset:])
         if request.validate_only and not self.charge_validate_only:
             return d if d.request_quota else None
-        return Defer(lambda: self._mutation_decide(conn, d, header, body.tobytes(), request))
+        frame_body = body.tobytes()
+        return Defer(lambda: self._mutation_decide(conn, d, header, frame_body, request))
 
     async def _mutation_decide(self, conn: Connection, d: Decision, header: RequestHeader, body: bytes, request):
         counts = await self._partition_counts(conn, request)

@@ -2,7 +2,8 @@
 
 Pure policy: time comes in as milliseconds from the caller. One tracker per (quota key, scope, bucket), where
 the bucket is Kafka's sharing rule (:class:`quotas.entities.BucketKey`) and the scope is the broker the
-connection talks to (Kafka's per-broker enforcement) or ``""`` when quotas span the whole cluster.
+connection talks to (Kafka's per-broker enforcement) or ``""`` when quotas span the whole cluster. Callers pass
+the connection's scope for every key; :func:`bucket_scope` decides which keys really are per broker.
 
 Kafka behaviours kept:
 - nothing is recorded for a quota key until some entity has it (``resolve`` returns None: no tracker exists);
@@ -37,6 +38,18 @@ GROUPS = {
     CONTROLLER_MUTATION_RATE: "ControllerMutation",
     PRODUCER_IDS_RATE: "ProducerIds",
 }
+
+
+CLUSTER_WIDE_KEYS = frozenset({CONTROLLER_MUTATION_RATE})
+"""Quota keys with one bucket per entity for the whole cluster even in ``broker`` scope. On KRaft every
+CreateTopics / CreatePartitions / DeleteTopics is forwarded to the active controller, and only the controller
+holds the KIP-599 token bucket (``ControllerMutationQuotaManager``), so Kafka enforces it per cluster; the byte
+rates, request time and producer ids are enforced by each broker on its own."""
+
+
+def bucket_scope(key: str, scope: str) -> str:
+    """The scope a charge to ``key`` is kept under, for a connection whose scope is ``scope``."""
+    return "" if key in CLUSTER_WIDE_KEYS else scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +119,7 @@ class QuotaManager:
     # ------------------------------------------------------------------------------------------ trackers
 
     def _tracker(self, r: Resolved, scope: str, now_ms: int) -> Tracker:
-        tk = (r.key, scope, r.bucket)
+        tk = (r.key, bucket_scope(r.key, scope), r.bucket)
         t = self._trackers.get(tk)
         w = self.windows
         if t is None:

@@ -33,6 +33,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from quotas.manager import CLUSTER_WIDE_KEYS
 from spark_analysis.progress import Progress
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 from spark_analysis.replay import (
@@ -355,7 +356,10 @@ def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFra
                            | F.coalesce(F.size("topic_partitions") > 0, F.lit(False)))
         parts.append(events.where(cond).select(
             F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),  # bucket columns are join keys: never null
-            (F.lit("") if cluster_scope else F.coalesce(F.col("scope"), F.lit(""))).alias("scope"),
+            # One bucket per entity across the cluster for the keys Kafka enforces at the controller
+            # (quotas.manager.bucket_scope), whichever broker's scope the event was logged under.
+            (F.lit("") if cluster_scope or KIND_KEYS[k] in CLUSTER_WIDE_KEYS
+             else F.coalesce(F.col("scope"), F.lit(""))).alias("scope"),
             F.lit(k).alias("kind"), "user", F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
             ts.alias("charge_ts_ms"), "ts_ms", F.coalesce(F.col("seq"), F.lit(0)).alias("seq"), "event",
             amt.alias("amount"), "api_key", "api_version", "topic_partitions",

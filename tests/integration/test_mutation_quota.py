@@ -197,3 +197,63 @@ def test_shadow_mode_decides_but_never_rejects(fresh_proxy, direct):
     assert _time_next_request(wire) < 0.5
     wait_until(lambda: "throttle" in proxy.log() or "shadow" in proxy.log() or True, 1)
     wire.close()
+
+
+def _broker_listeners(bootstrap: str) -> dict[int, str]:
+    """node id -> address, as a client learns it (through the proxy: the proxy's listener of each broker)."""
+    wire = KafkaWire(bootstrap.split(",")[0])
+    try:
+        wire.send(MetadataRequest(topics=[], allow_auto_topic_creation=False), 8)
+        md = wire.recv()[1]
+    finally:
+        wire.close()
+    return {b.node_id: f"{b.host}:{b.port}" for b in md.brokers}
+
+
+def _spend_then_try_another_broker(bootstrap: str, client_id: str) -> tuple[object, object]:
+    """Spend the bucket with one strict CreateTopics through one broker, then ask for one 1-partition topic
+    through another broker: the answers to both."""
+    listeners = _broker_listeners(bootstrap)
+    first, second = sorted(listeners)[:2]
+    a, b = KafkaWire(listeners[first]), KafkaWire(listeners[second])
+    try:
+        spend = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+            name=_name("spend"), num_partitions=30, replication_factor=1, assignments=[], configs=[])],
+            timeout_ms=30_000, validate_only=False)
+        a.send(spend, 7, client_id=client_id)
+        spent = a.recv()[1]
+        late = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+            name=_name("late"), num_partitions=1, replication_factor=1, assignments=[], configs=[])],
+            timeout_ms=30_000, validate_only=False)
+        b.send(late, 7, client_id=client_id)
+        return spent, b.recv()[1]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bucket_spent_through_one_broker_is_spent_through_all_as_on_kraft(cluster, fresh_proxy):
+    """KRaft keeps one controller-mutation bucket per entity, at the active controller, whichever broker a
+    request came through; the proxy's default (broker) scope must do the same. R = 2/s, 11 samples of 1 s
+    (Kafka's defaults): B = 22; 30 partitions take it to -8, i.e. 4 s. The same run against Kafka itself, with the
+    same quota set on the cluster for another client id, is the reference."""
+    client_id = f"kip599-{uuid.uuid4().hex[:6]}"
+    proxy = fresh_proxy(**{"quotas.entities": [
+        {"entity": {"client-id": client_id}, "quotas": {"controller_mutation_rate": 2}}]})
+    spent, late = _spend_then_try_another_broker(proxy.bootstrap, client_id)
+    assert spent.topics[0].error_code == 0 and spent.throttle_time_ms == 0
+    assert late.topics[0].error_code == THROTTLING_QUOTA_EXCEEDED, late
+    assert 3_000 <= late.throttle_time_ms <= 4_000
+
+    kafka_client = f"kip599-kafka-{uuid.uuid4().hex[:6]}"
+    cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
+                 "--entity-name", kafka_client, "--add-config", "controller_mutation_rate=2", check=True)
+    try:
+        time.sleep(1)  # the quota reaches the controller through the metadata log
+        k_spent, k_late = _spend_then_try_another_broker(cluster.bootstrap, kafka_client)
+    finally:
+        cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
+                     "--entity-name", kafka_client, "--delete-config", "controller_mutation_rate", check=True)
+    assert (k_spent.topics[0].error_code, k_spent.throttle_time_ms) == (0, 0)
+    assert k_late.topics[0].error_code == THROTTLING_QUOTA_EXCEEDED  # what the proxy answered, Kafka answers
+    assert abs(k_late.throttle_time_ms - late.throttle_time_ms) <= 1_000

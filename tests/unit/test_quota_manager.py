@@ -84,3 +84,21 @@ def test_bad_state_file_is_named(tmp_path):
     state.write_text(json.dumps({"entities": [{"user": "a", "quotas": "nope"}]}))
     with pytest.raises(StateFileError, match="quotas.state_file .*state.json"):
         QuotaSources(QuotaStore(), state)
+
+
+def test_controller_mutation_bucket_is_one_per_cluster_while_byte_rates_are_per_broker():
+    """KRaft forwards every CreateTopics/CreatePartitions/DeleteTopics to the active controller, which holds the
+    one KIP-599 bucket: a client that spends it through broker 1 finds it spent through broker 2 too."""
+    store = QuotaStore()
+    store.set(QuotaEntity(user="alice"), "controller_mutation_rate", 10)
+    store.set(QuotaEntity(user="alice"), "producer_byte_rate", 1000)
+    qm = QuotaManager(store)
+    via_1 = qm.mutation_tracker("alice", "c", "broker 1", 0)
+    via_2 = qm.mutation_tracker("alice", "c", "broker 2", 0)
+    assert via_1 is via_2
+    via_1.stat.record(200, 0)  # more than any burst of a 10/s bucket
+    assert via_2.stat.tokens(0) == via_1.stat.tokens(0) < 0
+    assert qm.charge_rate("producer_byte_rate", "alice", "c", "broker 1", 50_000, 0).throttle_ms > 0
+    assert qm.charge_rate("producer_byte_rate", "alice", "c", "broker 2", 500, 0).throttle_ms == 0
+    scopes = {(group, scope) for group, _, _, _, scope, _ in qm.samples(0)}
+    assert scopes == {("ControllerMutation", ""), ("Produce", "broker 1"), ("Produce", "broker 2")}
