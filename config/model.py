@@ -248,6 +248,22 @@ class ProxyConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     max_frame_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
     """Largest request or response frame accepted, like the broker's socket.request.max.bytes."""
+    queued_max_request_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    """Kafka's queued.max.request.bytes (KIP-72): request bytes of large frames held in memory at once, proxy-wide;
+    when spent, clients with a large frame to send are not read until earlier ones have been forwarded."""
+    request_pool_min_bytes: int = Field(default=1024 * 1024, gt=0)
+    """Frames up to this size never wait for queued_max_request_bytes (a normal client's requests are never
+    queued behind a hostile client's huge ones); larger ones reserve their whole size before their body is read."""
+    request_read_timeout_ms: int = Field(default=60_000, gt=0)
+    """A request frame that does not arrive whole within this time (counted while the proxy reads the client)
+    closes its connection: slow-dribbling clients cannot hold memory or connections indefinitely."""
+    connections_max_idle_ms: int = Field(default=600_000, gt=0)
+    """Kafka's connections.max.idle.ms: a client connection with no traffic and nothing in flight this long is
+    closed."""
+    upstream_timeout_margin_ms: int = Field(default=30_000, gt=0)
+    """A broker that has not answered a request within the wait the request itself asked for (Fetch max wait,
+    Produce timeout, JoinGroup rebalance timeout, ...) plus this margin is taken as hung: the client connection
+    and its broker connection are closed with one log line, so the client reconnects."""
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

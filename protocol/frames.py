@@ -8,6 +8,7 @@ length prefix costs nothing (the broker's ``socket.request.max.bytes`` does the 
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable, Iterator
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
@@ -36,78 +37,182 @@ def encode_frame(payload: bytes) -> bytes:
     return _SIZE.pack(len(payload)) + payload
 
 
+class RequestBytesPool:
+    """The proxy-wide budget for request bytes held in memory: Kafka's ``queued.max.request.bytes`` (KIP-72).
+
+    Why: a client announces a frame's size before sending it; a proxy that trusts the announcement with memory
+    lets 150 slow clients announcing 90 MiB each hold 13 GB. Here a frame larger than the reader's
+    ``pool_min_bytes`` reserves its whole size from this pool before its body is read (as the broker's memory
+    pool does), so once admitted it can always complete; when the pool is spent, the connection is simply not
+    read (back-pressure, never allocation) until earlier frames have been forwarded and released. Smaller frames
+    never wait: a normal client's requests are not queued behind a hostile client's huge ones.
+
+    Waiters are served first come, first served (a big frame is not starved by a stream of smaller ones).
+    Sans-IO: ``grant`` callbacks are plain functions; nothing here knows sockets or clocks.
+    """
+
+    __slots__ = ("capacity", "used", "_waiters")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"request bytes pool capacity must be positive, not {capacity}")
+        self.capacity = capacity
+        self.used = 0
+        self._waiters: deque[_PoolWaiter] = deque()
+
+    def try_reserve(self, n: int) -> bool:
+        if self._waiters or (self.used and self.used + n > self.capacity):
+            return False  # an empty pool admits one frame larger than itself rather than none, ever
+        self.used += n
+        return True
+
+    def wait(self, n: int, grant: Callable[[], None]) -> _PoolWaiter:
+        """Queue for ``n`` bytes; ``grant()`` is called once they are reserved on the caller's behalf."""
+        waiter = _PoolWaiter(n, grant)
+        self._waiters.append(waiter)
+        return waiter
+
+    def cancel(self, waiter: _PoolWaiter) -> None:
+        """The waiting connection closed. If it was granted meanwhile, the caller releases as usual."""
+        waiter.grant = None
+        self._serve()
+
+    def release(self, n: int) -> None:
+        if n:
+            self.used -= n
+            self._serve()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if w.grant is not None)
+
+    def _serve(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            head = waiters[0]
+            if head.grant is None:
+                waiters.popleft()
+                continue
+            if self.used and self.used + head.n > self.capacity:
+                return
+            waiters.popleft()
+            self.used += head.n
+            grant, head.grant = head.grant, None
+            grant()
+
+
+class _PoolWaiter:
+    __slots__ = ("n", "grant")
+
+    def __init__(self, n: int, grant: Callable[[], None] | None) -> None:
+        self.n = n
+        self.grant = grant
+
+
 class FrameReader:
     """Incremental splitter that hands out whole frames *with* their size prefix, without copying
     when it can: a frame that lies wholly inside one received chunk is returned as a memoryview of
-    that chunk; only a frame spread over several chunks is assembled, into a buffer allocated once
-    at its announced (and already checked) size.
+    that chunk; only a frame spread over several chunks is assembled, into a buffer that grows with
+    the bytes that actually arrive (never allocated at the size a client merely announced).
 
     Why: a proxy forwards most frames unchanged, so the cheapest frame is one passed on as the very
     bytes that arrived. Returned views stay valid (the chunks are immutable ``bytes``).
+
+    With a ``pool``, a frame larger than ``pool_min_bytes`` first reserves its size there; while the pool
+    cannot grant it, :attr:`waiting` is that size and the reader holds what it was fed (the caller stops
+    reading the socket and calls :meth:`granted` when the pool calls back). Reserved bytes of frames handed out
+    are returned with :meth:`release_forwarded` once the caller has passed them on.
     """
 
-    __slots__ = ("_max", "_head", "_partial", "_filled")
+    __slots__ = ("_max", "_pool", "_pool_min", "_stash", "_partial", "_need", "_reserved", "_done_reserved",
+                 "_granted", "waiting")
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, pool: RequestBytesPool | None = None,
+                 pool_min_bytes: int = 1 << 20) -> None:
         self._max = max_frame_bytes
-        self._head = b""  # < 4 bytes of a size prefix
+        self._pool = pool
+        self._pool_min = pool_min_bytes
+        self._stash = b""  # < 4 bytes of a size prefix, or everything held while waiting for the pool
         self._partial: bytearray | None = None
-        self._filled = 0
+        self._need = 0
+        self._reserved = 0  # reserved for the frame being assembled
+        self._done_reserved = 0  # reserved for frames already handed out
+        self._granted = 0
+        self.waiting = 0
+        """Bytes the next frame waits for from the pool; while non-zero, nothing is split."""
 
     def feed(self, data: bytes) -> list[memoryview | bytearray]:
         out: list[memoryview | bytearray] = []
+        if self.waiting:
+            self._stash += data  # a read that raced the caller's pause: one chunk at most
+            return out
+        if self._stash:
+            data = self._stash + data  # rare: a split size prefix, or what waited for the pool
+            self._stash = b""
         view = memoryview(data)
         pos = 0
         end = len(data)
         partial = self._partial
         if partial is not None:
-            take = min(len(partial) - self._filled, end)
-            partial[self._filled : self._filled + take] = view[:take]
-            self._filled += take
-            pos = take
-            if self._filled < len(partial):
+            pos = min(self._need - len(partial), end)
+            partial += view[:pos]
+            if len(partial) < self._need:
                 return out
             out.append(partial)
             self._partial = None
-        if self._head:
-            need = 4 - len(self._head)
-            if end - pos < need:
-                self._head += bytes(view[pos:end])
-                return out
-            prefix = self._head + bytes(view[pos : pos + need])
-            self._head = b""
-            pos += need
-            size = _SIZE.unpack(prefix)[0]
-            check_frame_size(size, self._max)
-            frame = bytearray(4 + size)
-            frame[:4] = prefix
-            take = min(size, end - pos)
-            frame[4 : 4 + take] = view[pos : pos + take]
-            pos += take
-            if take < size:
-                self._partial, self._filled = frame, 4 + take
-                return out
-            out.append(frame)
+            self._done_reserved += self._reserved
+            self._reserved = 0
         while end - pos >= 4:
             (size,) = _SIZE.unpack_from(data, pos)
             check_frame_size(size, self._max)
-            if end - pos - 4 >= size:
-                out.append(view[pos : pos + 4 + size])
-                pos += 4 + size
+            total = 4 + size
+            if end - pos >= total:
+                out.append(view[pos : pos + total])
+                pos += total
                 continue
-            frame = bytearray(4 + size)
-            avail = end - pos
-            frame[:avail] = view[pos:end]
-            self._partial, self._filled = frame, avail
+            if self._pool is not None and total > self._pool_min:
+                if self._granted == total:
+                    self._granted = 0
+                elif not self._pool.try_reserve(total):
+                    self.waiting = total
+                    self._stash = bytes(view[pos:end])
+                    return out
+                self._reserved = total
+            self._partial = bytearray(view[pos:end])
+            self._need = total
             return out
         if pos < end:
-            self._head = bytes(view[pos:end])
+            self._stash = bytes(view[pos:end])
         return out
+
+    def granted(self) -> None:
+        """The pool reserved :attr:`waiting` bytes for this reader; feed it (``b""`` will do) to go on."""
+        self._granted, self.waiting = self.waiting, 0
+
+    def release_forwarded(self) -> None:
+        """The frames handed out so far have been passed on: give their reservations back."""
+        if self._done_reserved:
+            n, self._done_reserved = self._done_reserved, 0
+            self._pool.release(n)
+
+    def close(self) -> None:
+        """The connection is gone: every reservation goes back (a pending wait is the caller's to cancel)."""
+        n = self._done_reserved + self._reserved + self._granted
+        self._done_reserved = self._reserved = self._granted = 0
+        self._partial = None
+        self._stash = b""
+        if n and self._pool is not None:
+            self._pool.release(n)
 
     @property
     def idle(self) -> bool:
         """No partial frame buffered (a clean point to close a connection at)."""
-        return self._partial is None and not self._head
+        return self._partial is None and not self._stash and not self.waiting
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of incomplete frames held in memory right now."""
+        return (len(self._partial) if self._partial is not None else 0) + len(self._stash)
 
 
 HEAD_BYTES = 64
@@ -116,7 +221,12 @@ enough for any response header plus the first fields of the body (e.g. ``throttl
 may thus still be read, and rewritten in place, before anything of the frame is forwarded."""
 
 RECEIVE_BYTES = 512 * 1024
-"""Initial capacity of a receive buffer: large reads mean few syscalls for the megabyte Fetch responses."""
+"""Capacity a receive buffer grows to while reads fill it: large reads mean few syscalls for the megabyte Fetch
+responses."""
+
+INITIAL_RECEIVE_BYTES = 16 * 1024
+"""Capacity a connection's receive buffer starts at (lazily, at its first read): an idle or chatty connection
+never costs the half megabyte a consumer's does."""
 
 MIN_ROOM = 64 * 1024
 """Smallest free space handed to the socket for one read; below it the buffer is compacted or replaced."""
@@ -170,25 +280,31 @@ class FrameReceiver:
     left by the caller's handling of every earlier frame (e.g. which request is the oldest in flight).
     """
 
-    __slots__ = ("_max", "_should_stream", "_min_room", "_buf", "_view", "_start", "_end", "_need",
-                 "_stream_left", "allocations")
+    __slots__ = ("_max", "_should_stream", "_capacity", "_initial", "_buf", "_view", "_start", "_end", "_need",
+                 "_stream_left", "_room", "_grow", "allocations")
 
     def __init__(
         self,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         should_stream: Callable[[memoryview], bool] | None = None,
         capacity: int = RECEIVE_BYTES,
+        initial: int | None = None,
     ) -> None:
+        """``capacity``: what the buffer grows to while reads keep filling it; ``initial``: what it starts at,
+        allocated at the first read (default: ``capacity``). It also grows, once, to a frame being assembled."""
         self._max = max_frame_bytes
         self._should_stream = should_stream
-        self._min_room = max(1, min(MIN_ROOM, capacity // 2))
-        self._buf = bytearray(capacity)
+        self._capacity = capacity
+        self._initial = min(initial, capacity) if initial is not None else capacity
+        self._buf = bytearray()
         self._view = memoryview(self._buf)
         self._start = 0  # first byte not handed out yet (the head of an incomplete frame)
         self._end = 0  # end of the received bytes
         self._need = 0  # full length of the incomplete frame at _start, once it is known to be assembled
         self._stream_left = 0  # bytes of the streaming frame still to come
-        self.allocations = 1
+        self._room = 0  # free space handed to the last read
+        self._grow = False  # the last read filled all the room it had
+        self.allocations = 0
         """Receive buffers allocated so far (diagnostics: steady state should allocate none)."""
 
     @property
@@ -213,16 +329,34 @@ class FrameReceiver:
                 else:  # overlapping move; bytes in flight are at most one read
                     self._view[:pending] = bytes(self._view[start:end])
             self._start, self._end = start, end = 0, pending
-        want = max(self._min_room, self._need - pending)
-        if len(self._buf) - end < want:
-            new = bytearray(max(len(self._buf), pending + want + (self._min_room if self._need else 0)))
+        size = len(self._buf)
+        target = max(size, self._initial)
+        if self._grow and size < self._capacity:
+            target = min(size * 2, self._capacity)
+        self._grow = False
+        min_room = max(1, min(MIN_ROOM, min(target, self._capacity) // 2))
+        want = max(min_room, self._need - pending)
+        if size - end < want or target > size:
+            new = bytearray(max(target, pending + want + (min_room if self._need else 0)))
             if pending:
                 new[:pending] = self._view[start:end]
             self._buf, self._view = new, memoryview(new)
             self._start, self._end = 0, pending
             self.allocations += 1
             end = pending
-        return self._view[end:]
+        room = self._view[end:]
+        self._room = len(room)
+        return room
+
+    def shrink(self) -> bool:
+        """Give a grown buffer back while nothing is pending (a consumer gone quiet); the next read starts
+        again at ``initial``. Views handed out keep the old buffer alive until they are dropped."""
+        if self._start != self._end or self._stream_left or len(self._buf) <= self._initial:
+            return False
+        self._buf = bytearray()
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        return True
 
     def received(self, nbytes: int) -> Iterator[memoryview | StreamHead | StreamPiece]:
         """Frames and stream pieces completed by ``nbytes`` more bytes at the buffer's end.
@@ -230,6 +364,8 @@ class FrameReceiver:
         Raises FrameError (while being iterated) for a size prefix that is negative or too large.
         """
         view = self._view
+        if nbytes >= self._room:
+            self._grow = True
         self._end = end = self._end + nbytes
         start = self._start
         if self._stream_left:

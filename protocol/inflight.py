@@ -16,6 +16,16 @@ from protocol.headers import RequestHeader
 from protocol.varint import read_uvarint
 
 _I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+_LONG_WAITS_MS = {
+    Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
+    Api.CREATE_TOPICS: 120_000, Api.DELETE_TOPICS: 120_000, Api.DELETE_RECORDS: 120_000,
+    Api.CREATE_PARTITIONS: 120_000, Api.ELECT_LEADERS: 120_000, Api.ALTER_PARTITION_REASSIGNMENTS: 120_000,
+    Api.INIT_PRODUCER_ID: 60_000, Api.ADD_PARTITIONS_TO_TXN: 60_000, Api.END_TXN: 60_000,
+}
+"""Requests whose answer may legitimately take long but whose wait is not one field the proxy reads: the longest
+their clients' defaults allow (the admin APIs' timeout_ms, a rebalance's max.poll.interval.ms)."""
 
 
 class CorrelationError(ValueError):
@@ -38,6 +48,8 @@ class Pending:
     """The policy's state for this request (what to charge or rewrite when the answer comes)."""
     local: bytes | None = None
     internal: Any = None
+    wait_ms: int = 0
+    """How long the broker may take on purpose (see :func:`requested_wait_ms`): the hung-broker check adds it."""
 
 
 class InFlight:
@@ -65,6 +77,34 @@ class InFlight:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+def _skip_leading_string(frame: bytes | memoryview, pos: int, flexible: bool) -> int:
+    if flexible:  # compact (nullable) string
+        n, pos = read_uvarint(frame, pos)
+        return pos + max(n - 1, 0)
+    (n,) = _I16.unpack_from(frame, pos)
+    return pos + 2 + max(n, 0)
+
+
+def requested_wait_ms(frame: bytes | memoryview, header: RequestHeader) -> int:
+    """How long the broker may hold this request on purpose: Fetch ``max_wait_ms``, Produce ``timeout_ms``,
+    JoinGroup's rebalance (v0: session) timeout, a fixed allowance for the APIs of ``_LONG_WAITS_MS``, else 0.
+    A field that cannot be read counts as 0 (the request is the broker's to refuse)."""
+    key, pos = header.api_key, header.body_offset
+    try:
+        if key == Api.FETCH:
+            return max(_I32.unpack_from(frame, pos + (4 if header.api_version < 15 else 0))[0], 0)
+        if key == Api.PRODUCE:
+            if header.api_version >= 3:
+                pos = _skip_leading_string(frame, pos, header.api_version >= 9)
+            return max(_I32.unpack_from(frame, pos + 2)[0], 0)
+        if key == Api.JOIN_GROUP:
+            pos = _skip_leading_string(frame, pos, header.api_version >= 6)
+            return max(_I32.unpack_from(frame, pos + (4 if header.api_version >= 1 else 0))[0], 0)
+    except (struct.error, ValueError, TypeError):
+        return 0
+    return _LONG_WAITS_MS.get(key, 0)
 
 
 def produce_acks(frame: bytes | memoryview, header: RequestHeader) -> int:

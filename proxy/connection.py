@@ -26,7 +26,14 @@ from mute import ChannelMute
 from protocol.addresses import carries_endpoints_tail
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
-from protocol.frames import FrameError, FrameReader, FrameReceiver, StreamHead, StreamPiece
+from protocol.frames import (
+    INITIAL_RECEIVE_BYTES,
+    FrameError,
+    FrameReader,
+    FrameReceiver,
+    StreamHead,
+    StreamPiece,
+)
 from protocol.headers import (
     RequestHeader,
     encode_request_header,
@@ -34,7 +41,7 @@ from protocol.headers import (
     response_body_offset,
     response_correlation_id,
 )
-from protocol.inflight import InFlight, Pending, expects_response
+from protocol.inflight import InFlight, Pending, expects_response, requested_wait_ms
 from protocol.sasl_identity import (
     SaslTokenError,
     decode_authenticate_request,
@@ -146,9 +153,19 @@ class Connection:
         self.label = label
         self.client: _Side = _ClientSide(self, is_client=True)
         self.upstream: _Side = _UpstreamSide(self, is_client=False)
-        max_frame = proxy.config.max_frame_bytes
-        self._requests = FrameReader(max_frame)
-        self._responses = FrameReceiver(max_frame, self._may_stream)
+        config = proxy.config
+        max_frame = config.max_frame_bytes
+        # Memory is taken as bytes arrive, never at a size a client merely announced: requests grow with what
+        # was received (large ones reserve from the proxy-wide pool first), responses start in a small buffer.
+        self._requests = FrameReader(max_frame, proxy.request_pool, config.request_pool_min_bytes)
+        self._responses = FrameReceiver(max_frame, self._may_stream, initial=INITIAL_RECEIVE_BYTES)
+        self._pool_waiter = None  # queued for the request pool (protocol.frames.RequestBytesPool)
+        self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
+        self._connecting = False
+        self._sasl_hold = False  # a SaslHandshake v0 is unanswered: nothing behind it is read (raw or not?)
+        now = time.monotonic()
+        self.last_active = now
+        self._frame_since: float | None = None  # when the incomplete request frame started (while read)
         self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
         self.inflight = InFlight()
         self.peer = "?"
@@ -186,6 +203,16 @@ class Connection:
         side.pauses.discard(reason)
         if not side.pauses and side.transport is not None and not self.closed:
             side.transport.resume_reading()
+            if side is self.client and self._frame_since is not None:
+                self._frame_since = time.monotonic()  # time not read is not the client's slowness
+        if reason == "backpressure" and side is self.client:
+            self._release_requests()
+
+    def _spawn(self, coro) -> None:
+        """Run ``coro`` on the loop, owned by this connection (kept referenced, cancelled when it closes)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def client_connected(self) -> None:
@@ -198,8 +225,8 @@ class Connection:
             except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
                 self.close(f"client certificate refused: {exc}")
                 return
-        self.pause(self.client, "connecting")
-        asyncio.get_running_loop().create_task(self._connect_upstream())
+        # The broker connection is made when the client first sends something: a connection that never
+        # speaks costs the proxy its socket only, and the cluster nothing.
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
@@ -218,10 +245,10 @@ class Connection:
             if self.closed:  # the client left while we were connecting
                 self.upstream.transport.close()
                 return
-            self.resume(self.client, "connecting")
             early, self._early = self._early, []
             for data in early:
                 self.requests_received(data)
+            self.resume(self.client, "connecting")
             return
         self.close(f"no broker reachable among {self._candidates_text()}")
 
@@ -235,6 +262,39 @@ class Connection:
             host, port = self.upstream_addr or ("?", 0)
             log.info("%s via %s: broker %s:%d closed the connection", self.peer, self.label, host, port)
         self.close()
+
+    def check_timeouts(self, now: float) -> None:
+        """Called about once a second: close this connection if a request frame has been arriving too long,
+        if the broker sits on the oldest request past its own wait plus the margin, or if it has been idle
+        longer than ``connections_max_idle_ms``; give a grown response buffer back once quiet."""
+        if self.closed:
+            return
+        cfg = self.proxy.config
+        if (self._frame_since is not None and not self.client.pauses
+                and now - self._frame_since > cfg.request_read_timeout_ms / 1000):
+            self.close(f"request timeout: a request frame was still incomplete after {cfg.request_read_timeout_ms} "
+                       f"ms ({self._requests.held_bytes} bytes received)")
+            return
+        head = self.inflight.head()
+        if (head is not None and head.local is None
+                and now - head.sent_at > (head.wait_ms + cfg.upstream_timeout_margin_ms) / 1000):
+            host, port = self.upstream_addr or ("?", 0)
+            what = "raw SASL token" if head.header is _RAW else (
+                f"{api_name(head.header.api_key)} v{head.header.api_version}")
+            self.close(f"broker timeout: broker {host}:{port} did not answer {what} within "
+                       f"{head.wait_ms + cfg.upstream_timeout_margin_ms} ms (its own wait "
+                       f"{head.wait_ms} ms + upstream_timeout_margin_ms)")
+            return
+        quiet = now - self.last_active
+        if (quiet > cfg.connections_max_idle_ms / 1000 and not self.inflight and self._requests.idle
+                and not self._responses.streaming):
+            log.debug("%s via %s: idle for %d ms; closing (connections_max_idle_ms)", self.peer, self.label,
+                      quiet * 1000)
+            self.close()
+            return
+        if quiet > 5 and self._held is None and (self.client.transport is None
+                                                or self.client.transport.get_write_buffer_size() == 0):
+            self._responses.shrink()
 
     def drain(self) -> None:
         """Stop reading requests; close once every request in flight has been answered."""
@@ -251,6 +311,12 @@ class Connection:
             self.proxy.stats.connection_errors[reason.split(":", 1)[0][:40]] += 1
         self.closed = True
         self.mute.cancel()
+        if self._pool_waiter is not None:
+            self.proxy.request_pool.cancel(self._pool_waiter)
+            self._pool_waiter = None
+        self._requests.close()
+        for task in list(self._tasks):
+            task.cancel()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
                       self.peer, self.label, self._responses.allocations,
@@ -274,21 +340,52 @@ class Connection:
             return
         self.proxy.stats.bytes_from_clients += len(data)
         self.sum_bytes_in += len(data)
+        self.last_active = now = time.monotonic()
         if self.upstream.transport is None:
-            # The event loop may deliver a first read before a pause takes effect: keep it (one
-            # chunk at most) and pause again; it is replayed once the upstream connection is up.
+            # Kept (one chunk, and at most one more that raced the pause) and replayed once the broker
+            # connection is up.
             self._early.append(data)
-            self.client.transport.pause_reading()
+            self.pause(self.client, "connecting")
+            if not self._connecting:
+                self._connecting = True
+                self._spawn(self._connect_upstream())
             return
+        reader = self._requests
         try:
-            frames = self._requests.feed(data)
+            frames = reader.feed(data)
         except FrameError as exc:
             self.close(f"request stream: {exc}")
             return
+        if reader.idle:
+            self._frame_since = None
+        elif self._frame_since is None:
+            self._frame_since = now
+        if reader.waiting and self._pool_waiter is None:
+            self.pause(self.client, "memory")
+            self._pool_waiter = self.proxy.request_pool.wait(reader.waiting, self._pool_granted)
         if self._deferred is not None:
             self._deferred.extend(bytes(f) for f in frames)  # a read that raced the pause
             return
         self._process_requests(frames)
+
+    def _pool_granted(self) -> None:
+        """The request pool reserved this connection's next large frame (called from another connection's
+        release: the work is put off to the loop, so no connection runs inside another's)."""
+        self._pool_waiter = None
+        self._requests.granted()
+        asyncio.get_running_loop().call_soon(self._pool_resume)
+
+    def _pool_resume(self) -> None:
+        if self.closed:
+            return
+        self.resume(self.client, "memory")
+        self.requests_received(b"")
+
+    def _release_requests(self) -> None:
+        """Give the pool back the bytes of large frames once they are with the broker connection, not held
+        in a write buffer above its high-water mark or in a queue of requests waiting here."""
+        if self._deferred is None and "backpressure" not in self.client.pauses:
+            self._requests.release_forwarded()
 
     def _process_requests(self, frames) -> None:
         out: list = []
@@ -302,14 +399,16 @@ class Connection:
                     # views may point into a receive buffer that is about to be reused.
                     self._deferred = deque(bytes(f) for f in frames[i + 1:])
                     self.pause(self.client, "deciding")
-                    asyncio.get_running_loop().create_task(self._decide(item, bytes(frame)))
+                    self._spawn(self._decide(item, bytes(frame)))
                     break
                 out.append(item)
-                if self._throttle_hold:
+                if self._throttle_hold or self._sasl_hold:
                     # A request charged over quota: like a broker, read nothing more from this client
                     # until its response is sent and the throttle is over; what was already read waits.
+                    # A SaslHandshake v0: whether what follows is a raw token or a request depends on the
+                    # broker's answer, so it waits for that answer.
                     self._deferred = deque(bytes(f) for f in frames[i + 1:])
-                    self.pause(self.client, "throttled")
+                    self.pause(self.client, "throttled" if self._throttle_hold else "sasl-handshake")
                     break
         except (ProtocolViolation, SaslTokenError) as exc:
             if out:
@@ -324,6 +423,7 @@ class Connection:
             return
         if out:
             self.upstream.transport.writelines(out)
+        self._release_requests()
 
     def _on_request(self, frame: memoryview | bytearray):
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
@@ -348,6 +448,7 @@ class Connection:
             if header.api_key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_request(
                     decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)
+                self._sasl_hold = header.api_version == 0
             elif header.api_key == Api.SASL_AUTHENTICATE:
                 self.identity.on_authenticate_request(
                     decode_authenticate_request(body[header.body_offset:], header.api_version))
@@ -367,7 +468,7 @@ class Connection:
     def _apply(self, verdict, header: RequestHeader, frame, answered: bool, now: float):
         if verdict is None or not isinstance(verdict, Defer | Replace | Answer):
             if answered:
-                self.inflight.push(Pending(header, now, verdict))
+                self.inflight.push(Pending(header, now, verdict, wait_ms=requested_wait_ms(frame[4:], header)))
             elif verdict is not None:
                 self.proxy.policy.on_unanswered(self, verdict)
             return frame
@@ -375,7 +476,8 @@ class Connection:
             return verdict
         if isinstance(verdict, Replace):
             if answered:
-                self.inflight.push(Pending(header, now, verdict.decision))
+                self.inflight.push(Pending(header, now, verdict.decision,
+                                           wait_ms=requested_wait_ms(verdict.frame[4:], header)))
             return verdict.frame
         # Answer: released in order, once everything before it has been answered.
         self.inflight.push(Pending(header, now, verdict.decision, local=verdict.frame))
@@ -405,11 +507,14 @@ class Connection:
             self.pause(self.client, "throttled")
             return
         self._release_deferred()
+        self._release_requests()
 
     def _release_deferred(self) -> None:
         held, self._deferred = self._deferred, None
         if held:
             self._process_requests(list(held))
+        else:
+            self._release_requests()
 
     def hold_reads(self) -> None:
         """The request being processed is over a quota: nothing after it is read until ``throttle_served``."""
@@ -426,6 +531,17 @@ class Connection:
         if self._throttle_hold and not self.closed:
             self._throttle_hold = False
             self.resume(self.client, "throttled")
+            if not self._sasl_hold:
+                self._release_deferred()
+
+    def _sasl_handshake_answered(self) -> None:
+        """The broker answered a SaslHandshake v0: the identity now knows whether raw tokens follow, so what
+        the client sent behind it can be read (put off to the loop: the answer itself goes out first)."""
+        self._sasl_hold = False
+        if self.closed:
+            return
+        self.resume(self.client, "sasl-handshake")
+        if not self._throttle_hold:
             self._release_deferred()
 
     def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
@@ -487,6 +603,7 @@ class Connection:
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
+        self.last_active = time.monotonic()
         self.proxy.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
         self._deliver(self._responses.received(nbytes))
@@ -592,7 +709,7 @@ class Connection:
             if out:
                 self.client.transport.writelines(out)
                 out.clear()
-            asyncio.get_running_loop().create_task(self._finish_edit(pending, result))
+            self._spawn(self._finish_edit(pending, result))
             return
         else:
             self._finish(pending, _SIZE.pack(len(result)) + result, out)
@@ -602,7 +719,7 @@ class Connection:
         """A streamed response is complete; brokers it named without a listener get one now."""
         missing, self._tail = self._tail.missing, None
         if missing:
-            asyncio.get_running_loop().create_task(self._learn(missing))
+            self._spawn(self._learn(missing))
 
     async def _learn(self, endpoints) -> None:
         try:
@@ -614,6 +731,8 @@ class Connection:
         offset = response_body_offset(body, header.api_key, header.api_version)
         if header.api_key == Api.SASL_HANDSHAKE:
             self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
+            if self._sasl_hold:
+                asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
         else:
             self.identity.on_authenticate_response(
                 *decode_authenticate_response(body[offset:], header.api_version))

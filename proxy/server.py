@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 
 from config.model import ProxyConfig
 from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
+from protocol.frames import RequestBytesPool
 from proxy import metrics
 from proxy.brokers import BrokerDirectory
 from proxy.connection import Connection
@@ -37,6 +39,7 @@ class Proxy:
         self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener)
         self.topic_ids = TopicIds()
         self.stats = Stats()
+        self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
         self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
         self.policy = Policy(config, self.stats)
         # TLS: towards clients (and how a client certificate becomes a principal) and towards the cluster.
@@ -91,6 +94,9 @@ class Proxy:
         while True:
             await asyncio.sleep(min(1.0, summary_every))
             self.policy.upkeep()
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.check_timeouts(now)
             if loop.time() >= next_summary:
                 next_summary = loop.time() + summary_every
                 for conn in list(self.connections):
@@ -113,7 +119,9 @@ class Proxy:
 
     def reload(self, config: ProxyConfig) -> None:
         """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
-        for field in ("upstream", "listen", "max_frame_bytes", "metrics", "sasl"):
+        for field in ("upstream", "listen", "max_frame_bytes", "metrics", "sasl", "queued_max_request_bytes",
+                      "request_pool_min_bytes", "request_read_timeout_ms", "connections_max_idle_ms",
+                      "upstream_timeout_margin_ms"):
             if getattr(config, field) != getattr(self.config, field):
                 log.warning("config reload: %s changed; it takes effect only after a restart", field)
         self.policy.reload(config)

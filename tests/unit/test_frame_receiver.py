@@ -196,3 +196,16 @@ def test_should_stream_sees_state_after_earlier_frames_were_handled():
     for _event in rx.received(200):
         taken.append(1)
     assert seen == [2]
+
+
+def test_buffer_starts_small_grows_while_reads_fill_it_and_shrinks_when_quiet():
+    frames, data = payloads_stream([200_000] * 4)
+    rx = FrameReceiver(1 << 20, capacity=1 << 19, initial=1 << 14)
+    assert rx.allocations == 0  # nothing until the first read
+    assert len(rx.get_buffer(True)) == 1 << 14
+    sink = Sink()
+    push(rx, sink, data)
+    assert sink.frames == frames
+    assert len(rx.get_buffer(True)) >= 1 << 18  # grown towards the capacity by full reads
+    assert rx.shrink()
+    assert len(rx.get_buffer(True)) == 1 << 14

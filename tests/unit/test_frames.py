@@ -51,3 +51,49 @@ def test_frame_reader_whole_frames_are_views_not_copies():
     chunk = encode_frame(b"abc") + encode_frame(b"de")
     frames = FrameReader().feed(chunk)
     assert all(isinstance(f, memoryview) and f.obj is chunk for f in frames)
+
+
+def test_partial_frame_memory_grows_with_what_arrives_not_with_what_was_announced():
+    reader = FrameReader(max_frame_bytes=100 << 20)
+    assert reader.feed(struct.pack(">i", 90 << 20) + b"x" * 10) == []
+    assert reader.held_bytes == 14  # a 90 MiB announcement costs what was sent, nothing more
+    reader.feed(b"y" * 1000)
+    assert reader.held_bytes == 1014
+
+
+def test_large_frames_reserve_from_the_pool_and_wait_in_order_small_ones_never_wait():
+    from protocol.frames import RequestBytesPool
+
+    pool = RequestBytesPool(1000)
+    big = [FrameReader(pool=pool, pool_min_bytes=100) for _ in range(3)]
+    payload = b"z" * 596  # frames of 600 bytes: one fits the pool at a time
+    assert big[0].feed(encode_frame(payload)[:50]) == [] and pool.used == 600
+    granted: list[int] = []
+    for i in (1, 2):
+        assert big[i].feed(encode_frame(payload)[:50]) == [] and big[i].waiting == 600
+        pool.wait(600, lambda i=i: granted.append(i))
+    small = FrameReader(pool=pool, pool_min_bytes=100)
+    assert [bytes(f) for f in small.feed(encode_frame(b"s" * 50)[:20])] == []
+    assert [bytes(f) for f in small.feed(encode_frame(b"s" * 50)[20:])] == [encode_frame(b"s" * 50)]
+    (done,) = big[0].feed(encode_frame(payload)[50:])
+    assert bytes(done) == encode_frame(payload) and pool.used == 600 and granted == []
+    big[0].release_forwarded()
+    assert granted == [1] and pool.used == 600  # first come, first served; the second still waits
+    big[1].granted()
+    (done,) = big[1].feed(encode_frame(payload)[50:] + encode_frame(b"t"))[:1]
+    assert bytes(done) == encode_frame(payload)
+    big[1].close()  # gone: its reservation returns, the next waiter is served
+    assert granted == [1, 2] and pool.used == 600
+
+
+def test_pool_cancel_and_release_keep_the_count_exact():
+    from protocol.frames import RequestBytesPool
+
+    pool = RequestBytesPool(100)
+    assert pool.try_reserve(80)
+    w = pool.wait(50, lambda: None)
+    assert not pool.try_reserve(10)  # someone is queued: no overtaking
+    pool.cancel(w)
+    assert pool.try_reserve(10) and pool.used == 90
+    pool.release(90)
+    assert pool.used == 0 and pool.try_reserve(500)  # an empty pool admits one frame larger than itself
