@@ -41,11 +41,12 @@ class RequestBytesPool:
     """The proxy-wide budget for request bytes held in memory: Kafka's ``queued.max.request.bytes`` (KIP-72).
 
     Why: a client announces a frame's size before sending it; a proxy that trusts the announcement with memory
-    lets 150 slow clients announcing 90 MiB each hold 13 GB. Here a frame larger than the reader's
-    ``pool_min_bytes`` reserves its whole size from this pool before its body is read (as the broker's memory
-    pool does), so once admitted it can always complete; when the pool is spent, the connection is simply not
-    read (back-pressure, never allocation) until earlier frames have been forwarded and released. Smaller frames
-    never wait: a normal client's requests are not queued behind a hostile client's huge ones.
+    lets 150 slow clients announcing 90 MiB each hold 13 GB. Here a frame whose announced size (prefix not
+    counted) exceeds the reader's ``pool_min_bytes`` reserves its whole size from this pool before its body is
+    read (as the broker's memory pool does), so once admitted it can always complete; when the pool is spent,
+    the connection is simply not read (back-pressure, never allocation) until earlier frames have been forwarded
+    and released. Smaller frames never wait: a normal client's requests are not queued behind a hostile
+    client's huge ones (a slow one is bounded by the caller's read timeout instead).
 
     Waiters are served first come, first served (a big frame is not starved by a stream of smaller ones).
     Sans-IO: ``grant`` callbacks are plain functions; nothing here knows sockets or clocks.
@@ -170,7 +171,7 @@ class FrameReader:
                 out.append(view[pos : pos + total])
                 pos += total
                 continue
-            if self._pool is not None and total > self._pool_min:
+            if self._pool is not None and size > self._pool_min:
                 if self._granted == total:
                     self._granted = 0
                 elif not self._pool.try_reserve(total):

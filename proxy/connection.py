@@ -257,6 +257,8 @@ class Connection:
 
     def side_closed(self, side: _Side, eof: bool) -> None:
         if self.closed:
+            if side is self.upstream and not eof:
+                self._requests.close()  # flushed (or aborted): whatever it still reserved goes back
             return
         if side is self.upstream:
             host, port = self.upstream_addr or ("?", 0)
@@ -314,7 +316,11 @@ class Connection:
         if self._pool_waiter is not None:
             self.proxy.request_pool.cancel(self._pool_waiter)
             self._pool_waiter = None
-        self._requests.close()
+        upstream = self.upstream.transport
+        if upstream is None or not upstream.get_write_buffer_size():
+            self._requests.close()
+        # else: the closing transport still holds forwarded frames; their bytes go back to the request pool
+        # when it has flushed them (side_closed, from connection_lost), not before.
         for task in list(self._tasks):
             task.cancel()
         if log.isEnabledFor(logging.DEBUG):
