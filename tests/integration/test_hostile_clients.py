@@ -232,3 +232,21 @@ def test_hung_broker_closes_its_pairs_with_one_line(cluster, fresh_proxy):
     assert waited >= 3.0
     lines = [ln for ln in proxy.log().splitlines() if "broker timeout" in ln]
     assert len(lines) == 1 and "did not answer ApiVersions" in lines[0] and "WARNING" in lines[0], lines
+
+
+def test_idle_connections_close_after_connections_max_idle_ms(cluster, fresh_proxy):
+    proxy = fresh_proxy(connections_max_idle_ms=2000)
+    quiet, busy = KafkaWire(proxy.bootstrap), KafkaWire(proxy.bootstrap)
+    for wire in (quiet, busy):
+        wire.send(ApiVersionsRequest(), 0)
+        wire.recv()
+    t0 = time.monotonic()
+    deadline = t0 + 6
+    while time.monotonic() < deadline:  # busy keeps talking, quiet says nothing
+        busy.send(ApiVersionsRequest(), 0)
+        busy.recv()
+        time.sleep(0.5)
+    assert quiet.closed_by_peer(timeout=1)
+    busy.send(MetadataRequest(topics=[]), 4)
+    assert len(busy.recv()[1].brokers) == 3
+    assert "Traceback" not in proxy.log()
