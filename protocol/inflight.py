@@ -87,11 +87,12 @@ def _skip_leading_string(frame: bytes | memoryview, pos: int, flexible: bool) ->
     return pos + 2 + max(n, 0)
 
 
-def requested_wait_ms(frame: bytes | memoryview, header: RequestHeader) -> int:
+def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> int:
     """How long the broker may hold this request on purpose: Fetch ``max_wait_ms``, Produce ``timeout_ms``,
     JoinGroup's rebalance (v0: session) timeout, a fixed allowance for the APIs of ``_LONG_WAITS_MS``, else 0.
-    A field that cannot be read counts as 0 (the request is the broker's to refuse)."""
-    key, pos = header.api_key, header.body_offset
+    A field that cannot be read counts as 0 (the request is the broker's to refuse). ``base``: where the header
+    starts in ``frame`` (4 for a frame with its size prefix: no slice, so no copy of a large frame)."""
+    key, pos = header.api_key, header.body_offset + base
     try:
         if key == Api.FETCH:
             return max(_I32.unpack_from(frame, pos + (4 if header.api_version < 15 else 0))[0], 0)

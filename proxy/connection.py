@@ -162,7 +162,7 @@ class Connection:
         self._pool_waiter = None  # queued for the request pool (protocol.frames.RequestBytesPool)
         self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
         self._connecting = False
-        self._sasl_hold = False  # a SaslHandshake v0 is unanswered: nothing behind it is read (raw or not?)
+        self._sasl_hold = False  # a SaslHandshake v0 is unanswered: what follows it is read after the answer
         now = time.monotonic()
         self.last_active = now
         self._frame_since: float | None = None  # when the incomplete request frame started (while read)
@@ -474,7 +474,7 @@ class Connection:
     def _apply(self, verdict, header: RequestHeader, frame, answered: bool, now: float):
         if verdict is None or not isinstance(verdict, Defer | Replace | Answer):
             if answered:
-                self.inflight.push(Pending(header, now, verdict, wait_ms=requested_wait_ms(frame[4:], header)))
+                self.inflight.push(Pending(header, now, verdict, wait_ms=requested_wait_ms(frame, header, 4)))
             elif verdict is not None:
                 self.proxy.policy.on_unanswered(self, verdict)
             return frame
@@ -483,7 +483,7 @@ class Connection:
         if isinstance(verdict, Replace):
             if answered:
                 self.inflight.push(Pending(header, now, verdict.decision,
-                                           wait_ms=requested_wait_ms(verdict.frame[4:], header)))
+                                           wait_ms=requested_wait_ms(verdict.frame, header, 4)))
             return verdict.frame
         # Answer: released in order, once everything before it has been answered.
         self.inflight.push(Pending(header, now, verdict.decision, local=verdict.frame))

@@ -97,3 +97,23 @@ def test_pool_cancel_and_release_keep_the_count_exact():
     assert pool.try_reserve(10) and pool.used == 90
     pool.release(90)
     assert pool.used == 0 and pool.try_reserve(500)  # an empty pool admits one frame larger than itself
+
+
+def test_requested_wait_is_read_from_the_requests_that_ask_for_one():
+    from kafka.protocol.consumer import FetchRequest
+
+    from protocol.headers import parse_request_header
+    from protocol.inflight import requested_wait_ms
+
+    for version in (4, 12, 15, 17):
+        req = FetchRequest(replica_id=-1, max_wait_ms=4321, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                           session_id=0, session_epoch=-1, topics=[], forgotten_topics_data=[], rack_id="")
+        req.API_VERSION = version
+        req.with_header(correlation_id=7, client_id="w")
+        frame = req.encode(header=True, framed=True)
+        header = parse_request_header(memoryview(frame)[4:])
+        assert requested_wait_ms(frame, header, 4) == 4321, version
+    from protocol.headers import RequestHeader
+
+    assert requested_wait_ms(b"\x00" * 30, RequestHeader(3, 12, 1, "w", 5), 4) == 0  # Metadata: no wait
+    assert requested_wait_ms(b"\x00" * 6, RequestHeader(1, 12, 1, "w", 5), 4) == 0  # truncated Fetch: 0
