@@ -198,6 +198,9 @@ class QuotaConfig(_Strict):
     """KIP-599 makes validate-only requests free; KRaft brokers charge them. Free by default, as the KIP says."""
     admins: list[str] = []
     """Principals allowed to AlterClientQuotas through the proxy (others get CLUSTER_AUTHORIZATION_FAILED)."""
+    describers: list[str] | None = None
+    """Principals allowed to DescribeClientQuotas through the proxy (Kafka asks DESCRIBE_CONFIGS on the cluster);
+    unset means the admins. Others get CLUSTER_AUTHORIZATION_FAILED and no entries."""
     state_file: str | None = None
     """Where quotas altered through AlterClientQuotas are kept, so they survive a restart."""
     import_interval_seconds: float | None = Field(default=None, gt=0)

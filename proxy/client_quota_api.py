@@ -5,9 +5,10 @@ to set quotas with ``kafka-configs.sh --bootstrap-server`` and ``Admin.alterClie
 the proxy sets the proxy's quotas with no new tool. The cluster never sees these requests (import from the
 cluster, when on, reads the cluster's quotas on the proxy's own account).
 
-Authorisation: anyone may describe (the broker asks for DESCRIBE_CONFIGS on the cluster; the proxy has no
-ACLs of its own to consult); only the principals in ``quotas.admins`` may alter, everybody else gets
-CLUSTER_AUTHORIZATION_FAILED for every entry, as a broker answers a principal without ALTER_CONFIGS.
+Authorisation, as the broker's (which asks DESCRIBE_CONFIGS on the cluster to describe and ALTER_CONFIGS to
+alter; the proxy has no ACLs of its own, so lists of principals stand for them): only ``quotas.describers``
+(default: the admins) may describe, the others get CLUSTER_AUTHORIZATION_FAILED and no entries; only
+``quotas.admins`` may alter, the others get CLUSTER_AUTHORIZATION_FAILED for every entry.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
 
 
-def describe(sources: QuotaSources, body, version: int) -> bytes:
-    """The response body for a DescribeClientQuotas request body."""
+def describe(sources: QuotaSources, body, version: int, principal: str, describers: frozenset[str]) -> bytes:
+    """The response body for a DescribeClientQuotas request body, when ``principal`` may describe."""
     req = decode_body(DescribeClientQuotasRequest, body, version)
+    if principal not in describers:
+        return DescribeClientQuotasResponse(
+            throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED,
+            error_message="not authorized to describe client quotas at this proxy", entries=None,
+        ).encode(version=version)
     components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in req.components]
     try:
         found = sources.store.describe(components, strict=bool(req.strict))

@@ -133,6 +133,7 @@ class Policy:
         self.config = config
         self.sources.set_file({e.quota_entity(): dict(e.quotas) for e in qc.entities})
         self.admins = frozenset(qc.admins)
+        self.describers = frozenset(qc.admins if qc.describers is None else qc.describers)
         self.enforce = qc.enforce
         self.cluster_scope = qc.scope == "cluster"
         self.charge_validate_only = qc.charge_validate_only
@@ -253,7 +254,8 @@ class Policy:
     def _client_quotas(self, conn: Connection, header: RequestHeader, body: memoryview) -> Answer:
         version = header.api_version
         if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
-            reply = client_quota_api.describe(self.sources, body[header.body_offset:], version)
+            reply = client_quota_api.describe(self.sources, body[header.body_offset:], version,
+                                              conn.identity.principal, self.describers)
         else:
             principal = conn.identity.principal
             reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins)

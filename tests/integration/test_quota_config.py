@@ -49,6 +49,11 @@ def test_kafka_configs_sets_and_reads_proxy_quotas_admins_only_and_restart_keeps
                       "--entity-type", "users", "--entity-name", "bob")
     assert denied.returncode != 0
     assert "ClusterAuthorization" in denied.stdout + denied.stderr
+    # Describing needs what Kafka needs (DESCRIBE_CONFIGS on the cluster): bob is no describer, and neither is
+    # an unauthenticated client.
+    peek = _configs(cluster, proxy.bootstrap, "bob", "--describe", "--entity-type", "users", "--entity-name", "alice")
+    assert peek.returncode != 0 and "1048576" not in peek.stdout
+    assert "ClusterAuthorization" in peek.stdout + peek.stderr
     bad = _configs(cluster, proxy.bootstrap, "admin", "--alter", "--add-config", "consumer_byte_rate=1.5",
                    "--entity-type", "users", "--entity-name", "alice")
     assert bad.returncode != 0  # byte rates are integral, as in Kafka
@@ -65,9 +70,10 @@ def test_kafka_configs_sets_and_reads_proxy_quotas_admins_only_and_restart_keeps
 
 
 def test_file_reload_on_change_and_bad_reload_keeps_running_quotas(cluster, fresh_proxy):
-    proxy = fresh_proxy(sasl=True)
+    proxy = fresh_proxy(sasl=True, **{"quotas.describers": ["admin"]})
     doc = yaml.safe_load(proxy.config_path.read_text())
-    doc["quotas"] = {"entities": [{"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 2048}}]}
+    doc["quotas"] = {"describers": ["admin"],
+                     "entities": [{"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 2048}}]}
     proxy.config_path.write_text(yaml.safe_dump(doc))
     wait_until(lambda: "producer_byte_rate=2048" in _describe_alice(cluster, proxy.bootstrap), 30,
                what="the edited file to be reloaded")
@@ -142,7 +148,7 @@ def test_cluster_quotas_are_imported(cluster, fresh_proxy):
                      "request_percentage=50", *entity)
     assert r.returncode == 0, r.stderr
     try:
-        proxy = fresh_proxy(**{"quotas.import_interval_seconds": 1})
+        proxy = fresh_proxy(**{"quotas.import_interval_seconds": 1, "quotas.describers": ["ANONYMOUS"]})
 
         def shown() -> bool:
             out = cluster.tool("configs", "--bootstrap-server", proxy.bootstrap, "--describe", *entity).stdout
