@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from kafka.protocol.api_message import ApiMessage
 
@@ -130,7 +130,7 @@ def carries_endpoints_tail(api_key: int, version: int) -> bool:
     return since is not None and version >= since
 
 
-@cache
+@lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
 def _empty_prefix(api_key: int, version: int) -> bytes:
     """The non-tagged fields of an empty response: put before a tagged section, it makes a body
     kafka-python can decode, so the section is read with the schema, not by hand."""

@@ -7,7 +7,7 @@ as opaque bytes, because nothing in the proxy needs to look inside it.
 from __future__ import annotations
 
 from enum import IntEnum
-from functools import cache
+from functools import lru_cache
 
 import kafka.protocol.admin  # noqa: F401  (imports register the message classes)
 import kafka.protocol.consumer  # noqa: F401
@@ -15,6 +15,8 @@ import kafka.protocol.metadata  # noqa: F401
 import kafka.protocol.producer  # noqa: F401
 import kafka.protocol.sasl  # noqa: F401
 from kafka.protocol.api_message import ApiMessage
+
+from protocol.errors import ProtocolError
 
 
 class Api(IntEnum):
@@ -74,7 +76,7 @@ def response_class(api_key: int) -> type[ApiMessage] | None:
     return RESPONSES.get(api_key)
 
 
-@cache
+@lru_cache(maxsize=4096)  # keyed on what clients send: bounded (known pairs are ~1,500)
 def request_is_flexible(api_key: int, api_version: int) -> bool | None:
     """Whether the request uses header v2 and compact encodings; None when the API is unknown."""
     cls = REQUESTS.get(api_key)
@@ -83,7 +85,7 @@ def request_is_flexible(api_key: int, api_version: int) -> bool | None:
     return bool(cls.flexible_version_q(api_version))
 
 
-@cache
+@lru_cache(maxsize=4096)  # keyed on what clients send: bounded (known pairs are ~1,500)
 def response_header_is_flexible(api_key: int, api_version: int) -> bool | None:
     """Response header v1 (with tagged fields) for flexible versions, except ApiVersions, always v0."""
     if api_key == Api.API_VERSIONS:
@@ -94,7 +96,7 @@ def response_header_is_flexible(api_key: int, api_version: int) -> bool | None:
     return bool(cls.flexible_version_q(api_version))
 
 
-@cache
+@lru_cache(maxsize=4096)  # keyed on what clients send: bounded (known pairs are ~1,500)
 def api_name(api_key: int) -> str:
     cls = REQUESTS.get(api_key)
     if cls is not None:
@@ -105,7 +107,16 @@ def api_name(api_key: int) -> str:
         return f"Api{api_key}"
 
 
-class DecodeError(ValueError):
+def api_label(api_key: int) -> str:
+    """``api_name`` for an API the proxy knows, else ``unknown``: for metric labels, whose set must not grow with
+    what clients send."""
+    return api_name(api_key) if api_key in REQUESTS or api_key in _API_KEYS else "unknown"
+
+
+_API_KEYS = frozenset(int(a) for a in Api)
+
+
+class DecodeError(ProtocolError):
     """A body does not parse as the message it claims to be."""
 
 

@@ -11,11 +11,13 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from protocol.errors import ProtocolError
+
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _SIZE = struct.Struct(">i")
 
 
-class FrameError(Exception):
+class FrameError(ProtocolError):
     """The stream cannot be split into frames any more; the connection must be closed."""
 
 

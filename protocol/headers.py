@@ -9,13 +9,14 @@ import struct
 from dataclasses import dataclass
 
 from protocol.apis import request_is_flexible, response_header_is_flexible
+from protocol.errors import ProtocolError
 from protocol.varint import skip_tagged_fields
 
 _REQ = struct.Struct(">hhih")
 _CORR = struct.Struct(">i")
 
 
-class HeaderError(ValueError):
+class HeaderError(ProtocolError):
     """The frame is too short or inconsistent to hold a Kafka header."""
 
 

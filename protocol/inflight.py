@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.apis import Api
+from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.varint import read_uvarint
 
@@ -28,7 +29,7 @@ _LONG_WAITS_MS = {
 their clients' defaults allow (the admin APIs' timeout_ms, a rebalance's max.poll.interval.ms)."""
 
 
-class CorrelationError(ValueError):
+class CorrelationError(ProtocolError):
     """A response arrived that does not answer the oldest outstanding request."""
 
 
@@ -92,6 +93,8 @@ def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHead
     JoinGroup's rebalance (v0: session) timeout, a fixed allowance for the APIs of ``_LONG_WAITS_MS``, else 0.
     A field that cannot be read counts as 0 (the request is the broker's to refuse). ``base``: where the header
     starts in ``frame`` (4 for a frame with its size prefix: no slice, so no copy of a large frame)."""
+    if header.body_offset is None:
+        return 0  # an API the proxy has no schema for: nothing of it is read
     key, pos = header.api_key, header.body_offset + base
     try:
         if key == Api.FETCH:

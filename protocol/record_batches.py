@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from protocol.apis import Api, request_class
+from protocol.errors import ProtocolError
 from protocol.varint import TruncatedError, read_uvarint
 
 NO_PRODUCER_ID = -1
@@ -58,7 +59,7 @@ _MIN_LENGTH = (14, 22, 49)
 FIXED, STR, BYTES, ARRAY, NSTRUCT, TAGS = range(6)
 
 
-class RecordBatchError(ValueError):
+class RecordBatchError(ProtocolError):
     """A Produce request or one of its record batches is truncated or malformed; the message says where."""
 
 

@@ -56,6 +56,7 @@ from kafka.protocol.sasl import (
 )
 
 from protocol.apis import DecodeError, decode_body
+from protocol.errors import ProtocolError
 from protocol.skim import layout
 
 ANONYMOUS: Final = "ANONYMOUS"
@@ -67,7 +68,7 @@ SCRAM_SHA_512: Final = "SCRAM-SHA-512"
 OAUTHBEARER: Final = "OAUTHBEARER"
 
 
-class SaslTokenError(ValueError):
+class SaslTokenError(ProtocolError):
     """A SASL token or sequence the tracker cannot follow; the proxy closes the connection."""
 
 

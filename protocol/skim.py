@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from protocol.varint import TruncatedError, read_uvarint
 
@@ -146,7 +146,7 @@ def _skip(ops: tuple, buf, pos: int) -> int:
     return pos
 
 
-@cache
+@lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
 def _top_level_plan(message_cls, version: int) -> tuple[tuple[str, tuple], ...]:
     flexible = bool(message_cls.flexible_version_q(version))
     plan = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from protocol.apis import RESPONSES, Api, response_class
 from protocol.skim import layout
@@ -61,7 +61,7 @@ def _present(field, version: int) -> bool:
     return field.for_version_q(version) and not field.tagged_field_q(version)
 
 
-@cache
+@lru_cache(maxsize=4096)  # keyed on (api, version) from client headers: bounded
 def throttle_slot(api_key: int, api_version: int) -> ThrottleSlot | None:
     """The slot of ``throttle_time_ms``; None when the API is unknown to kafka-python, the version is out
     of its range, or that version has no (untagged) ``throttle_time_ms``.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from protocol.errors import ProtocolError
 
-class TruncatedError(ValueError):
+
+class TruncatedError(ProtocolError):
     """A field runs past the end of its frame."""
 
 

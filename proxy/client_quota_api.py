@@ -46,7 +46,7 @@ def describe(sources: QuotaSources, body, version: int, principal: str, describe
             throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED,
             error_message="not authorized to describe client quotas at this proxy", entries=None,
         ).encode(version=version)
-    components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in req.components]
+    components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in req.components or ()]
     try:
         found = sources.store.describe(components, strict=bool(req.strict))
     except UnsupportedEntityTypeError as exc:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from mute import ChannelMute
 from protocol.addresses import carries_endpoints_tail
 from protocol.api_versions import unsupported_version_body
-from protocol.apis import Api, api_name
+from protocol.apis import Api, api_label, api_name
+from protocol.errors import ProtocolError
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
     FrameError,
@@ -49,6 +50,7 @@ from protocol.sasl_identity import (
     decode_handshake_request,
     decode_handshake_response,
 )
+from protocol.text import printable
 from protocol.throttle_field import needs_walk
 from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
 from proxy.tls import CertificateError, ConnectionIdentity, NoMatchingRule, peer_principal
@@ -62,6 +64,24 @@ log = logging.getLogger(__name__)
 _RAW = RequestHeader(-1, 0, 0, None, None)
 _SIZE = struct.Struct(">i")
 _OWN_CLIENT_ID = "kafka-throttle-proxy"
+
+
+_ERROR_KINDS = (
+    ("request stream", "bad_frame"), ("malformed", "malformed_request"), ("SASL", "sasl"),
+    ("request timeout", "request_timeout"), ("broker timeout", "broker_timeout"),
+    ("no broker reachable", "broker_unreachable"), ("client certificate refused", "tls"),
+    ("response stream from broker", "bad_response"), ("cannot process response", "bad_response"),
+    ("cannot rewrite broker addresses", "listener"), ("cannot decide", "decide_failed"),
+    ("cannot process a request", "internal"),
+)
+
+
+def error_kind(reason: str) -> str:
+    """The ``reason`` label of ``ktp_connection_errors_total``: a fixed vocabulary, never client text."""
+    for prefix, kind in _ERROR_KINDS:
+        if reason.startswith(prefix):
+            return kind
+    return "protocol"
 
 
 class Defer:
@@ -97,8 +117,9 @@ class Answer:
         self.frame = frame
 
 
-class ProtocolViolation(Exception):
-    """This connection's byte stream cannot be followed any more."""
+class ProtocolViolation(ProtocolError):
+    """This connection's byte stream cannot be followed any more (what the policy finds; decoders raise the
+    rest of the ProtocolError family themselves)."""
 
 
 class _Side(asyncio.BaseProtocol):
@@ -309,8 +330,8 @@ class Connection:
         if self.closed:
             return
         if reason:
-            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, reason)
-            self.proxy.stats.connection_errors[reason.split(":", 1)[0][:40]] += 1
+            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, printable(reason, 500))
+            self.proxy.stats.connection_errors[error_kind(reason)] += 1
         self.closed = True
         self.mute.cancel()
         if self._pool_waiter is not None:
@@ -416,7 +437,7 @@ class Connection:
                     self._deferred = deque(bytes(f) for f in frames[i + 1:])
                     self.pause(self.client, "throttled" if self._throttle_hold else "sasl-handshake")
                     break
-        except (ProtocolViolation, SaslTokenError) as exc:
+        except ProtocolError as exc:  # the client's bytes: one line, its connection only
             if out:
                 self.upstream.transport.writelines(out)
             self.close(str(exc))
@@ -467,7 +488,7 @@ class Connection:
         stats = self.proxy.stats
         stats.requests += 1
         self.sum_requests += 1
-        stats.requests_by_api[api_name(header.api_key)] += 1
+        stats.requests_by_api[api_label(header.api_key)] += 1
         verdict = self.proxy.policy.on_request(self, header, body, now)
         return self._apply(verdict, header, frame, answered, now)
 
@@ -666,7 +687,7 @@ class Connection:
             # _may_stream checked that it answers the oldest request, that nothing in it is ever
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
             pending = self.inflight.pop(head.header.correlation_id)
-            name = api_name(pending.header.api_key)
+            name = api_label(pending.header.api_key)
             self.proxy.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
             self.proxy.stats.latency_count_by_api[name] += 1
             self.identity.on_other_response()
@@ -696,7 +717,7 @@ class Connection:
             return
         key = pending.header.api_key
         stats = self.proxy.stats
-        name = api_name(key)
+        name = api_label(key)
         stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
         stats.latency_count_by_api[name] += 1
         if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:
@@ -743,7 +764,7 @@ class Connection:
             self.identity.on_authenticate_response(
                 *decode_authenticate_response(body[offset:], header.api_version))
         if not self.identity.in_progress and self.identity.last_failure and not self.identity.authenticated:
-            log.info("%s via %s: %s", self.peer, self.label, self.identity.last_failure)
+            log.info("%s via %s: %s", self.peer, self.label, printable(self.identity.last_failure))
 
     async def _finish_edit(self, pending: Pending, edit: AddressEdit) -> None:
         try:

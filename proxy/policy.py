@@ -40,6 +40,7 @@ from protocol import mutations, throttle_field
 from protocol.apis import Api, decode_body, response_header_is_flexible
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.record_batches import RecordBatchError, producer_ids
+from protocol.text import printable
 from proxy import client_quota_api
 from proxy.connection import Answer, Defer, ProtocolViolation, Replace
 from proxy.metrics import Stats
@@ -259,7 +260,7 @@ class Policy:
         else:
             principal = conn.identity.principal
             reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins)
-            log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, principal)
+            log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, printable(principal))
         return Answer(None, local_frame(header, reply))
 
     # ------------------------------------------------------------------------------------------ KIP-599
@@ -297,7 +298,7 @@ class Policy:
         d.note(CONTROLLER_MUTATION_RATE, d.mutations, tracker.limit, throttle)
         if rejected:
             log.info("%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s", conn.peer,
-                     request.label, d.user, d.client_id, len(rejected), len(counts), throttle,
+                     request.label, printable(d.user), printable(d.client_id), len(rejected), len(counts), throttle,
                      "" if self.enforce else " [shadow: not enforced]")
         if not rejected or not self.enforce:
             return d

@@ -1,0 +1,117 @@
+"""What a client sends never grows the proxy's state or label sets without bound, and never reaches a log line
+unescaped; malformed bodies raise the one protocol error family (a WARNING and a close, not a traceback)."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kafka.protocol.admin import (
+    AlterClientQuotasRequest,
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteTopicsRequest,
+    DescribeClientQuotasRequest,
+)
+
+from config.quota_sources import QuotaSources
+from protocol import apis, mutations, throttle_field
+from protocol.errors import ProtocolError
+from protocol.text import printable
+from proxy import client_quota_api
+from proxy.connection import error_kind
+from quotas.entities import QuotaStore
+
+
+def test_caches_keyed_on_client_headers_stay_bounded():
+    rng = random.Random(7)
+    for _ in range(100_000):
+        key, version = rng.randrange(-32768, 32768), rng.randrange(-32768, 32768)
+        apis.request_is_flexible(key, version)
+        apis.response_header_is_flexible(key, version)
+        apis.api_name(key)
+        throttle_field.throttle_slot(key, version)
+    for fn in (apis.request_is_flexible, apis.response_header_is_flexible, apis.api_name,
+               throttle_field.throttle_slot):
+        assert fn.cache_info().currsize <= 4096, fn
+
+
+def test_metric_labels_come_from_a_fixed_vocabulary():
+    assert apis.api_label(0) == "Produce" and apis.api_label(12345) == "unknown" and apis.api_label(-1) == "unknown"
+    labels = {error_kind(r) for r in (
+        "SASL \nFORGED: cannot follow this mechanism", "malformed request (Api999 v77): bad",
+        "request stream: frame of 5 bytes exceeds", "whatever a client made up: x" * 10)}
+    assert labels == {"sasl", "malformed_request", "bad_frame", "protocol"}
+
+
+@given(st.text(max_size=400))
+def test_printable_escapes_everything_a_client_could_use_to_forge_a_line(text):
+    out = printable(text)
+    assert out.isascii() and out.isprintable() and len(out) <= 200
+    if text.isascii() and text.isprintable() and "\\" not in text and len(text) <= 200:
+        assert out == text
+
+
+def test_printable_examples():
+    assert printable("PLAIN\n2026-01-01 ERROR forged") == "PLAIN\\n2026-01-01 ERROR forged"
+    assert printable("\x1b[2J") == "\\x1b[2J"
+    assert printable("x" * 500).endswith("...") and len(printable("x" * 500)) == 200
+
+
+def _bodies():
+    ct = CreateTopicsRequest.CreatableTopic
+    for v in range(CreateTopicsRequest.min_version, CreateTopicsRequest.max_version + 1):
+        yield 19, v, CreateTopicsRequest(topics=[ct(name="a", num_partitions=3, replication_factor=1, assignments=[],
+                                                    configs=[])], timeout_ms=1, validate_only=False).encode(version=v)
+    for v in range(DeleteTopicsRequest.min_version, DeleteTopicsRequest.max_version + 1):
+        r = (DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name="a", topic_id=None)], timeout_ms=1)
+             if v >= 6 else DeleteTopicsRequest(topic_names=["a", "b"], timeout_ms=1))
+        yield 20, v, r.encode(version=v)
+    cp = CreatePartitionsRequest.CreatePartitionsTopic
+    for v in range(CreatePartitionsRequest.min_version, CreatePartitionsRequest.max_version + 1):
+        yield 37, v, CreatePartitionsRequest(topics=[cp(name="a", count=4, assignments=None)], timeout_ms=1,
+                                             validate_only=False).encode(version=v)
+    comp = DescribeClientQuotasRequest.ComponentData
+    for v in range(DescribeClientQuotasRequest.min_version, DescribeClientQuotasRequest.max_version + 1):
+        yield 48, v, DescribeClientQuotasRequest(components=[comp(entity_type="user", match_type=0, match="a")],
+                                                 strict=False).encode(version=v)
+    e = AlterClientQuotasRequest.EntryData
+    for v in range(AlterClientQuotasRequest.min_version, AlterClientQuotasRequest.max_version + 1):
+        yield 49, v, AlterClientQuotasRequest(entries=[e(entity=[e.EntityData(entity_type="user", entity_name="a")],
+                                                         ops=[e.OpData(key="producer_byte_rate", value=1000.0,
+                                                                       remove=False)])],
+                                              validate_only=True).encode(version=v)
+
+
+BODIES = [(k, v, bytes(b)) for k, v, b in _bodies()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mutated_bodies_of_decoded_apis_raise_only_protocol_errors(seed):
+    rng = random.Random(seed)
+    for _ in range(5_000):
+        key, version, body = rng.choice(BODIES)
+        b = bytearray(body)
+        for _ in range(rng.randint(1, 4)):
+            op = rng.randrange(4)
+            if op == 0 and b:
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            elif op == 1 and b:
+                del b[rng.randrange(len(b)):]
+            elif op == 2:
+                b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+            elif len(b) > 2:
+                i = rng.randrange(len(b) - 1)
+                b[i:i + 2] = struct.pack(">h", rng.choice([-1, 0x7FFF, -2, 1000]))
+        try:
+            if key in mutations.MUTATION_APIS:
+                mutations.parse_request(key, version, bytes(b))
+            elif key == 48:
+                client_quota_api.describe(QuotaSources(QuotaStore(), None), bytes(b), version, "a", frozenset("a"))
+            else:
+                client_quota_api.alter(QuotaSources(QuotaStore(), None), bytes(b), version, "a", frozenset("a"))
+        except ProtocolError:
+            pass
