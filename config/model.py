@@ -205,6 +205,9 @@ class QuotaConfig(_Strict):
     """Where quotas altered through AlterClientQuotas are kept, so they survive a restart."""
     import_interval_seconds: float | None = Field(default=None, gt=0)
     """When set, the cluster's own client quotas are read (DescribeClientQuotas) this often and enforced."""
+    max_tracked_buckets: int = Field(default=20_000, gt=0)
+    """Quota buckets (rate trackers) kept at most; past it the least recently used tenth is dropped and starts
+    afresh if it returns. Bounds the memory clients can make the proxy spend by choosing new client ids."""
     entity_idle_seconds: float = Field(default=3600.0, gt=0)
     """Per-entity rate state (and its metrics) is dropped after this long without traffic, as Kafka does."""
     entities: list[QuotaEntry] = []
@@ -224,6 +227,9 @@ class MetricsConfig(_Strict):
     port: int | None = Field(default=None, ge=0, lt=65536)
     """Prometheus endpoint port; unset = no endpoint, 0 = a free port (logged)."""
     host: str = "127.0.0.1"
+    max_entity_series: int = Field(default=500, gt=0)
+    """Per quota key, the buckets named in quota metrics (throttled first, then the busiest); the rest are
+    folded into user/client_id ``__other__``, so a scrape stays small whatever client ids clients choose."""
 
 
 class DecisionLogConfig(_Strict):

@@ -147,7 +147,7 @@ class Policy:
             Windows(qc.window_num, round(qc.window_size_seconds * 1000), qc.controller_window_num,
                     round(qc.controller_window_size_seconds * 1000), qc.producer_id_window_num,
                     round(qc.producer_id_window_size_seconds * 1000)),
-            round(qc.entity_idle_seconds * 1000),
+            round(qc.entity_idle_seconds * 1000), qc.max_tracked_buckets,
         )
 
     def _active_keys(self) -> frozenset[str]:
@@ -165,7 +165,7 @@ class Policy:
             del self._pid_holds[user]
 
     def quota_samples(self):
-        return list(self.quotas.samples(_now_ms()))
+        return list(self.quotas.samples(_now_ms(), self.config.metrics.max_entity_series))
 
     def _scope(self, conn: Connection) -> str:
         if self.cluster_scope:

@@ -10,10 +10,16 @@ Kafka behaviours kept:
 - a changed limit for the same bucket keeps the recorded history (Kafka updates the sensor's quota in place);
 - idle trackers are dropped after ``idle_ms`` (Kafka's one-hour sensor expiry), which also bounds the metrics'
   label cardinality.
+
+One addition, because client ids are chosen by clients: at most ``max_trackers`` trackers are kept; past that the
+least recently used tenth is dropped (a dropped bucket starts afresh if it comes back, exactly as one that
+idled out). A client rotating through new client ids under a ``<default>`` quota gets a new bucket per id
+anyway, as in Kafka, so the cap costs enforcement nothing while the cap exceeds the entities actually active.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,6 +45,9 @@ GROUPS = {
     PRODUCER_IDS_RATE: "ProducerIds",
 }
 
+
+OTHER = "__other__"
+"""User and client-id label of the bucket that stands for every bucket not named in a capped scrape."""
 
 CLUSTER_WIDE_KEYS = frozenset({CONTROLLER_MUTATION_RATE})
 """Quota keys with one bucket per entity for the whole cluster even in ``broker`` scope. On KRaft every
@@ -100,18 +109,24 @@ class Tracker:
 
 
 class QuotaManager:
-    def __init__(self, store: QuotaStore, windows: Windows = Windows(), idle_ms: int = 3_600_000) -> None:
+    def __init__(self, store: QuotaStore, windows: Windows = Windows(), idle_ms: int = 3_600_000,
+                 max_trackers: int = 20_000) -> None:
         self.store = store
         self.windows = windows
         self.idle_ms = idle_ms
+        self.max_trackers = max_trackers
+        self.evicted = 0
+        """Trackers dropped because the cap was reached (not idle expiry)."""
         self._trackers: dict[tuple[str, str, BucketKey], Tracker] = {}
 
-    def configure(self, windows: Windows, idle_ms: int) -> None:
+    def configure(self, windows: Windows, idle_ms: int, max_trackers: int | None = None) -> None:
         """New window settings drop all state (Kafka needs a restart for these; the proxy starts afresh)."""
         if windows != self.windows:
             self._trackers.clear()
         self.windows = windows
         self.idle_ms = idle_ms
+        if max_trackers is not None:
+            self.max_trackers = max_trackers
 
     def __len__(self) -> int:
         return len(self._trackers)
@@ -131,6 +146,8 @@ class QuotaManager:
                 stat = SampledRate(w.pid_samples, w.pid_window_ms)
             else:
                 stat = SampledRate(w.samples, w.window_ms)
+            if len(self._trackers) >= self.max_trackers:
+                self._evict()
             t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations)
         elif t.limit != r.limit:
             t.limit = r.limit
@@ -185,9 +202,47 @@ class QuotaManager:
             del self._trackers[k]
         return len(dead)
 
-    def samples(self, now_ms: int) -> Iterator[tuple[str, str, str, str, str, float]]:
-        """Kafka-named metric samples: (group, name, user, client id, scope, value)."""
-        for (key, scope, bucket), t in list(self._trackers.items()):
+    def _evict(self) -> None:
+        """Drop the least recently used tenth of the trackers (amortised: one scan per that many new ones)."""
+        n = max(1, self.max_trackers // 10)
+        for k, _t in heapq.nsmallest(n, self._trackers.items(), key=lambda kv: kv[1].last_used_ms):
+            del self._trackers[k]
+        self.evicted += n
+
+    def samples(self, now_ms: int, top: int | None = None) -> Iterator[tuple[str, str, str, str, str, float]]:
+        """Kafka-named metric samples: (group, name, user, client id, scope, value).
+
+        With ``top``, only the ``top`` buckets of each quota key that matter most (throttled now, then the most
+        recorded) are named; the rest are folded into one ``__other__`` bucket per key and scope: their
+        throttle-time is the largest, their totals the sums, and no rate (measuring thousands of rates is what
+        made a scrape slow). The label set then stays bounded whatever clients do."""
+        items = list(self._trackers.items())
+        if top is not None and len(items) > top:
+            by_key: dict[str, list] = {}
+            for item in items:
+                by_key.setdefault(item[0][0], []).append(item)
+            items = []
+            for key, group_items in by_key.items():
+                if len(group_items) <= top:
+                    items.extend(group_items)
+                    continue
+                ranked = heapq.nlargest(top, group_items,
+                                        key=lambda kv: (kv[1].last_throttle_ms > 0, kv[1].recorded_total))
+                items.extend(ranked)
+                named = {id(kv[1]) for kv in ranked}
+                folded: dict[str, list[float]] = {}
+                for (_k, scope, _b), t in group_items:
+                    if id(t) in named:
+                        continue
+                    f = folded.setdefault(scope, [0.0, 0.0, 0.0])
+                    f[0] = max(f[0], t.last_throttle_ms)
+                    f[1] += t.throttle_ms_total
+                    f[2] += t.recorded_total
+                for scope, (last, total, recorded) in folded.items():
+                    yield GROUPS[key], "throttle-time", OTHER, OTHER, scope, float(last)
+                    yield GROUPS[key], "throttle-time-total", OTHER, OTHER, scope, total
+                    yield GROUPS[key], "recorded-total", OTHER, OTHER, scope, recorded
+        for (key, scope, bucket), t in items:
             group = GROUPS[key]
             if key == CONTROLLER_MUTATION_RATE:
                 bucket_stat: TokenBucket = t.stat

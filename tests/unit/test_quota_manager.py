@@ -102,3 +102,24 @@ def test_controller_mutation_bucket_is_one_per_cluster_while_byte_rates_are_per_
     assert qm.charge_rate("producer_byte_rate", "alice", "c", "broker 2", 500, 0).throttle_ms == 0
     scopes = {(group, scope) for group, _, _, _, scope, _ in qm.samples(0)}
     assert scopes == {("ControllerMutation", ""), ("Produce", "broker 1"), ("Produce", "broker 2")}
+
+
+def test_trackers_are_capped_least_recently_used_first_and_scrapes_fold_the_rest():
+    store = QuotaStore()
+    store.set(QuotaEntity(client_id=DEFAULT), "request_percentage", 100)
+    qm = QuotaManager(store, max_trackers=1000)
+    qm.charge_rate("request_percentage", "alice", "steady", "b1", 50_000, 0)  # throttled: named in any scrape
+    for i in range(20_000):
+        qm.charge_rate("request_percentage", "mallory", f"c{i}", "b1", 1, i)
+        if i % 500 == 0:
+            qm.charge_rate("request_percentage", "alice", "steady", "b1", 1, i)  # recently used: never evicted
+    assert len(qm) <= 1000 and qm.evicted >= 19_000
+    samples = list(qm.samples(20_000, top=10))
+    named = {(u, c) for _g, _n, u, c, _s, _v in samples}
+    # <default client-id>: buckets are ("", client id), shared by every user of that client id
+    assert ("", "steady") in named and ("__other__", "__other__") in named and len(named) == 11
+    other = {n: v for _g, n, u, _c, _s, v in samples if u == "__other__"}
+    assert set(other) == {"throttle-time", "throttle-time-total", "recorded-total"}
+    everything = sum(v for _g, n, _u, _c, _s, v in qm.samples(20_000) if n == "recorded-total")
+    named_total = sum(v for _g, n, u, _c, _s, v in samples if n == "recorded-total" and u != "__other__")
+    assert other["recorded-total"] == everything - named_total
