@@ -35,6 +35,7 @@ class BrokerDirectory:
         self._start_listener = start_listener
         self.upstream: dict[int, tuple[str, int]] = {}
         self.ports: dict[int, int] = {}
+        self._unavailable: set[int] = set()  # ports of the range something else holds
         self._lock = asyncio.Lock()
 
     def upstream_of(self, node_id: int) -> tuple[str, int] | None:
@@ -70,17 +71,31 @@ class BrokerDirectory:
             if ep.node_id not in self.ports:
                 async with self._lock:
                     if ep.node_id not in self.ports:
-                        port = await self._start_listener(ep.node_id, self._choose_port(ep.node_id))
+                        port = await self._listen(ep.node_id)
                         self.ports[ep.node_id] = port
                         log.info(
                             "broker %d (%s:%d) is served at %s:%d", ep.node_id, *addr, self._advertised, port
                         )
 
+    async def _listen(self, node_id: int) -> int:
+        """Start broker ``node_id``'s listener on its port, or on the next free one of the range when something
+        else holds that port (another process, an earlier proxy not yet gone): one WARNING line per port."""
+        while True:
+            port = self._choose_port(node_id)
+            try:
+                return await self._start_listener(node_id, port)
+            except OSError as exc:
+                if port == 0:
+                    raise
+                log.warning("broker_ports: port %d is not available for broker %d (%s); trying the next one",
+                            port, node_id, exc.strerror or exc)
+                self._unavailable.add(port)
+
     def _choose_port(self, node_id: int) -> int:
         if self._range is None:
             return 0
         first, last = self._range
-        used = set(self.ports.values())
+        used = set(self.ports.values()) | self._unavailable
         preferred = first + node_id
         if node_id >= 0 and preferred <= last and preferred not in used:
             return preferred

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -104,6 +105,20 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
     await proxy.shutdown()
 
 
+def _raise_fd_limit() -> None:
+    """Every client connection costs two file descriptors (client and broker socket): take the whole hard limit
+    the operator allows, not the small default soft limit a shell hands down."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            logging.getLogger(__name__).warning("cannot raise the open-file limit from %d to %s: %s", soft, hard, exc)
+            return
+        soft = hard
+    logging.getLogger(__name__).info("open-file limit: %s (about half as many client connections)", soft)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -117,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    _raise_fd_limit()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; fall back rather than refuse to run

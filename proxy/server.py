@@ -7,13 +7,14 @@ import itertools
 import logging
 import time
 
+from config.load import ConfigError
 from config.model import ProxyConfig
 from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
 from protocol.frames import RequestBytesPool
 from proxy import metrics
-from proxy.brokers import BrokerDirectory
+from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection
 from proxy.discovery import discover_brokers
 from proxy.metrics import Stats
@@ -71,15 +72,27 @@ class Proxy:
             self.config.max_frame_bytes, self.upstream_ssl,
         )
         if brokers:
-            await self.directory.learn(brokers)
+            try:
+                await self.directory.learn(brokers)
+            except (NoBrokerPort, OSError) as exc:
+                raise ConfigError(f"listen.broker_ports: cannot listen for the cluster's brokers ({exc})") from None
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))
         if self.config.metrics.port is not None:
-            self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
-        self._servers[None] = await loop.create_server(
-            lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True, ssl=self.listen_ssl
-        )
+            try:
+                self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
+            except OSError as exc:
+                raise ConfigError(f"metrics.port {self.config.metrics.port} on {self.config.metrics.host}: cannot "
+                                  f"listen ({exc.strerror or exc})") from None
+        try:
+            self._servers[None] = await loop.create_server(
+                lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True,
+                ssl=self.listen_ssl,
+            )
+        except OSError as exc:
+            raise ConfigError(f"listen.bootstrap_port {listen.bootstrap_port} on {listen.host}: cannot listen "
+                              f"({exc.strerror or exc})") from None
         log.info(
             "bootstrap listener on %s:%d for %s; point clients at %s",
             listen.host, self.bootstrap_port, ",".join(self.config.upstream.bootstrap_servers),

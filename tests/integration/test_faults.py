@@ -100,3 +100,38 @@ def test_broker_listeners_exist_from_startup(cluster, fresh_proxy):
         assert resp.error_code == 0
         wire.close()
     assert p.alive()
+
+
+def test_ports_in_use_at_start(cluster, fresh_proxy, tmp_path):
+    """A busy bootstrap port: one line naming it, exit code 2, no traceback. A busy broker port: the next one."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.harness import free_port
+    from tests.support import REPO
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        r = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "--bootstrap-servers", cluster.bootstrap,
+                            "--bootstrap-port", str(port), "--broker-ports", "ephemeral"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r
+        assert f"listen.bootstrap_port {port}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        first = free_port()
+        holder.close()
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", first + 1))  # broker 1's port at first + 1
+        holder.listen()
+        p = fresh_proxy(**{"listen.broker_ports": f"{first}-{first + 20}"})
+        wire = KafkaWire(p.bootstrap)
+        wire.send(MetadataRequest(topics=[]), 4)
+        ports = {b.node_id: b.port for b in wire.recv()[1].brokers}
+        wire.close()
+        assert ports[1] != first + 1 and all(first <= q <= first + 20 for q in ports.values()), ports
+        assert f"port {first + 1} is not available for broker 1" in p.log()
+    finally:
+        holder.close()

@@ -50,3 +50,20 @@ def test_unknown_broker_is_never_passed_through():
     d = BrokerDirectory("p", None, FakeListeners())
     with pytest.raises(LookupError, match="no proxy listener for broker 9"):
         d.map_endpoint(BrokerEndpoint(9, "k9", 9092))
+
+
+def test_a_port_held_by_something_else_moves_the_broker_to_the_next_free_one():
+    busy = {19094, 19095}
+
+    class Busy(FakeListeners):
+        async def __call__(self, node_id: int, port: int) -> int:
+            if port in busy:
+                raise OSError(98, "Address already in use")
+            return await super().__call__(node_id, port)
+
+    listeners = Busy()
+    d = BrokerDirectory("p", (19093, 19096), listeners)
+    asyncio.run(d.learn([BrokerEndpoint(1, "k1", 9092), BrokerEndpoint(2, "k2", 9092)]))
+    assert d.ports == {1: 19093, 2: 19096}
+    with pytest.raises(NoBrokerPort):
+        asyncio.run(d.learn([BrokerEndpoint(3, "k3", 9092)]))
