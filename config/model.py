@@ -252,6 +252,38 @@ class SaslConfig(_Strict):
     """Must match the broker's ``sasl.oauthbearer.sub.claim.name``."""
 
 
+class LimitsConfig(_Strict):
+    """Kafka's connection limits (``SocketServer.ConnectionQuotas``, KIP-612), at the proxy; unset = unlimited."""
+
+    max_connections: int | None = Field(default=None, gt=0)
+    """Kafka's max.connections: client connections open at once, proxy-wide."""
+    max_connections_per_ip: int | None = Field(default=None, gt=0)
+    """Kafka's max.connections.per.ip."""
+    max_connections_per_ip_overrides: dict[str, int] = {}
+    """Kafka's max.connections.per.ip.overrides: ip -> limit (0 refuses that ip)."""
+    max_connection_creation_rate: float | None = Field(default=None, gt=0)
+    """Kafka's max.connection.creation.rate: new connections per second, proxy-wide."""
+    ip_connection_creation_rate: dict[str, float] = {}
+    """KIP-612's connection_creation_rate quota on entity type ips: ip (or ``<default>``) -> new connections per
+    second; also set through AlterClientQuotas (kafka-configs.sh --entity-type ips)."""
+
+    @field_validator("max_connections_per_ip_overrides")
+    @classmethod
+    def _non_negative(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = [ip for ip, n in v.items() if n < 0]
+        if bad:
+            raise ValueError(f"a connection limit must be 0 or more, not {v[bad[0]]} for {bad[0]}")
+        return v
+
+    @field_validator("ip_connection_creation_rate")
+    @classmethod
+    def _positive_rates(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [ip for ip, r in v.items() if not r > 0]
+        if bad:
+            raise ValueError(f"connection_creation_rate must be greater than 0, not {v[bad[0]]} for {bad[0]}")
+        return v
+
+
 class ProxyConfig(_Strict):
     upstream: UpstreamConfig
     listen: ListenConfig = ListenConfig()
@@ -280,3 +312,4 @@ class ProxyConfig(_Strict):
     metrics: MetricsConfig = MetricsConfig()
     decision_log: DecisionLogConfig = DecisionLogConfig()
     sasl: SaslConfig = SaslConfig()
+    limits: LimitsConfig = LimitsConfig()

@@ -183,6 +183,8 @@ class Connection:
         self._pool_waiter = None  # queued for the request pool (protocol.frames.RequestBytesPool)
         self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
         self._connecting = False
+        self._admitted_ip: str | None = None  # counted by the connection limits until closed
+        self._refused_timer: asyncio.TimerHandle | None = None
         self._sasl_hold = False  # a SaslHandshake v0 is unanswered: what follows it is read after the answer
         now = time.monotonic()
         self.last_active = now
@@ -239,6 +241,17 @@ class Connection:
     def client_connected(self) -> None:
         peer = self.client.transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        ip = str(peer[0]) if peer else "?"
+        refusal = self.proxy.admit_connection(ip)
+        if refusal is not None:  # over a connection limit: never served, closed at once or after the throttle
+            if refusal.close_after_ms > 0:
+                self.pause(self.client, "refused")
+                self._refused_timer = asyncio.get_running_loop().call_later(refusal.close_after_ms / 1000,
+                                                                            self.close)
+            else:
+                self.close()
+            return
+        self._admitted_ip = ip
         if self.proxy.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
             try:
                 self.identity.tls_principal = peer_principal(
@@ -334,6 +347,11 @@ class Connection:
             self.proxy.stats.connection_errors[error_kind(reason)] += 1
         self.closed = True
         self.mute.cancel()
+        if self._admitted_ip is not None:
+            self.proxy.connection_quotas.closed(self._admitted_ip)
+            self._admitted_ip = None
+        if self._refused_timer is not None:
+            self._refused_timer.cancel()
         if self._pool_waiter is not None:
             self.proxy.request_pool.cancel(self._pool_waiter)
             self._pool_waiter = None
@@ -363,7 +381,7 @@ class Connection:
 
     # -- requests: client → broker -----------------------------------------------------------------
     def requests_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._refused_timer is not None:
             return
         self.proxy.stats.bytes_from_clients += len(data)
         self.sum_bytes_in += len(data)

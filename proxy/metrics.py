@@ -36,6 +36,8 @@ class Stats:
     connection_errors: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     decisions: defaultdict[tuple[str, str, bool], int] = field(default_factory=lambda: defaultdict(int))
     """(quota kind, action, shadow) -> count."""
+    connections_refused: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """quotas.connections.Refusal.reason -> count."""
 
 
 QuotaSample = tuple[str, str, str, str, str, float]
@@ -50,8 +52,10 @@ def _metric_name(group: str, name: str) -> str:
 class _Collector:
     def __init__(self, stats: Stats, live_connections: Callable[[], int],
                  quota_samples: Callable[[], Iterable[QuotaSample]],
-                 log_stats: Callable[[], dict[str, int]]) -> None:
+                 log_stats: Callable[[], dict[str, int]],
+                 gauges: Callable[[], dict[str, tuple[str, float]]] = dict) -> None:
         self.log_stats = log_stats
+        self.gauges = gauges
         self.stats = stats
         self.live_connections = live_connections
         self.quota_samples = quota_samples
@@ -78,6 +82,13 @@ class _Collector:
         for reason, n in list(s.connection_errors.items()):
             e.add_metric([reason], n)
         yield e
+        refused = CounterMetricFamily("ktp_connections_refused", "New connections refused at a connection limit, "
+                                      "by limit", labels=["reason"])
+        for reason, n in list(s.connections_refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        for name, (doc, value) in self.gauges().items():
+            yield GaugeMetricFamily(name, doc, value=value)
         d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",
                                 labels=["quota", "action", "shadow"])
         for (kind, action, shadow), n in list(s.decisions.items()):
@@ -109,9 +120,11 @@ class _Collector:
 
 def make_registry(stats: Stats, live_connections: Callable[[], int],
                   quota_samples: Callable[[], Iterable[QuotaSample]],
-                  log_stats: Callable[[], dict[str, int]] = dict) -> CollectorRegistry:
+                  log_stats: Callable[[], dict[str, int]] = dict,
+                  gauges: Callable[[], dict[str, tuple[str, float]]] = dict) -> CollectorRegistry:
+    """``gauges()``: more gauges read at scrape time, name -> (help, value)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(stats, live_connections, quota_samples, log_stats))
+    registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges))
     return registry
 
 

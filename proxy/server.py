@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import resource
 import time
 
 from config.load import ConfigError
@@ -22,6 +23,7 @@ from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
 from proxy.tls import PrincipalMapper, client_context, server_context
+from quotas.connections import DEFAULT_IP, ConnectionQuotas, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,13 @@ DECODED_APIS = frozenset({
     Api.API_VERSIONS, Api.PRODUCE, Api.FETCH, Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS,
     Api.DESCRIBE_CLIENT_QUOTAS, Api.ALTER_CLIENT_QUOTAS, Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE,
 })
+
+
+def _fd_bound_connections() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2**31 - 1
+    return max((soft - 200) // 2, 1)  # 200 kept for listeners, log files, metrics and discovery
 
 
 class Proxy:
@@ -47,8 +56,12 @@ class Proxy:
         self.listen_ssl = server_context(listen.tls) if listen.tls else None
         self.principal_mapper = PrincipalMapper(listen.tls.principal_mapping_rules) if listen.tls else None
         self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
+        self.connection_quotas = ConnectionQuotas()
+        self._ip_quotas: dict[str, float] = {}
+        self._configure_limits(config)
+        self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
         self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
-                                              self.policy.decision_log_stats)
+                                              self.policy.decision_log_stats, self._gauges)
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.AbstractServer] = {}
@@ -108,6 +121,7 @@ class Proxy:
             await asyncio.sleep(min(1.0, summary_every))
             self.policy.upkeep()
             now = time.monotonic()
+            self.connection_quotas.expire(round(now * 1000), 3_600_000)
             for conn in list(self.connections):
                 conn.check_timeouts(now)
             if loop.time() >= next_summary:
@@ -130,6 +144,44 @@ class Proxy:
             interval = self.config.quotas.import_interval_seconds
             await asyncio.sleep(interval if interval else 60)
 
+    def _configure_limits(self, config: ProxyConfig) -> None:
+        lim = config.limits
+        q = self.connection_quotas
+        # Unset, max_connections still stops short of running out of file descriptors (two per client: its
+        # socket and its broker's), so an fd flood is refused with a line and a metric, never a silent reset.
+        q.max_connections = lim.max_connections or _fd_bound_connections()
+        q.max_per_ip = lim.max_connections_per_ip
+        q.per_ip_overrides = dict(lim.max_connections_per_ip_overrides)
+        q.max_creation_rate = lim.max_connection_creation_rate
+        self._ip_quotas = dict(lim.ip_connection_creation_rate)
+        q.ip_rate = self._ip_rate
+
+    def _ip_rate(self, ip: str) -> float | None:
+        quotas = self._ip_quotas
+        return quotas.get(ip, quotas.get(DEFAULT_IP)) if quotas else None
+
+    def admit_connection(self, ip: str) -> Refusal | None:
+        """A new client connection from ``ip``: None to serve it, else why not (counted, and logged at most once
+        per reason every 10 s with the number refused meanwhile, so a flood cannot flood the log)."""
+        refusal = self.connection_quotas.admit(ip, round(time.monotonic() * 1000))
+        if refusal is not None:
+            self.stats.connections_refused[refusal.reason] += 1
+            now = time.monotonic()
+            last = self._refusals.setdefault(refusal.reason, [0.0, 0])
+            last[1] += 1
+            if now - last[0] >= 10:
+                more = f" ({last[1] - 1} more refused since the last such line)" if last[1] > 1 else ""
+                log.warning("refused a connection from %s: %s%s", ip, refusal.detail, more)
+                last[0], last[1] = now, 0
+        return refusal
+
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        pool = self.request_pool
+        return {
+            "ktp_request_pool_used_bytes": ("Request bytes reserved from queued_max_request_bytes", pool.used),
+            "ktp_request_pool_waiting": ("Connections waiting for queued_max_request_bytes", pool.waiting),
+        }
+
     def reload(self, config: ProxyConfig) -> None:
         """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
         for field in ("upstream", "listen", "max_frame_bytes", "metrics", "sasl", "queued_max_request_bytes",
@@ -138,6 +190,7 @@ class Proxy:
             if getattr(config, field) != getattr(self.config, field):
                 log.warning("config reload: %s changed; it takes effect only after a restart", field)
         self.policy.reload(config)
+        self._configure_limits(config)
 
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()

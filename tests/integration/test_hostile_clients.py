@@ -330,3 +330,59 @@ def _consume_all(bootstrap: str, topic: str, normal: _NormalProducer) -> list[by
             got.append(m.value())
     c.close()
     return got
+
+
+def test_connection_limits_refuse_with_a_line_and_a_metric_and_serve_the_others(cluster, fresh_proxy):
+    import urllib.request
+
+    from tests.harness import free_port
+
+    port = free_port()
+    proxy = fresh_proxy(**{"metrics.port": port, "limits.max_connections_per_ip": 30})
+    topic = f"limits-{uuid.uuid4().hex[:6]}"
+    with _NormalProducer(proxy.bootstrap, topic) as normal:  # holds a few connections of 127.0.0.1 already
+        socks = []
+        try:
+            for _ in range(60):
+                socks.append(socket.create_connection(("127.0.0.1", proxy.port), timeout=10))
+            closed = 0
+            time.sleep(1)
+            for s in socks:
+                s.settimeout(0.3)
+                try:
+                    closed += s.recv(1) == b""
+                except TimeoutError:
+                    pass
+                except OSError:
+                    closed += 1
+            assert 25 <= closed <= 60 - 20, closed  # the ones past 30 from this ip were refused
+            normal.once()  # the connections already open keep being served
+        finally:
+            for s in socks:
+                s.close()
+    assert not normal.errors
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'ktp_connections_refused_total{reason="max_connections_per_ip"}' in text
+    lines = [ln for ln in proxy.log().splitlines() if "refused a connection" in ln]
+    assert 1 <= len(lines) <= 2 and "max_connections_per_ip" in lines[0]  # rate-limited: not one per refusal
+
+
+def test_ip_connection_creation_rate_closes_a_burst_after_the_throttle(cluster, fresh_proxy):
+    # 5/s over Kafka's 11 samples of 1 s: a burst of about 50 passes, the rest of 80 are over the rate
+    proxy = fresh_proxy(**{"limits.ip_connection_creation_rate": {"<default>": 5}})
+    t0 = time.monotonic()
+    socks = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(80)]
+    for s in socks:
+        s.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")  # ApiVersions v0
+    served = refused = 0
+    for s in socks:
+        s.settimeout(30)
+        try:
+            data = s.recv(4)
+        except OSError:
+            data = b""
+        served += bool(data)
+        refused += not data
+        s.close()
+    assert 30 <= served <= 65 and refused >= 15, (served, refused)
+    assert time.monotonic() - t0 >= 0.5  # refused ones were held for their throttle, not closed at once
