@@ -22,8 +22,11 @@ from kafka.protocol.admin import (
 
 from config.quota_sources import QuotaSources
 from protocol.apis import decode_body
+from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
+    ENTITY_IP,
     FilterComponent,
+    MatchType,
     QuotaEntity,
     QuotaEntityError,
     QuotaFilterError,
@@ -38,7 +41,27 @@ INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
 
 
-def describe(sources: QuotaSources, body, version: int, principal: str, describers: frozenset[str]) -> bytes:
+def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool):
+    """(name or None, rate) of the ip entities the filter selects: a filter naming ip picks from them alone; an
+    empty non-strict filter takes them too; any user or client-id component excludes them."""
+    if ip_quotas is None:
+        return []
+    kinds = {c.entity_type for c in components}
+    if kinds - {ENTITY_IP} or (not components and strict):
+        return []
+    entries = sorted(ip_quotas.effective().items(), key=lambda kv: (kv[0] is not None, kv[0] or ""))
+    for c in components:  # at most one, of type ip (the store checked the filter)
+        if c.match_type == MatchType.EXACT:
+            entries = [(n, r) for n, r in entries if n == c.match]
+        elif c.match_type == MatchType.DEFAULT:
+            entries = [(n, r) for n, r in entries if n is None]
+        else:
+            entries = [(n, r) for n, r in entries if n is not None]
+    return entries
+
+
+def describe(sources: QuotaSources, body, version: int, principal: str, describers: frozenset[str],
+             ip_quotas: IpQuotas | None = None) -> bytes:
     """The response body for a DescribeClientQuotas request body, when ``principal`` may describe."""
     req = decode_body(DescribeClientQuotasRequest, body, version)
     if principal not in describers:
@@ -65,12 +88,33 @@ def describe(sources: QuotaSources, body, version: int, principal: str, describe
         )
         for entity, quotas in found.items()
     ]
+    entries += [entry_cls(entity=[entry_cls.EntityData(entity_type=ENTITY_IP, entity_name=n)],
+                          values=[entry_cls.ValueData(key=CONNECTION_CREATION_RATE, value=r)])
+                for n, r in _ip_entries(ip_quotas, components, bool(req.strict))]
     return DescribeClientQuotasResponse(
         throttle_time_ms=0, error_code=NONE, error_message=None, entries=entries
     ).encode(version=version)
 
 
-def alter(sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str]) -> bytes:
+def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
+    """An entry on an ``ips`` entity (Kafka: it may not be combined with user or client-id)."""
+    if ip_quotas is None:
+        raise IpQuotaError("ip entities are not handled here")
+    if len(entry.entity) != 1:
+        raise IpQuotaError("invalid client quota entity: ip cannot be combined with user or client-id")
+    name = entry.entity[0].entity_name
+    ops: dict[str, float | None] = {}
+    for op in entry.ops:
+        value = None if op.remove else op.value
+        IpQuotas.validate(name, op.key, value)
+        ops[op.key] = value
+    if not validate_only:
+        for value in ops.values():
+            ip_quotas.alter(name, value)
+
+
+def alter(sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str],
+          ip_quotas: IpQuotas | None = None) -> bytes:
     """The response body for an AlterClientQuotas request body, applying the valid entries (unless
     validate-only) when ``principal`` is an admin. Each entry stands or falls on its own, as in Kafka."""
     req = decode_body(AlterClientQuotasRequest, body, version)
@@ -84,6 +128,10 @@ def alter(sources: QuotaSources, body, version: int, principal: str, admins: fro
             code, message = CLUSTER_AUTHORIZATION_FAILED, f"principal {principal} may not alter quotas at this proxy"
         else:
             try:
+                if any(e.entity_type == ENTITY_IP for e in entry.entity):
+                    _alter_ip(ip_quotas, entry, bool(req.validate_only))
+                    results.append(entry_cls(error_code=NONE, error_message=None, entity=wire_entity))
+                    continue
                 entity = QuotaEntity.from_components((e.entity_type, e.entity_name) for e in entry.entity)
                 ops: dict[str, float | None] = {}
                 for op in entry.ops:
@@ -92,7 +140,7 @@ def alter(sources: QuotaSources, body, version: int, principal: str, admins: fro
                     ops[op.key] = None if op.remove else validate_quota(entity, op.key, op.value)
                 if not req.validate_only:
                     sources.alter(entity, ops)
-            except (QuotaEntityError, QuotaValueError) as exc:
+            except (QuotaEntityError, QuotaValueError, IpQuotaError) as exc:
                 code, message = INVALID_REQUEST, str(exc)
         results.append(entry_cls(error_code=code, error_message=message, entity=wire_entity))
     return AlterClientQuotasResponse(throttle_time_ms=0, entries=results).encode(version=version)

@@ -44,6 +44,7 @@ from protocol.text import printable
 from proxy import client_quota_api
 from proxy.connection import Answer, Defer, ProtocolViolation, Replace
 from proxy.metrics import Stats
+from quotas.connections import IpQuotas
 from quotas.entities import (
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
@@ -118,6 +119,8 @@ class Policy:
         self.stats = stats
         self.store = QuotaStore()
         self.sources = QuotaSources(self.store, config.quotas.state_file)
+        self.ip_quotas = IpQuotas()
+        """KIP-612 connection_creation_rate per ip: the file's limits.ip_connection_creation_rate, then the API's."""
         self.quotas = QuotaManager(self.store)
         self._keys: frozenset[str] = frozenset()
         self._keys_generation = -1
@@ -133,6 +136,7 @@ class Policy:
         qc = config.quotas
         self.config = config
         self.sources.set_file({e.quota_entity(): dict(e.quotas) for e in qc.entities})
+        self.ip_quotas.set_file(config.limits.ip_connection_creation_rate)
         self.admins = frozenset(qc.admins)
         self.describers = frozenset(qc.admins if qc.describers is None else qc.describers)
         self.enforce = qc.enforce
@@ -256,10 +260,11 @@ class Policy:
         version = header.api_version
         if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
             reply = client_quota_api.describe(self.sources, body[header.body_offset:], version,
-                                              conn.identity.principal, self.describers)
+                                              conn.identity.principal, self.describers, self.ip_quotas)
         else:
             principal = conn.identity.principal
-            reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins)
+            reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins,
+                                           self.ip_quotas)
             log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, printable(principal))
         return Answer(None, local_frame(header, reply))
 

@@ -23,7 +23,7 @@ from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
 from proxy.tls import PrincipalMapper, client_context, server_context
-from quotas.connections import DEFAULT_IP, ConnectionQuotas, Refusal
+from quotas.connections import ConnectionQuotas, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ class Proxy:
         self.principal_mapper = PrincipalMapper(listen.tls.principal_mapping_rules) if listen.tls else None
         self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
         self.connection_quotas = ConnectionQuotas()
-        self._ip_quotas: dict[str, float] = {}
         self._configure_limits(config)
         self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
         self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
@@ -153,12 +152,7 @@ class Proxy:
         q.max_per_ip = lim.max_connections_per_ip
         q.per_ip_overrides = dict(lim.max_connections_per_ip_overrides)
         q.max_creation_rate = lim.max_connection_creation_rate
-        self._ip_quotas = dict(lim.ip_connection_creation_rate)
-        q.ip_rate = self._ip_rate
-
-    def _ip_rate(self, ip: str) -> float | None:
-        quotas = self._ip_quotas
-        return quotas.get(ip, quotas.get(DEFAULT_IP)) if quotas else None
+        q.ip_rate = self.policy.ip_quotas.rate
 
     def admit_connection(self, ip: str) -> Refusal | None:
         """A new client connection from ``ip``: None to serve it, else why not (counted, and logged at most once

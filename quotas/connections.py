@@ -21,6 +21,8 @@ Counts and rates are kept only for IPs with a live connection or an ip quota, an
 from __future__ import annotations
 
 import heapq
+import ipaddress
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -113,3 +115,55 @@ class ConnectionQuotas:
 
     def per_ip(self, ip: str) -> int:
         return self._per_ip.get(ip, 0)
+
+
+CONNECTION_CREATION_RATE = "connection_creation_rate"
+
+
+class IpQuotaError(ValueError):
+    """An ip quota Kafka would refuse; the message names the entity and the reason."""
+
+
+class IpQuotas:
+    """``connection_creation_rate`` per ip, or for the ``<default>`` ip (``None`` here, as on the wire): the config
+    file's, overlaid by what AlterClientQuotas set (a removal there is kept, so it also hides the file's)."""
+
+    def __init__(self) -> None:
+        self.file: dict[str | None, float] = {}
+        self.api: dict[str | None, float | None] = {}
+
+    def set_file(self, rates: Mapping[str, float]) -> None:
+        self.file = {None if ip == DEFAULT_IP else ip: r for ip, r in rates.items()}
+
+    def effective(self) -> dict[str | None, float]:
+        out = dict(self.file)
+        for ip, r in self.api.items():
+            if r is None:
+                out.pop(ip, None)
+            else:
+                out[ip] = r
+        return out
+
+    def rate(self, ip: str) -> float | None:
+        if not self.file and not self.api:
+            return None
+        eff = self.effective()
+        return eff.get(ip, eff.get(None))
+
+    @staticmethod
+    def validate(name: str | None, key: str, value: float | None) -> None:
+        """As Kafka's AlterClientQuotas checks an ip entity: a real IP address (or the default), one key."""
+        who = "<default ip>" if name is None else f"<ip {name}>"
+        if name is not None:
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                raise IpQuotaError(f"{who}: {name!r} is not a valid IP address") from None
+        if key != CONNECTION_CREATION_RATE:
+            raise IpQuotaError(f"{who}: {key} is not an ip quota; ip entities take only {CONNECTION_CREATION_RATE}")
+        if value is not None and (not isinstance(value, int | float) or math.isnan(value) or math.isinf(value)
+                                  or value <= 0):
+            raise IpQuotaError(f"{who}: {CONNECTION_CREATION_RATE} must be a finite number greater than 0")
+
+    def alter(self, name: str | None, value: float | None) -> None:
+        self.api[name] = value

@@ -7,6 +7,7 @@ running quotas; SCRAM and PLAIN clients are charged as their own user; metrics c
 
 from __future__ import annotations
 
+import contextlib
 import urllib.request
 import uuid
 
@@ -158,3 +159,25 @@ def test_cluster_quotas_are_imported(cluster, fresh_proxy):
     finally:
         cluster.tool("configs", "--bootstrap-server", direct, "--alter", "--delete-config", "request_percentage",
                      *entity)
+
+
+def test_kafka_configs_sets_an_ip_connection_rate_that_bites(cluster, fresh_proxy):
+    """KIP-612's ips entity through Kafka's own kafka-configs, as on a broker: --entity-type ips."""
+    import socket
+
+    proxy = fresh_proxy(**{"quotas.admins": ["ANONYMOUS"]})
+    r = cluster.tool("configs", "--bootstrap-server", proxy.bootstrap, "--alter", "--add-config",
+                     "connection_creation_rate=2", "--entity-type", "ips", "--entity-name", "127.0.0.1", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = cluster.tool("configs", "--bootstrap-server", proxy.bootstrap, "--describe", "--entity-type", "ips",
+                       "--entity-name", "127.0.0.1", timeout=120).stdout
+    assert "connection_creation_rate=2" in out
+    socks = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(60)]
+    served = 0
+    for s in socks:
+        s.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")  # ApiVersions v0
+        s.settimeout(30)
+        with contextlib.suppress(OSError):
+            served += bool(s.recv(4))
+        s.close()
+    assert served < 40, served  # a burst of about 2/s × 11 s passes, the rest are closed after their throttle
