@@ -21,7 +21,7 @@ from kafka.protocol.admin import (
 )
 
 from config.quota_sources import QuotaSources
-from protocol.apis import decode_body
+from protocol.apis import DecodeError, decode_body
 from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
     ENTITY_IP,
@@ -39,6 +39,13 @@ NONE = 0
 CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
+
+
+def _array(items, what: str):
+    """A non-nullable array of the schema; kafka-python decodes a -1 length as None, which Kafka refuses."""
+    if items is None:
+        raise DecodeError(f"{what} is a null array")
+    return items
 
 
 def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool):
@@ -120,9 +127,10 @@ def alter(sources: QuotaSources, body, version: int, principal: str, admins: fro
     req = decode_body(AlterClientQuotasRequest, body, version)
     entry_cls = AlterClientQuotasResponse.EntryData
     results = []
-    for entry in req.entries:
+    for entry in _array(req.entries, "AlterClientQuotas entries"):
         wire_entity = [entry_cls.EntityData(entity_type=e.entity_type, entity_name=e.entity_name)
-                       for e in entry.entity]
+                       for e in _array(entry.entity, "AlterClientQuotas entity")]
+        _array(entry.ops, "AlterClientQuotas ops")
         code, message = NONE, None
         if principal not in admins:
             code, message = CLUSTER_AUTHORIZATION_FAILED, f"principal {principal} may not alter quotas at this proxy"

@@ -103,6 +103,9 @@ def test_mutated_bodies_of_decoded_apis_raise_only_protocol_errors(seed):
                 del b[rng.randrange(len(b)):]
             elif op == 2:
                 b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+            elif len(b) > 4 and rng.random() < 0.5:
+                i = rng.randrange(len(b) - 3)
+                b[i:i + 4] = struct.pack(">i", -1)  # a null array or string where the schema has none
             elif len(b) > 2:
                 i = rng.randrange(len(b) - 1)
                 b[i:i + 2] = struct.pack(">h", rng.choice([-1, 0x7FFF, -2, 1000]))
