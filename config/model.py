@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -281,6 +282,12 @@ class LimitsConfig(_Strict):
         bad = [ip for ip, r in v.items() if not r > 0]
         if bad:
             raise ValueError(f"connection_creation_rate must be greater than 0, not {v[bad[0]]} for {bad[0]}")
+        for ip in v:
+            if ip != "<default>":
+                try:
+                    ipaddress.ip_address(ip)
+                except ValueError:
+                    raise ValueError(f"{ip!r} is not an IP address (or <default>)") from None
         return v
 
 
