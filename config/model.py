@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.principal import PrincipalMapper
 from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
 
 
@@ -73,8 +74,6 @@ class ListenTlsConfig(_Strict):
     @field_validator("principal_mapping_rules")
     @classmethod
     def _rules(cls, v: str) -> str:
-        from proxy.tls import PrincipalMapper
-
         PrincipalMapper(v)  # MappingRuleError is a ValueError: reported under this field
         return v
 

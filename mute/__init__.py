@@ -1,5 +1,6 @@
-"""Per-connection muting (KIP-219): the client's requests are not read until a deadline."""
+"""Every "this connection is not read until T", whatever the reason (quota throttles, KIP-936 user holds)."""
 
 from mute.channel import ChannelMute
+from mute.holds import KeyedHolds
 
-__all__ = ["ChannelMute"]
+__all__ = ["ChannelMute", "KeyedHolds"]

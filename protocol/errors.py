@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class ProtocolError(ValueError):
     """Bytes from a peer that cannot be followed; the message says what and where."""
+
+
+class ProtocolViolation(ProtocolError):
+    """The stream as a whole cannot be followed any more (found by whoever drives the decoders, e.g. a request
+    version beyond what the proxy decodes); decoders raise the rest of the family themselves."""

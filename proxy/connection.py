@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
 from protocol.addresses import carries_endpoints_tail
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_label, api_name
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, ProtocolViolation
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
     FrameError,
@@ -43,6 +45,7 @@ from protocol.headers import (
     response_correlation_id,
 )
 from protocol.inflight import InFlight, Pending, expects_response, requested_wait_ms
+from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule
 from protocol.sasl_identity import (
     SaslTokenError,
     decode_authenticate_request,
@@ -53,10 +56,18 @@ from protocol.sasl_identity import (
 from protocol.text import printable
 from protocol.throttle_field import needs_walk
 from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
-from proxy.tls import CertificateError, ConnectionIdentity, NoMatchingRule, peer_principal
+from proxy.tls import peer_principal
+from proxy.verdicts import Answer, Defer, Replace
 
 if TYPE_CHECKING:
-    from proxy.server import Proxy
+    from config.model import ProxyConfig
+    from protocol.frames import RequestBytesPool
+    from protocol.principal import PrincipalMapper
+    from proxy.brokers import BrokerDirectory
+    from proxy.metrics import Stats
+    from proxy.responses import TopicIds
+    from proxy.verdicts import RequestPolicy
+    from quotas.connections import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -84,42 +95,22 @@ def error_kind(reason: str) -> str:
     return "protocol"
 
 
-class Defer:
-    """The policy needs to ask the cluster, or to wait, before it can decide: the request, and every request
-    after it on this connection, wait (unread, in order) until the awaitable that ``decide()`` returns gives
-    the verdict. ``decide`` is a function, not an awaitable: the connection starts it when it is ready."""
+@dataclass(slots=True)
+class Services:
+    """What a connection uses of the proxy, and nothing more: settings, counters, the policy seat, the shared
+    request pool and broker directory, and the connection limits' admit/release."""
 
-    __slots__ = ("decide",)
-
-    def __init__(self, decide: Callable[[], Awaitable[object]]) -> None:
-        if not callable(decide):  # a coroutine object handed over by mistake would fail only when awaited
-            raise TypeError(f"Defer takes a function returning an awaitable, not {type(decide).__name__}")
-        self.decide = decide
-
-
-class Replace:
-    """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's."""
-
-    __slots__ = ("decision", "frame")
-
-    def __init__(self, decision, frame: bytes) -> None:
-        self.decision = decision
-        self.frame = frame
-
-
-class Answer:
-    """The proxy answers this request itself with ``frame``; the cluster never sees the request."""
-
-    __slots__ = ("decision", "frame")
-
-    def __init__(self, decision, frame: bytes) -> None:
-        self.decision = decision
-        self.frame = frame
-
-
-class ProtocolViolation(ProtocolError):
-    """This connection's byte stream cannot be followed any more (what the policy finds; decoders raise the
-    rest of the ProtocolError family themselves)."""
+    config: ProxyConfig
+    stats: Stats
+    policy: RequestPolicy
+    request_pool: RequestBytesPool
+    directory: BrokerDirectory
+    topic_ids: TopicIds
+    version_caps: Mapping[int, int]
+    admit: Callable[[str], Refusal | None]
+    release: Callable[[str], None]
+    principal_mapper: PrincipalMapper | None = None
+    upstream_ssl: ssl.SSLContext | None = None
 
 
 class _Side(asyncio.BaseProtocol):
@@ -168,17 +159,17 @@ class _UpstreamSide(_Side, asyncio.BufferedProtocol):
 
 
 class Connection:
-    def __init__(self, proxy: Proxy, candidates: list[tuple[str, int]], label: str) -> None:
-        self.proxy = proxy
+    def __init__(self, services: Services, candidates: list[tuple[str, int]], label: str) -> None:
+        self.services = services
         self.candidates = candidates
         self.label = label
         self.client: _Side = _ClientSide(self, is_client=True)
         self.upstream: _Side = _UpstreamSide(self, is_client=False)
-        config = proxy.config
+        config = services.config
         max_frame = config.max_frame_bytes
         # Memory is taken as bytes arrive, never at a size a client merely announced: requests grow with what
         # was received (large ones reserve from the proxy-wide pool first), responses start in a small buffer.
-        self._requests = FrameReader(max_frame, proxy.request_pool, config.request_pool_min_bytes)
+        self._requests = FrameReader(max_frame, services.request_pool, config.request_pool_min_bytes)
         self._responses = FrameReceiver(max_frame, self._may_stream, initial=INITIAL_RECEIVE_BYTES)
         self._pool_waiter = None  # queued for the request pool (protocol.frames.RequestBytesPool)
         self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
@@ -194,20 +185,20 @@ class Connection:
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
         # SASL principal once an exchange succeeds, else the client certificate's mapped name, else ANONYMOUS.
-        self.identity = ConnectionIdentity(proxy.config.sasl.oauthbearer_principal_claim)
+        self.identity = ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim)
         self.client_id = ""
         self._held: deque | None = None  # responses held behind one waiting for a new listener
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
         self._deferred: deque | None = None  # requests held behind one the policy is still deciding
         self._own_corr = -1
         self.last_response_at = 0.0
-        self.id = str(proxy.stats.connections_total)
+        self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
         self.sum_requests = 0
         self.sum_bytes_in = 0
         self.sum_bytes_out = 0
-        self._throttle_hold = False
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"), self._unmuted)
+        self._waiting: tuple[Defer, bytes] | None = None  # a deferred request whose decision waits out a mute
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
         self.closed = False
@@ -242,7 +233,7 @@ class Connection:
         peer = self.client.transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         ip = str(peer[0]) if peer else "?"
-        refusal = self.proxy.admit_connection(ip)
+        refusal = self.services.admit(ip)
         if refusal is not None:  # over a connection limit: never served, closed at once or after the throttle
             if refusal.close_after_ms > 0:
                 self.pause(self.client, "refused")
@@ -252,10 +243,10 @@ class Connection:
                 self.close()
             return
         self._admitted_ip = ip
-        if self.proxy.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
+        if self.services.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
             try:
                 self.identity.tls_principal = peer_principal(
-                    self.client.transport.get_extra_info("ssl_object"), self.proxy.principal_mapper)
+                    self.client.transport.get_extra_info("ssl_object"), self.services.principal_mapper)
             except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
                 self.close(f"client certificate refused: {exc}")
                 return
@@ -264,13 +255,13 @@ class Connection:
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
-        timeout = self.proxy.config.upstream.connect_timeout_ms / 1000
+        timeout = self.services.config.upstream.connect_timeout_ms / 1000
         for host, port in self.candidates:
             if self.closed:
                 return
             try:
                 await asyncio.wait_for(loop.create_connection(lambda: self.upstream, host, port,
-                                                                   ssl=self.proxy.upstream_ssl), timeout)
+                                                                   ssl=self.services.upstream_ssl), timeout)
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port,
                             exc or "timeout")
@@ -305,7 +296,7 @@ class Connection:
         longer than ``connections_max_idle_ms``; give a grown response buffer back once quiet."""
         if self.closed:
             return
-        cfg = self.proxy.config
+        cfg = self.services.config
         if (self._frame_since is not None and not self.client.pauses
                 and now - self._frame_since > cfg.request_read_timeout_ms / 1000):
             self.close(f"request timeout: a request frame was still incomplete after {cfg.request_read_timeout_ms} "
@@ -344,16 +335,16 @@ class Connection:
             return
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, printable(reason, 500))
-            self.proxy.stats.connection_errors[error_kind(reason)] += 1
+            self.services.stats.connection_errors[error_kind(reason)] += 1
         self.closed = True
         self.mute.cancel()
         if self._admitted_ip is not None:
-            self.proxy.connection_quotas.closed(self._admitted_ip)
+            self.services.release(self._admitted_ip)
             self._admitted_ip = None
         if self._refused_timer is not None:
             self._refused_timer.cancel()
         if self._pool_waiter is not None:
-            self.proxy.request_pool.cancel(self._pool_waiter)
+            self.services.request_pool.cancel(self._pool_waiter)
             self._pool_waiter = None
         upstream = self.upstream.transport
         if upstream is None or not upstream.get_write_buffer_size():
@@ -383,7 +374,7 @@ class Connection:
     def requests_received(self, data: bytes) -> None:
         if self.closed or self._refused_timer is not None:
             return
-        self.proxy.stats.bytes_from_clients += len(data)
+        self.services.stats.bytes_from_clients += len(data)
         self.sum_bytes_in += len(data)
         self.last_active = now = time.monotonic()
         if self.upstream.transport is None:
@@ -407,7 +398,7 @@ class Connection:
             self._frame_since = now
         if reader.waiting and self._pool_waiter is None:
             self.pause(self.client, "memory")
-            self._pool_waiter = self.proxy.request_pool.wait(reader.waiting, self._pool_granted)
+            self._pool_waiter = self.services.request_pool.wait(reader.waiting, self._pool_granted)
         if self._deferred is not None:
             self._deferred.extend(bytes(f) for f in frames)  # a read that raced the pause
             return
@@ -444,16 +435,17 @@ class Connection:
                     # views may point into a receive buffer that is about to be reused.
                     self._deferred = deque(bytes(f) for f in frames[i + 1:])
                     self.pause(self.client, "deciding")
-                    self._spawn(self._decide(item, bytes(frame)))
+                    self._start_decision(item, bytes(frame))
                     break
                 out.append(item)
-                if self._throttle_hold or self._sasl_hold:
+                if self.mute.held or self._sasl_hold:
                     # A request charged over quota: like a broker, read nothing more from this client
-                    # until its response is sent and the throttle is over; what was already read waits.
-                    # A SaslHandshake v0: whether what follows is a raw token or a request depends on the
-                    # broker's answer, so it waits for that answer.
+                    # until its response is sent and the throttle is over (the mute is held); what was
+                    # already read waits. A SaslHandshake v0: whether what follows is a raw token or a
+                    # request depends on the broker's answer, so it waits for that answer.
                     self._deferred = deque(bytes(f) for f in frames[i + 1:])
-                    self.pause(self.client, "throttled" if self._throttle_hold else "sasl-handshake")
+                    if self._sasl_hold:
+                        self.pause(self.client, "sasl-handshake")
                     break
         except ProtocolError as exc:  # the client's bytes: one line, its connection only
             if out:
@@ -482,7 +474,7 @@ class Connection:
         try:
             header = parse_request_header(body)
             api = f"{api_name(header.api_key)} v{header.api_version}"
-            cap = self.proxy.version_caps.get(header.api_key)
+            cap = self.services.version_caps.get(header.api_key)
             if cap is not None and header.api_version > cap:
                 if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"
                     body = unsupported_version_body(cap)
@@ -503,11 +495,11 @@ class Connection:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
-        stats = self.proxy.stats
+        stats = self.services.stats
         stats.requests += 1
         self.sum_requests += 1
         stats.requests_by_api[api_label(header.api_key)] += 1
-        verdict = self.proxy.policy.on_request(self, header, body, now)
+        verdict = self.services.policy.on_request(self, header, body, now)
         return self._apply(verdict, header, frame, answered, now)
 
     def _apply(self, verdict, header: RequestHeader, frame, answered: bool, now: float):
@@ -515,7 +507,7 @@ class Connection:
             if answered:
                 self.inflight.push(Pending(header, now, verdict, wait_ms=requested_wait_ms(frame, header, 4)))
             elif verdict is not None:
-                self.proxy.policy.on_unanswered(self, verdict)
+                self.services.policy.on_unanswered(self, verdict)
             return frame
         if isinstance(verdict, Defer):
             return verdict
@@ -548,8 +540,7 @@ class Connection:
         if item is not None:
             self.upstream.transport.write(item)
         self.resume(self.client, "deciding")
-        if self._throttle_hold:  # this request was charged over quota: the rest waits for its throttle
-            self.pause(self.client, "throttled")
+        if self.mute.held:  # this request was charged over quota: the rest waits for its throttle
             return
         self._release_deferred()
         self._release_requests()
@@ -561,23 +552,25 @@ class Connection:
         else:
             self._release_requests()
 
-    def hold_reads(self) -> None:
-        """The request being processed is over a quota: nothing after it is read until ``throttle_served``."""
-        self._throttle_hold = True
+    def _start_decision(self, defer: Defer, frame: bytes) -> None:
+        """Decide a deferred request now, or once the mute it asks for (a KIP-936 hold) has run out."""
+        if defer.wait_s > 0:
+            self.mute.mute_for(defer.wait_s)
+            if self.mute.muted:
+                self._waiting = (defer, frame)
+                return
+        self._spawn(self._decide(defer, frame))
 
-    def throttle_served(self, seconds: float) -> None:
-        """The throttled request's response is on its way: reading resumes ``seconds`` from now (KIP-219)."""
-        self.mute.mute_for(seconds)
-        if not self.mute.muted:
-            self._unmuted()
-
-    def _unmuted(self) -> None:
+    def _unmuted(self, hold_ended: bool) -> None:
+        if self.closed:
+            return
         self.resume(self.client, "muted")
-        if self._throttle_hold and not self.closed:
-            self._throttle_hold = False
-            self.resume(self.client, "throttled")
-            if not self._sasl_hold:
-                self._release_deferred()
+        if self._waiting is not None:
+            defer, frame = self._waiting
+            self._waiting = None
+            self._spawn(self._decide(defer, frame))
+        elif hold_ended and not self._sasl_hold:
+            self._release_deferred()
 
     def _sasl_handshake_answered(self) -> None:
         """The broker answered a SaslHandshake v0: the identity now knows whether raw tokens follow, so what
@@ -586,7 +579,7 @@ class Connection:
         if self.closed:
             return
         self.resume(self.client, "sasl-handshake")
-        if not self._throttle_hold:
+        if not self.mute.held:
             self._release_deferred()
 
     def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
@@ -649,7 +642,7 @@ class Connection:
         if self.closed:
             return
         self.last_active = time.monotonic()
-        self.proxy.stats.bytes_to_clients += nbytes
+        self.services.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
         self._deliver(self._responses.received(nbytes))
 
@@ -692,7 +685,7 @@ class Connection:
     def _finish(self, pending: Pending, frame, out: list) -> None:
         """Last stop of every response: the policy may raise throttle_time_ms and mute the client."""
         if pending.decision is not None:
-            pieces = self.proxy.policy.on_response(self, pending, frame)
+            pieces = self.services.policy.on_response(self, pending, frame)
             if pieces is not None:
                 out.extend(pieces)
                 return
@@ -706,16 +699,16 @@ class Connection:
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
             pending = self.inflight.pop(head.header.correlation_id)
             name = api_label(pending.header.api_key)
-            self.proxy.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
-            self.proxy.stats.latency_count_by_api[name] += 1
+            self.services.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
+            self.services.stats.latency_count_by_api[name] += 1
             self.identity.on_other_response()
             pieces = None
             if pending.decision is not None:
-                pieces = self.proxy.policy.on_response(self, pending, frame.data, frame.total)
+                pieces = self.services.policy.on_response(self, pending, frame.data, frame.total)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
                 body_start = 4 + response_body_offset(frame.data[4:], key, version)
-                self._tail = StreamedTail(key, version, body_start, self.proxy.directory)
+                self._tail = StreamedTail(key, version, body_start, self.services.directory)
                 self._tail.pass_on(pieces or (frame.data,), False, out)
             else:
                 out.extend(pieces or (frame.data,))
@@ -734,7 +727,7 @@ class Connection:
             self._release_local(out)
             return
         key = pending.header.api_key
-        stats = self.proxy.stats
+        stats = self.services.stats
         name = api_label(key)
         stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
         stats.latency_count_by_api[name] += 1
@@ -742,8 +735,8 @@ class Connection:
             self._sasl_answer(pending.header, body)
         else:
             self.identity.on_other_response()
-        result = inspect_response(pending, body, self.proxy.directory, self.proxy.topic_ids,
-                                  self.proxy.version_caps)
+        result = inspect_response(pending, body, self.services.directory, self.services.topic_ids,
+                                  self.services.version_caps)
         if result is None:
             self._finish(pending, frame, out)
         elif isinstance(result, AddressEdit):
@@ -768,7 +761,7 @@ class Connection:
 
     async def _learn(self, endpoints) -> None:
         try:
-            await self.proxy.directory.learn(endpoints)
+            await self.services.directory.learn(endpoints)
         except Exception as exc:  # noqa: BLE001 - e.g. no free port; the next Metadata tries again
             log.warning("cannot start a listener for %s: %s: %s", endpoints, type(exc).__name__, exc)
 
@@ -786,8 +779,8 @@ class Connection:
 
     async def _finish_edit(self, pending: Pending, edit: AddressEdit) -> None:
         try:
-            await self.proxy.directory.learn(edit.endpoints)
-            rendered = edit.render(self.proxy.directory)
+            await self.services.directory.learn(edit.endpoints)
+            rendered = edit.render(self.services.directory)
         except Exception as exc:  # noqa: BLE001 - e.g. no free port left in the configured range
             self.close(f"cannot rewrite broker addresses: {type(exc).__name__}: {exc}")
             return

@@ -22,13 +22,12 @@ and counted, and nothing is rewritten, rejected or muted.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -36,14 +35,16 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from config.load import ConfigError
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
+from mute import KeyedHolds
 from protocol import mutations, throttle_field
 from protocol.apis import Api, decode_body, response_header_is_flexible
+from protocol.errors import ProtocolViolation
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.record_batches import RecordBatchError, producer_ids
 from protocol.text import printable
 from proxy import client_quota_api
-from proxy.connection import Answer, Defer, ProtocolViolation, Replace
 from proxy.metrics import Stats
+from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.entities import (
     CONSUMER_BYTE_RATE,
@@ -56,9 +57,6 @@ from quotas.entities import (
 from quotas.manager import QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
 from quotas.token_bucket import admit
-
-if TYPE_CHECKING:
-    from proxy.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +101,7 @@ class Decision:
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
         self.holds = False
-        """The connection's reads are held until this request's throttle is served (see Connection.hold_reads)."""
+        """The connection's reads are held until this request's throttle is served (ChannelMute.hold, then served)."""
         self.mutations = 0
         self.rejected = 0
         self.new_pids = 0
@@ -115,8 +113,10 @@ class Decision:
 
 
 class Policy:
-    def __init__(self, config: ProxyConfig, stats: Stats) -> None:
+    def __init__(self, config: ProxyConfig, stats: Stats, clock: Callable[[], float] = time.monotonic) -> None:
         self.stats = stats
+        self._clock = clock
+        """Monotonic seconds; injected so a test can drive every time-dependent decision."""
         self.store = QuotaStore()
         self.sources = QuotaSources(self.store, config.quotas.state_file)
         self.ip_quotas = IpQuotas()
@@ -126,8 +126,8 @@ class Policy:
         self._keys_generation = -1
         self.producer_ids: ProducerIdTracker | None = None
         self.decision_log = _open_decision_log(config)
-        self._epoch_offset_ms = round(time.time() * 1000) - _now_ms()
-        self._pid_holds: dict[str, float] = {}
+        self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
+        self._pid_holds = KeyedHolds()
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
         self.reload(config)
 
@@ -160,18 +160,19 @@ class Policy:
             self._keys_generation = self.store.generation
         return self._keys
 
+    def _now_ms(self) -> int:
+        return round(self._clock() * 1000)
+
     def upkeep(self) -> None:
-        now_ms = _now_ms()
+        now_ms = self._now_ms()
         self.quotas.expire(now_ms)
         self.producer_ids.cleanup(now_ms)
-        now = now_ms / 1000
-        for user in [u for u, until in self._pid_holds.items() if until <= now]:
-            del self._pid_holds[user]
+        self._pid_holds.expire(now_ms / 1000)
 
     def quota_samples(self):
-        return list(self.quotas.samples(_now_ms(), self.config.metrics.max_entity_series))
+        return list(self.quotas.samples(self._now_ms(), self.config.metrics.max_entity_series))
 
-    def _scope(self, conn: Connection) -> str:
+    def _scope(self, conn: PolicyConnection) -> str:
         if self.cluster_scope:
             return ""
         if conn.label != "bootstrap":
@@ -181,27 +182,23 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(self, conn: Connection, header: RequestHeader, body: memoryview, now: float):
+    def on_request(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return self._client_quotas(conn, header, body)
         if self._pid_holds and (key == Api.PRODUCE or key == Api.INIT_PRODUCER_ID):
-            hold = self._pid_holds.get(conn.identity.principal)
-            if hold is not None:
-                if hold > now and self.enforce:
-                    held = body.tobytes()  # the client's chunk may be reused before the hold ends
-                    return Defer(lambda: self._after_hold(conn, header, held, hold - now))
-                if hold <= now:
-                    del self._pid_holds[conn.identity.principal]
+            wait = self._pid_holds.remaining(conn.identity.principal, now)
+            if wait > 0 and self.enforce:
+                held = body.tobytes()  # the client's chunk may be reused before the hold ends
+                return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
         return self._decide(conn, header, body, now)
 
-    async def _after_hold(self, conn: Connection, header: RequestHeader, body: bytes, seconds: float):
-        """KIP-936 hold: the request (and, unread, everything behind it on this connection) waits out the
-        user's producer-id throttle, then is decided as if it had just arrived; the connection stays open."""
-        await asyncio.sleep(seconds)
-        return self._decide(conn, header, memoryview(body), time.monotonic())
+    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, body: bytes):
+        """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
+        producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
+        return self._decide(conn, header, memoryview(body), self._clock())
 
-    def _decide(self, conn: Connection, header: RequestHeader, body: memoryview, now: float):
+    def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
         active = self._active_keys()
         if not active or key in _NEVER_CHARGED:
@@ -218,7 +215,7 @@ class Policy:
                 self._charge_producer_ids(d, header, body, now_ms)
             if d.throttle_ms > 0 and self.enforce:
                 d.holds = True
-                conn.hold_reads()
+                conn.mute.hold()
         elif key == Api.FETCH:
             if CONSUMER_BYTE_RATE in active and not _is_replica_fetch(body, header):
                 d.fetch = True
@@ -253,10 +250,9 @@ class Policy:
             # Muting one connection does not stop the KIP's misbehaving pattern (a new producer, on new
             # connections, per batch), so the user's next Produce / InitProducerId on ANY connection waits too,
             # up to producer_id_hold_max_ms (kept below client request timeouts).
-            until = now_ms / 1000 + min(throttle, self.pid_hold_max_ms) / 1000
-            self._pid_holds[d.user] = max(self._pid_holds.get(d.user, 0.0), until)
+            self._pid_holds.hold(d.user, now_ms / 1000 + min(throttle, self.pid_hold_max_ms) / 1000)
 
-    def _client_quotas(self, conn: Connection, header: RequestHeader, body: memoryview) -> Answer:
+    def _client_quotas(self, conn: PolicyConnection, header: RequestHeader, body: memoryview) -> Answer:
         version = header.api_version
         if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
             reply = client_quota_api.describe(self.sources, body[header.body_offset:], version,
@@ -270,7 +266,7 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ KIP-599
 
-    def _mutation_request(self, conn: Connection, d: Decision, header: RequestHeader, body: memoryview,
+    def _mutation_request(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview,
                           now_ms: int):
         tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
         if tracker is None:
@@ -281,9 +277,9 @@ class Policy:
         frame_body = body.tobytes()
         return Defer(lambda: self._mutation_decide(conn, d, header, frame_body, request))
 
-    async def _mutation_decide(self, conn: Connection, d: Decision, header: RequestHeader, body: bytes, request):
+    async def _mutation_decide(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: bytes, request):
         counts = await self._partition_counts(conn, request)
-        now_ms = _now_ms()
+        now_ms = self._now_ms()
         tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
         if tracker is None:  # the quota was removed while we asked
             return d
@@ -315,7 +311,7 @@ class Policy:
         d.merge = lambda broker_body: mutations.merge_response(request, broker_body, rejected, throttle)
         return Replace(d, _SIZE.pack(len(sub)) + sub)
 
-    async def _partition_counts(self, conn: Connection, request) -> list[int]:
+    async def _partition_counts(self, conn: PolicyConnection, request) -> list[int]:
         """Partitions each topic of the request would create or delete, asked of the cluster on the client's own
         broker link (so its view and its authorisation are the client's)."""
         key = request.api_key
@@ -330,7 +326,7 @@ class Policy:
             return [max(t.count - current.get(t.name, t.count), 0) for t in request.topics]
         return [current.get(t.topic_id if t.topic_id is not None else t.name, 0) for t in request.topics]
 
-    async def _current_counts(self, conn: Connection, topics) -> dict:
+    async def _current_counts(self, conn: PolicyConnection, topics) -> dict:
         wanted = [MetadataRequest.MetadataRequestTopic(topic_id=getattr(t, "topic_id", None), name=t.name)
                   for t in topics]
         req = MetadataRequest(topics=wanted, allow_auto_topic_creation=False,
@@ -346,7 +342,7 @@ class Policy:
                     out[t.topic_id] = len(t.partitions)
         return out
 
-    async def _default_partitions(self, conn: Connection, topics) -> dict[str, int]:
+    async def _default_partitions(self, conn: PolicyConnection, topics) -> dict[str, int]:
         """The cluster's default partition count for topics created with -1, by asking it to validate them."""
         probe = CreateTopicsRequest(
             topics=[CreateTopicsRequest.CreatableTopic(name=t.name, num_partitions=-1,
@@ -361,12 +357,12 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: Connection, pending, frame, total: int | None = None):
+    def on_response(self, conn: PolicyConnection, pending, frame, total: int | None = None):
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
         d: Decision = pending.decision
         header = pending.header
-        now = time.monotonic()
+        now = self._clock()
         now_ms = round(now * 1000)
         if d.request_quota:
             started = max(pending.sent_at, conn.last_response_at)
@@ -395,19 +391,19 @@ class Policy:
             if not d.holds:
                 conn.mute.mute_for(throttle / 1000)
         if d.holds:
-            conn.throttle_served(throttle / 1000 if self.enforce else 0)
+            conn.mute.served(throttle / 1000 if self.enforce else 0)
         self._record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms)
         return pieces
 
-    def on_unanswered(self, conn: Connection, d: Decision) -> None:
+    def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:
         """Produce acks=0: no response will come, so the mute starts now."""
         if d.holds:
-            conn.throttle_served(d.throttle_ms / 1000 if self.enforce else 0)
+            conn.mute.served(d.throttle_ms / 1000 if self.enforce else 0)
         elif d.throttle_ms > 0 and self.enforce:
             conn.mute.mute_for(d.throttle_ms / 1000)
         self._record(conn, d, 0, None, d.charged_ms)
 
-    def _record(self, conn: Connection, d: Decision, bytes_out: int, upstream_ms: float | None,
+    def _record(self, conn: PolicyConnection, d: Decision, bytes_out: int, upstream_ms: float | None,
                 now_ms: int) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
         if d.rejected:
@@ -440,7 +436,7 @@ class Policy:
             event[kind + "_throttle_ms"] = throttle
         self.decision_log.emit(event)
 
-    def summarise(self, conn: Connection) -> None:
+    def summarise(self, conn: PolicyConnection) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
         if self.decision_log is None or not (conn.sum_requests or conn.sum_bytes_in or conn.sum_bytes_out):
             return
@@ -483,10 +479,6 @@ def _open_decision_log(config: ProxyConfig):
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"decision_log.directory {dc.directory}: cannot write the decision log there "
                           f"({type(exc).__name__}: {exc})") from None
-
-
-def _now_ms() -> int:
-    return round(time.monotonic() * 1000)
 
 
 def _is_replica_fetch(body: memoryview, header: RequestHeader) -> bool:

@@ -14,15 +14,16 @@ from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
 from protocol.frames import RequestBytesPool
+from protocol.principal import PrincipalMapper
 from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
-from proxy.connection import Connection
+from proxy.connection import Connection, Services
 from proxy.discovery import discover_brokers
 from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
-from proxy.tls import PrincipalMapper, client_context, server_context
+from proxy.tls import client_context, server_context
 from quotas.connections import ConnectionQuotas, Refusal
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class Proxy:
         self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
         self.connection_quotas = ConnectionQuotas()
         self._configure_limits(config)
+        self.services = Services(config, self.stats, self.policy, self.request_pool, self.directory, self.topic_ids,
+                                 self.version_caps, self.admit_connection, self.connection_quotas.closed,
+                                 self.principal_mapper, self.upstream_ssl)
         self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
         self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
                                               self.policy.decision_log_stats, self._gauges)
@@ -206,7 +210,7 @@ class Proxy:
             candidates = [target] if target else []
             label = f"broker {node_id}"
         self.stats.connections_total += 1
-        conn = Connection(self, candidates, label)
+        conn = Connection(self.services, candidates, label)
         self.connections.add(conn)
         conn.done.add_done_callback(lambda _f: self.connections.discard(conn))
         if self._closing:

@@ -18,7 +18,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
-from proxy.connection import Defer
+from proxy.verdicts import Defer
 from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
 
@@ -40,8 +40,9 @@ class _Conn(SimpleNamespace):
     def __init__(self, principal: str, label: str = "broker 1") -> None:
         super().__init__(identity=SimpleNamespace(principal=principal), label=label, upstream_addr=None,
                          holds=0)
+        self.mute = SimpleNamespace(hold=self._hold)
 
-    def hold_reads(self) -> None:
+    def _hold(self) -> None:
         self.holds += 1
 
 
@@ -58,8 +59,10 @@ def _produce(pid: int):
 
 
 async def _run(verdict):
-    """What the connection does with a verdict: a Defer's function is called, its awaitable awaited."""
+    """What the connection does with a verdict: a Defer's wait is sat out muted, then its function is called
+    and its awaitable awaited."""
     if isinstance(verdict, Defer):
+        await asyncio.sleep(verdict.wait_s)
         return await verdict.decide()
     return verdict
 

@@ -14,17 +14,9 @@ from pathlib import Path
 import pytest
 
 from config.load import ConfigError, load_config
+from protocol.principal import ConnectionIdentity, MappingRuleError, NoMatchingRule, PrincipalMapper, subject_dn
 from protocol.sasl_identity import ANONYMOUS
-from proxy.tls import (
-    ConnectionIdentity,
-    MappingRuleError,
-    NoMatchingRule,
-    PrincipalMapper,
-    client_context,
-    peer_principal,
-    server_context,
-    subject_dn,
-)
+from proxy.tls import client_context, peer_principal, server_context
 
 # ---- throwaway PKI --------------------------------------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""What the policy may answer for a request, and the little of a connection it may touch.
+
+Why a module of its own: the connection applies verdicts and the policy makes them; with the types here neither
+imports the other, and :class:`PolicyConnection` names the whole of what a policy may read or do to a connection
+(so a policy can be unit-tested against a plain object, without sockets).
+
+A verdict is one of: ``None`` (forward the frame, nothing to follow), a decision object (forward, and hand the
+response to ``on_response`` with it), :class:`Replace`, :class:`Answer`, or :class:`Defer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+
+class Defer:
+    """The policy needs to ask the cluster, or to wait, before it can decide: the request, and every request
+    after it on this connection, wait (unread, in order) until the awaitable that ``decide()`` returns gives
+    the verdict. ``decide`` is a function, not an awaitable: the connection starts it when it is ready, after
+    ``wait_s`` seconds during which the connection is muted (a KIP-936 hold)."""
+
+    __slots__ = ("decide", "wait_s")
+
+    def __init__(self, decide: Callable[[], Awaitable[object]], wait_s: float = 0.0) -> None:
+        if not callable(decide):  # a coroutine object handed over by mistake would fail only when awaited
+            raise TypeError(f"Defer takes a function returning an awaitable, not {type(decide).__name__}")
+        self.decide = decide
+        self.wait_s = wait_s
+
+
+class Replace:
+    """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's."""
+
+    __slots__ = ("decision", "frame")
+
+    def __init__(self, decision: Any, frame: bytes) -> None:
+        self.decision = decision
+        self.frame = frame
+
+
+class Answer:
+    """The proxy answers this request itself with ``frame``; the cluster never sees the request."""
+
+    __slots__ = ("decision", "frame")
+
+    def __init__(self, decision: Any, frame: bytes) -> None:
+        self.decision = decision
+        self.frame = frame
+
+
+class Identity(Protocol):
+    @property
+    def principal(self) -> str: ...
+
+
+class Mute(Protocol):
+    def mute_for(self, seconds: float) -> None: ...
+    def hold(self) -> None: ...
+    def served(self, seconds: float) -> None: ...
+
+
+class PolicyConnection(Protocol):
+    """All a policy reads of a connection, or does to it."""
+
+    id: str
+    peer: str
+    label: str
+    client_id: str
+    identity: Identity
+    upstream_addr: tuple[str, int] | None
+    last_response_at: float
+    mute: Mute
+    sum_requests: int
+    sum_bytes_in: int
+    sum_bytes_out: int
+
+    def ask(self, api_key: int, api_version: int, body: bytes) -> Awaitable[bytes]:
+        """Send a request of the proxy's own on this connection's broker link; the response body (after its
+        header) comes back, in order with the client's requests."""
+        ...
+
+
+class RequestPolicy(Protocol):
+    """The policy seat, as a connection sees it: every request goes in, every decided response goes out."""
+
+    def on_request(self, conn: Any, header: Any, body: memoryview, now: float) -> object: ...
+
+    def on_response(self, conn: Any, pending: Any, frame: Any, total: int | None = None) -> list | None: ...
+
+    def on_unanswered(self, conn: Any, decision: Any) -> None: ...
