@@ -39,22 +39,19 @@ from protocol.apis import Api, DecodeError, api_name, decode_body, request_class
 from protocol.skim import layout
 from protocol.throttle_field import INT32_MAX, raise_throttle, throttle_offset
 from protocol.varint import read_uvarint
+from quotas.kinds import MUTATION_APIS as KIND_MUTATION_APIS
+from quotas.kinds import MUTATION_STRICT_SINCE, mutation_is_strict
 
 THROTTLING_QUOTA_EXCEEDED = 89
-MUTATION_APIS = frozenset({Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS})
-STRICT_SINCE = {Api.CREATE_TOPICS: 6, Api.DELETE_TOPICS: 5, Api.CREATE_PARTITIONS: 3}
-"""First version whose clients understand error 89 (Kafka's strict ControllerMutationQuota)."""
+MUTATION_APIS = KIND_MUTATION_APIS
+STRICT_SINCE = MUTATION_STRICT_SINCE
+"""First version whose clients understand error 89 (KIP-599's boundary, kept in the quota catalogue)."""
+is_strict = mutation_is_strict
 
 # Name of the per-topic result array in each response.
 _RESULTS = {Api.CREATE_TOPICS: "topics", Api.DELETE_TOPICS: "responses", Api.CREATE_PARTITIONS: "results"}
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-
-
-def is_strict(api_key: int, api_version: int) -> bool:
-    """Whether this request version may get per-topic THROTTLING_QUOTA_EXCEEDED answers (and so be split)."""
-    since = STRICT_SINCE.get(api_key)
-    return since is not None and api_version >= since
 
 
 def _request_topics_field(api_key: int, api_version: int) -> str:

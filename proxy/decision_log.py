@@ -38,7 +38,9 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Literal
+
+from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION, arrow_schema, column_names
 
 __all__ = [
     "COLUMNS",
@@ -50,64 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION: Final = 1
-
-QUOTA_KINDS: Final = ("produce", "fetch", "request", "mutation", "pids")
-"""Quota kinds, in the order of their per-kind columns: producer_byte_rate, consumer_byte_rate,
-request_percentage, controller_mutation_rate, producer_ids_rate."""
-
-# (name, type). Types: "int32", "int64", "float64", "string", "bool", "list<int32>".
-_BASE: Final[tuple[tuple[str, str], ...]] = (
-    ("schema", "int32"),
-    ("event", "string"),
-    ("ts_ms", "int64"),
-    ("proxy", "string"),
-    ("conn", "string"),
-    ("user", "string"),
-    ("client_id", "string"),
-    ("api_key", "int32"),
-    ("api_version", "int32"),
-    ("requests", "int64"),
-    ("bytes_in", "int64"),
-    ("bytes_out", "int64"),
-    ("mutations", "int64"),
-    ("new_pids", "int64"),
-    ("upstream_ms", "float64"),
-    ("action", "string"),
-    ("throttle_ms", "int64"),
-    ("shadow", "bool"),
-)
-_PER_KIND: Final = tuple(
-    col for k in QUOTA_KINDS for col in ((f"{k}_value", "float64"), (f"{k}_limit", "float64"),
-                                         (f"{k}_throttle_ms", "int64"))
-)
-_TAIL: Final[tuple[tuple[str, str], ...]] = (
-    ("rejected_topics", "int32"),
-    # Optional in v1 (null when the proxy does not fill them); they make the what-if replay exact.
-    ("seq", "int64"),
-    ("scope", "string"),
-    ("req_ts_ms", "int64"),
-    ("topic_partitions", "list<int32>"),
-)
-COLUMNS: Final[tuple[tuple[str, str], ...]] = _BASE + _PER_KIND + _TAIL
-"""Schema version 1: every column, in file order, with its type."""
-
-
-def column_names() -> list[str]:
-    """The schema's column names in file order."""
-    return [name for name, _ in COLUMNS]
-
-
-def arrow_schema():
-    """The schema as a ``pyarrow.Schema`` (imports pyarrow lazily: the proxy needs it only with Parquet)."""
-    import pyarrow as pa
-
-    types = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
-             "bool": pa.bool_(), "list<int32>": pa.list_(pa.int32())}
-    return pa.schema([pa.field(n, types[t]) for n, t in COLUMNS],
-                     metadata={b"kafka_throttle_proxy.decision_log.schema": str(SCHEMA_VERSION).encode()})
-
 
 def _coerce(kind: str, value: Any) -> Any:
     """Best-effort conversion of one bad value (slow path only); ``None`` when it cannot be converted."""

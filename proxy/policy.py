@@ -46,26 +46,24 @@ from proxy import client_quota_api
 from proxy.metrics import Stats
 from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
-from quotas.entities import (
-    CONSUMER_BYTE_RATE,
+from quotas.decision_events import request_event, summary_event
+from quotas.entities import QuotaStore
+from quotas.kinds import (
     CONTROLLER_MUTATION_RATE,
-    PRODUCER_BYTE_RATE,
+    MUTATION_APIS,
+    NEVER_CHARGED_APIS,
     PRODUCER_IDS_RATE,
-    REQUEST_PERCENTAGE,
-    QuotaStore,
+    QuotaKind,
+    amount,
+    charged_at,
 )
 from quotas.manager import QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
-from quotas.token_bucket import admit
 
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 _I32 = struct.Struct(">i")
-# Requests whose upstream time is a wait the client asked for, not load on the broker.
-_WAITING_APIS = frozenset({0, 1, 11, 14, 21, 43, 78})  # Produce, Fetch, JoinGroup, SyncGroup, DeleteRecords, ...
-_NEVER_CHARGED = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE, Api.API_VERSIONS,
-                            Api.DESCRIBE_CLIENT_QUOTAS, Api.ALTER_CLIENT_QUOTAS})
 _METADATA_VERSION = 12
 _PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
 
@@ -80,7 +78,7 @@ def local_frame(header: RequestHeader, body: bytes) -> bytes:
 class Decision:
     """What the policy decided for one request, carried to its response."""
 
-    __slots__ = ("user", "client_id", "scope", "throttle_ms", "fetch", "request_quota", "merge", "values",
+    __slots__ = ("user", "client_id", "scope", "throttle_ms", "later", "merge", "values",
                  "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms", "holds",
                  "topic_partitions")
 
@@ -95,8 +93,8 @@ class Decision:
         """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
         self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
-        self.fetch = False
-        self.request_quota = False
+        self.later: tuple[QuotaKind, ...] = ()
+        """Kinds charged when the response arrives (response bytes, service time)."""
         self.merge = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
@@ -201,27 +199,25 @@ class Policy:
     def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
         active = self._active_keys()
-        if not active or key in _NEVER_CHARGED:
+        if not active or key in NEVER_CHARGED_APIS:
             return None
         d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
         now_ms = round(now * 1000)
         d.charged_ms = now_ms
-        if REQUEST_PERCENTAGE in active:
-            d.request_quota = True
-        if key == Api.PRODUCE:
-            if PRODUCER_BYTE_RATE in active:
-                self._charge(d, PRODUCER_BYTE_RATE, len(body), now_ms)
-            if PRODUCER_IDS_RATE in active:
-                self._charge_producer_ids(d, header, body, now_ms)
-            if d.throttle_ms > 0 and self.enforce:
-                d.holds = True
-                conn.mute.hold()
-        elif key == Api.FETCH:
-            if CONSUMER_BYTE_RATE in active and not _is_replica_fetch(body, header):
-                d.fetch = True
-        elif key in mutations.MUTATION_APIS and CONTROLLER_MUTATION_RATE in active:
+        for kind in charged_at(key, "request", active):
+            self._charge(d, kind.key, amount(kind, key, request_bytes=len(body)), now_ms)
+        later = charged_at(key, "response", active)
+        if later and any(k.exempt_replicas for k in later) and _is_replica_fetch(body, header):
+            later = tuple(k for k in later if not k.exempt_replicas)
+        d.later = later
+        if key == Api.PRODUCE and PRODUCER_IDS_RATE in active:
+            self._charge_producer_ids(d, header, body, now_ms)
+        if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
+            d.holds = True
+            conn.mute.hold()
+        if key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active:
             return self._mutation_request(conn, d, header, body, now_ms)
-        if not (d.values or d.fetch or d.request_quota):
+        if not (d.values or d.later):
             return None
         return d
 
@@ -270,33 +266,26 @@ class Policy:
                           now_ms: int):
         tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
         if tracker is None:
-            return d if d.request_quota else None
+            return d if d.later else None
         request = mutations.parse_request(header.api_key, header.api_version, body[header.body_offset:])
         if request.validate_only and not self.charge_validate_only:
-            return d if d.request_quota else None
+            return d if d.later else None
         frame_body = body.tobytes()
         return Defer(lambda: self._mutation_decide(conn, d, header, frame_body, request))
 
     async def _mutation_decide(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: bytes, request):
         counts = await self._partition_counts(conn, request)
         now_ms = self._now_ms()
-        tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
-        if tracker is None:  # the quota was removed while we asked
-            return d
-        # Kafka's rules (quotas.token_bucket.admit): strict requests report a throttle only when a topic was
-        # rejected; a fully admitted one that drives tokens negative gets 0, and its successor is rejected.
         # In shadow mode the same decision is made and recorded, and the request still goes through whole.
+        charge = self.quotas.charge_mutations(d.user, d.client_id, d.scope, counts, now_ms, request.splittable)
+        if charge is None:  # the quota was removed while we asked
+            return d
         d.charged_ms = now_ms
         d.topic_partitions = list(counts)
-        admission = admit(tracker.stat, counts, now_ms, strict=request.splittable)
-        admitted, throttle = admission.admitted, admission.throttle_ms
-        tracker.note_throttle(throttle)
-        d.mutations = sum(c for c, ok in zip(counts, admitted, strict=True) if ok)
-        tracker.mutations.record(d.mutations, now_ms)
-        tracker.recorded_total += d.mutations
-        rejected = [i for i, ok in enumerate(admitted) if not ok]
+        admitted, throttle, rejected = charge.admitted, charge.throttle_ms, charge.rejected
+        d.mutations = charge.mutations
         d.rejected = len(rejected)
-        d.note(CONTROLLER_MUTATION_RATE, d.mutations, tracker.limit, throttle)
+        d.note(CONTROLLER_MUTATION_RATE, d.mutations, charge.limit, throttle)
         if rejected:
             log.info("%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s", conn.peer,
                      request.label, printable(d.user), printable(d.client_id), len(rejected), len(counts), throttle,
@@ -364,16 +353,15 @@ class Policy:
         header = pending.header
         now = self._clock()
         now_ms = round(now * 1000)
-        if d.request_quota:
-            started = max(pending.sent_at, conn.last_response_at)
-            service_ms = 0.0 if header.api_key in _WAITING_APIS else max(now - started, 0.0) * 1000
-            # Kafka records request time as a percentage of one thread: seconds × 100.
-            self._charge(d, REQUEST_PERCENTAGE, service_ms / 10, now_ms)
+        size = (total if total is not None else len(frame)) - 4
+        if d.later:
+            # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
+            service_ms = max(now - max(pending.sent_at, conn.last_response_at), 0.0) * 1000
+            for kind in d.later:
+                self._charge(d, kind.key, amount(kind, header.api_key, response_bytes=size, service_ms=service_ms),
+                             now_ms)
         conn.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
-        size = (total if total is not None else len(frame)) - 4
-        if d.fetch:
-            self._charge(d, CONSUMER_BYTE_RATE, size, now_ms)
         view = memoryview(frame)
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
         pieces = None
@@ -418,35 +406,22 @@ class Policy:
             decisions[(key, action, shadow)] += 1
         if self.decision_log is None:
             return
-        event = {
-            # Both times are the exact clock values the charges used (response-time charges: ts_ms; request-
-            # time ones: req_ts_ms), shifted by one fixed offset to epoch ms, so a replay reproduces them.
-            "event": "request", "ts_ms": now_ms + self._epoch_offset_ms,
-            "req_ts_ms": d.charged_ms + self._epoch_offset_ms, "conn": conn.id,
-            "user": d.user, "client_id": d.client_id, "api_key": d.api_key, "api_version": d.api_version,
-            "requests": 1, "bytes_in": d.bytes_in, "bytes_out": bytes_out, "mutations": d.mutations,
-            "new_pids": d.new_pids, "upstream_ms": upstream_ms, "action": action, "throttle_ms": d.throttle_ms,
-            "shadow": shadow, "rejected_topics": d.rejected, "scope": d.scope,
-            "topic_partitions": d.topic_partitions,
-        }
-        for key, (amount, limit, throttle) in d.values.items():
-            kind = _KINDS[key]
-            event[kind + "_value"] = amount
-            event[kind + "_limit"] = limit
-            event[kind + "_throttle_ms"] = throttle
-        self.decision_log.emit(event)
+        off = self._epoch_offset_ms
+        self.decision_log.emit(request_event(
+            ts_ms=now_ms + off, req_ts_ms=d.charged_ms + off, conn=conn.id, user=d.user, client_id=d.client_id,
+            api_key=d.api_key, api_version=d.api_version, bytes_in=d.bytes_in, bytes_out=bytes_out,
+            mutations=d.mutations, new_pids=d.new_pids, upstream_ms=upstream_ms, action=action,
+            throttle_ms=d.throttle_ms, shadow=shadow, rejected_topics=d.rejected, scope=d.scope,
+            topic_partitions=d.topic_partitions, values=d.values))
 
     def summarise(self, conn: PolicyConnection) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
         if self.decision_log is None or not (conn.sum_requests or conn.sum_bytes_in or conn.sum_bytes_out):
             return
-        self.decision_log.emit({
-            "event": "summary", "ts_ms": round(time.time() * 1000), "conn": conn.id,
-            "user": conn.identity.principal, "client_id": conn.client_id, "api_key": -1, "api_version": -1,
-            "requests": conn.sum_requests, "bytes_in": conn.sum_bytes_in, "bytes_out": conn.sum_bytes_out,
-            "mutations": 0, "new_pids": 0, "action": "pass", "throttle_ms": 0, "shadow": not self.enforce,
-            "scope": self._scope(conn),
-        })
+        self.decision_log.emit(summary_event(
+            ts_ms=round(time.time() * 1000), conn=conn.id, user=conn.identity.principal, client_id=conn.client_id,
+            requests=conn.sum_requests, bytes_in=conn.sum_bytes_in, bytes_out=conn.sum_bytes_out,
+            shadow=not self.enforce, scope=self._scope(conn)))
         conn.sum_requests = conn.sum_bytes_in = conn.sum_bytes_out = 0
 
     def decision_log_stats(self) -> dict[str, int]:
@@ -458,12 +433,6 @@ class Policy:
     def close(self) -> None:
         if self.decision_log is not None:
             self.decision_log.close()
-
-
-_KINDS = {
-    PRODUCER_BYTE_RATE: "produce", CONSUMER_BYTE_RATE: "fetch", REQUEST_PERCENTAGE: "request",
-    CONTROLLER_MUTATION_RATE: "mutation", PRODUCER_IDS_RATE: "pids",
-}
 
 
 def _open_decision_log(config: ProxyConfig):

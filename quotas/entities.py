@@ -99,6 +99,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
+from quotas.kinds import (
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    INTEGRAL_KEYS,
+    PRODUCER_BYTE_RATE,
+    PRODUCER_IDS_RATE,
+    QUOTA_KEYS,
+    REQUEST_PERCENTAGE,
+    USER_ONLY_KEYS,
+)
+
 __all__ = [
     "ANONYMOUS",
     "CONSUMER_BYTE_RATE",
@@ -148,20 +159,6 @@ EntityName: TypeAlias = str | _Default | None
 
 ANONYMOUS: Final = "ANONYMOUS"
 """User name Kafka gives unauthenticated clients (``KafkaPrincipal.ANONYMOUS``)."""
-
-PRODUCER_BYTE_RATE: Final = "producer_byte_rate"
-CONSUMER_BYTE_RATE: Final = "consumer_byte_rate"
-REQUEST_PERCENTAGE: Final = "request_percentage"
-CONTROLLER_MUTATION_RATE: Final = "controller_mutation_rate"
-PRODUCER_IDS_RATE: Final = "producer_ids_rate"
-
-QUOTA_KEYS: Final = frozenset(
-    {PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE}
-)
-INTEGRAL_KEYS: Final = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE})
-"""Keys Kafka types as LONG: values must be integral."""
-USER_ONLY_KEYS: Final = frozenset({PRODUCER_IDS_RATE})
-"""Keys allowed only on ``<user>`` / ``<default user>`` entities (KIP-936)."""
 
 ENTITY_USER: Final = "user"
 ENTITY_CLIENT_ID: Final = "client-id"

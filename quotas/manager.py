@@ -23,38 +23,16 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from quotas.entities import (
-    CONSUMER_BYTE_RATE,
-    CONTROLLER_MUTATION_RATE,
-    PRODUCER_BYTE_RATE,
-    PRODUCER_IDS_RATE,
-    REQUEST_PERCENTAGE,
-    BucketKey,
-    QuotaStore,
-    Resolved,
-)
+from quotas.entities import BucketKey, QuotaStore, Resolved
+from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
 from quotas.rate import SampledRate, byte_rate_throttle_ms, request_throttle_ms
-from quotas.token_bucket import TokenBucket
+from quotas.token_bucket import TokenBucket, admit
 
-# Kafka's metric groups, by quota key.
-GROUPS = {
-    PRODUCER_BYTE_RATE: "Produce",
-    CONSUMER_BYTE_RATE: "Fetch",
-    REQUEST_PERCENTAGE: "Request",
-    CONTROLLER_MUTATION_RATE: "ControllerMutation",
-    PRODUCER_IDS_RATE: "ProducerIds",
-}
-
+GROUPS = {key: kind.group for key, kind in BY_KEY.items()}
+"""Kafka's metric groups, by quota key (from the catalogue)."""
 
 OTHER = "__other__"
 """User and client-id label of the bucket that stands for every bucket not named in a capped scrape."""
-
-CLUSTER_WIDE_KEYS = frozenset({CONTROLLER_MUTATION_RATE})
-"""Quota keys with one bucket per entity for the whole cluster even in ``broker`` scope. On KRaft every
-CreateTopics / CreatePartitions / DeleteTopics is forwarded to the active controller, and only the controller
-holds the KIP-599 token bucket (``ControllerMutationQuotaManager``), so Kafka enforces it per cluster; the byte
-rates, request time and producer ids are enforced by each broker on its own."""
-
 
 def bucket_scope(key: str, scope: str) -> str:
     """The scope a charge to ``key`` is kept under, for a connection whose scope is ``scope``."""
@@ -85,6 +63,22 @@ class Charge:
     observed: float
     """The rate after recording (tokens, for the controller-mutation bucket)."""
     throttle_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MutationCharge:
+    """The outcome of one KIP-599 request against its bucket."""
+
+    admitted: list[bool]
+    """Per topic, in request order."""
+    mutations: int
+    """Partitions admitted and recorded."""
+    limit: float
+    throttle_ms: int
+
+    @property
+    def rejected(self) -> list[int]:
+        return [i for i, ok in enumerate(self.admitted) if not ok]
 
 
 class Tracker:
@@ -139,10 +133,11 @@ class QuotaManager:
         w = self.windows
         if t is None:
             mutations = None
-            if r.key == CONTROLLER_MUTATION_RATE:
+            window = BY_KEY[r.key].window
+            if window == "controller":
                 stat = TokenBucket(r.limit, w.controller_samples, w.controller_window_ms / 1000, now_ms)
                 mutations = SampledRate(w.controller_samples, w.controller_window_ms)
-            elif r.key == PRODUCER_IDS_RATE:
+            elif window == "pids":
                 stat = SampledRate(w.pid_samples, w.pid_window_ms)
             else:
                 stat = SampledRate(w.samples, w.window_ms)
@@ -151,7 +146,7 @@ class QuotaManager:
             t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations)
         elif t.limit != r.limit:
             t.limit = r.limit
-            if r.key == CONTROLLER_MUTATION_RATE:
+            if isinstance(t.stat, TokenBucket):
                 t.stat.set_rate(r.limit, now_ms)
         t.last_used_ms = now_ms
         return t
@@ -170,9 +165,10 @@ class QuotaManager:
         stat.record(amount, now_ms)
         t.recorded_total += amount
         observed, window = stat.measure_and_window(now_ms)
-        if key == REQUEST_PERCENTAGE:
+        formula = BY_KEY[key].throttle
+        if formula == "request":
             throttle = request_throttle_ms(observed, r.limit, window, self.windows.window_ms)
-        elif key == PRODUCER_IDS_RATE:
+        elif formula == "per_window":
             # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
             # second is that over the window size; the throttle is capped at one window, by when the oldest
             # bloom filter has turned over and the user's ids count as new again anyway.
@@ -192,6 +188,22 @@ class QuotaManager:
         if r is None:
             return None
         return self._tracker(r, scope, now_ms)
+
+    def charge_mutations(self, user: str, client_id: str, scope: str, counts: list[int], now_ms: int,
+                         strict: bool) -> MutationCharge | None:
+        """KIP-599, the one sequence the proxy and the offline replay both run: admit the topics of one request
+        against the bucket (:func:`quotas.token_bucket.admit`: strict requests report a throttle only when a
+        topic was rejected; a fully admitted one that drives tokens negative gets 0, its successor is
+        rejected), note the throttle, record what was admitted. None when no quota applies."""
+        tracker = self.mutation_tracker(user, client_id, scope, now_ms)
+        if tracker is None:
+            return None
+        admission = admit(tracker.stat, counts, now_ms, strict=strict)
+        tracker.note_throttle(admission.throttle_ms)
+        admitted = sum(c for c, ok in zip(counts, admission.admitted, strict=True) if ok)
+        tracker.mutations.record(admitted, now_ms)
+        tracker.recorded_total += admitted
+        return MutationCharge(admission.admitted, admitted, tracker.limit, admission.throttle_ms)
 
     # ------------------------------------------------------------------------------------------ upkeep
 
@@ -243,15 +255,16 @@ class QuotaManager:
                     yield GROUPS[key], "throttle-time-total", OTHER, OTHER, scope, total
                     yield GROUPS[key], "recorded-total", OTHER, OTHER, scope, recorded
         for (key, scope, bucket), t in items:
-            group = GROUPS[key]
-            if key == CONTROLLER_MUTATION_RATE:
+            kind = BY_KEY[key]
+            group = kind.group
+            if kind.throttle == "bucket":
                 bucket_stat: TokenBucket = t.stat
                 yield group, "tokens", bucket.user, bucket.client_id, scope, bucket_stat.tokens(now_ms)
                 yield group, "mutation-rate", bucket.user, bucket.client_id, scope, t.mutations.measure(now_ms)
             else:
-                name = {REQUEST_PERCENTAGE: "request-time", PRODUCER_IDS_RATE: "rate"}.get(key, "byte-rate")
+                name = kind.metric
                 value = t.stat.measure(now_ms)
-                if key == PRODUCER_IDS_RATE:
+                if kind.window == "pids":
                     value *= self.windows.pid_window_ms / 1000  # per window, the unit of producer_ids_rate
                 yield group, name, bucket.user, bucket.client_id, scope, value
             yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)

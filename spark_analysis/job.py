@@ -33,7 +33,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from quotas.manager import CLUSTER_WIDE_KEYS
+from quotas.kinds import CLUSTER_WIDE_KEYS, KINDS
 from spark_analysis.progress import Progress
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 from spark_analysis.replay import (
@@ -47,8 +47,7 @@ from spark_analysis.schema import QUOTA_KINDS, amount_column, read_events
 
 log = logging.getLogger("spark_analysis")
 
-UNITS = {"produce": "B/s", "fetch": "B/s", "request": "% of a thread", "mutation": "partitions/s",
-         "pids": "new producer ids per window"}
+UNITS = {kind.name: kind.unit for kind in KINDS}
 
 
 @dataclass

@@ -30,18 +30,12 @@ from typing import Any
 import yaml
 
 from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaStore, QuotaValueError
+from quotas.kinds import KIND_KEYS
 from quotas.manager import Windows
 
-__all__ = ["QuotaConfigError", "ReplayConfig", "load_quota_config", "parse_quota_config"]
+__all__ = ["KIND_KEYS", "QuotaConfigError", "ReplayConfig", "load_quota_config", "parse_quota_config"]
 
-KIND_KEYS = {
-    "produce": "producer_byte_rate",
-    "fetch": "consumer_byte_rate",
-    "request": "request_percentage",
-    "mutation": "controller_mutation_rate",
-    "pids": "producer_ids_rate",
-}
-"""Decision-log quota kind -> Kafka quota key."""
+
 
 _WINDOW_FIELDS = ("window_num", "window_size_seconds", "controller_window_num", "controller_window_size_seconds",
                   "producer_id_window_num", "producer_id_window_size_seconds", "entity_idle_seconds", "scope")

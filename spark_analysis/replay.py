@@ -18,9 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from protocol.mutations import is_strict
+from quotas.kinds import mutation_is_strict
 from quotas.manager import QuotaManager
-from quotas.token_bucket import admit
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 
 REPLAY_OUTPUT_SCHEMA = (
@@ -76,17 +75,15 @@ def replay_frame(pdf: pd.DataFrame, config: ReplayConfig) -> pd.DataFrame:
             last_expire = now
         user, client, scope = users[i], clients[i], scopes[i]
         if kind == "mutation":
-            tracker = manager.mutation_tracker(user, client, scope, now)
-            if tracker is None:
-                continue
             counts = partitions[i]
             counts = [int(c) for c in counts] if counts is not None and len(counts) else [amounts[i]]
-            strict = is_strict(int(api_keys[i]), int(versions[i]))
-            adm = admit(tracker.stat, counts, now, strict=strict)
-            tracker.note_throttle(adm.throttle_ms)
-            throttles[i] = adm.throttle_ms
-            rejected[i] = sum(1 for ok in adm.admitted if not ok)
-            limits[i] = tracker.limit
+            strict = mutation_is_strict(int(api_keys[i]), int(versions[i]))
+            mc = manager.charge_mutations(user, client, scope, counts, now, strict)
+            if mc is None:
+                continue
+            throttles[i] = mc.throttle_ms
+            rejected[i] = len(mc.rejected)
+            limits[i] = mc.limit
         else:
             charge = manager.charge_rate(key, user, client, scope, float(amounts[i]), now)
             if charge is None:

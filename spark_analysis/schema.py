@@ -1,7 +1,7 @@
 """The decision log's schema as Spark sees it, and reading a log from any path Spark can read.
 
-The column list is owned by :mod:`proxy.decision_log` (the writer); this module only translates it, so the
-writer and the reader cannot drift apart.
+The column list is owned by :mod:`quotas.decision_events` (the contract the proxy writes to); this module only
+translates it, so the writer and the reader cannot drift apart.
 """
 
 from __future__ import annotations
@@ -10,25 +10,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from proxy.decision_log import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION
+from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION
+from quotas.kinds import MUTATION_APIS, NEVER_CHARGED_APIS, WAITING_APIS
 
 __all__ = ["MUTATION_APIS", "NEVER_CHARGED_APIS", "QUOTA_KINDS", "WAITING_APIS", "amount_column", "event_schema",
            "read_events"]
 
 _DDL = {"int32": "int", "int64": "bigint", "float64": "double", "string": "string", "bool": "boolean",
         "list<int32>": "array<int>"}
-
-WAITING_APIS = (0, 1, 11, 14, 21, 43, 78)
-"""APIs whose upstream time is a wait the client asked for (Produce acks=all, Fetch max_wait, JoinGroup, ...):
-never charged to ``request_percentage`` (the proxy's policy; used only when ``request_value`` was not logged)."""
-
-
-NEVER_CHARGED_APIS = (17, 18, 36, 48, 49)
-"""SaslHandshake, ApiVersions, SaslAuthenticate, Describe/AlterClientQuotas: never charged by the proxy."""
-
-MUTATION_APIS = (19, 20, 37)
-"""CreateTopics, DeleteTopics, CreatePartitions: charged to controller_mutation_rate (KIP-599)."""
-
 
 def event_schema() -> StructType:
     """Spark schema of decision-log schema version 1."""

@@ -24,11 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from protocol.mutations import is_strict
-from proxy.decision_log import COLUMNS, SCHEMA_VERSION, arrow_schema
+from quotas.decision_events import COLUMNS, SCHEMA_VERSION, arrow_schema
+from quotas.kinds import (
+    BY_KEY,
+    CONTROLLER_MUTATION_RATE,
+    MUTATION_APIS,
+    PRODUCER_IDS_RATE,
+    amount,
+    charged_at,
+    mutation_is_strict,
+)
 from quotas.manager import QuotaManager
-from quotas.token_bucket import admit
-from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
+from spark_analysis.quota_config import ReplayConfig
 
 __all__ = ["NOISY_USER", "ProxySimulator", "generate", "live_config_yaml", "main", "small_traffic"]
 
@@ -245,32 +252,29 @@ class ProxySimulator:
             e[f"{kind}_value"], e[f"{kind}_limit"], e[f"{kind}_throttle_ms"] = float(amount), float(limit), int(t)
             throttle = max(throttle, t)
 
-        def charge(kind: str, amount: float, now: int) -> None:
-            if KIND_KEYS[kind] not in self.keys:
-                return
-            c = self.manager.charge_rate(KIND_KEYS[kind], user, client, scope, amount, now)
+        def charge(key: str, value: float, now: int) -> None:
+            c = self.manager.charge_rate(key, user, client, scope, value, now)
             if c is not None:
-                note(kind, amount, c.limit, c.throttle_ms)
+                note(BY_KEY[key].name, value, c.limit, c.throttle_ms)
 
-        if api == 0:
-            charge("produce", e.get("bytes_in", 0), req_ts)
-            if e.get("new_pids"):
-                charge("pids", e["new_pids"], req_ts)
-        if api in (19, 20, 37) and KIND_KEYS["mutation"] in self.keys:
-            tracker = self.manager.mutation_tracker(user, client, scope, req_ts)
-            if tracker is not None:
-                counts = e.get("topic_partitions") or [e.get("mutations", 0)]
-                adm = admit(tracker.stat, counts, req_ts, strict=is_strict(api, e.get("api_version", 0)))
-                tracker.note_throttle(adm.throttle_ms)
-                charged = sum(c for c, ok in zip(counts, adm.admitted, strict=True) if ok)
-                e["mutations"] = charged
-                e["rejected_topics"] = sum(1 for ok in adm.admitted if not ok)
-                note("mutation", charged, tracker.limit, adm.throttle_ms)
-        if api >= 0 and api not in (17, 18, 36, 48, 49) and KIND_KEYS["request"] in self.keys:
-            waiting = api in (0, 1, 11, 14, 21, 43, 78)
-            charge("request", 0.0 if waiting else (e.get("upstream_ms") or 0.0) / 10.0, e["ts_ms"])
-        if api == 1:
-            charge("fetch", e.get("bytes_out", 0), e["ts_ms"])
+        # The proxy's own order (proxy.policy): request-time kinds, producer ids, mutations, response-time kinds.
+        if api >= 0:
+            for kind in charged_at(api, "request", self.keys):
+                charge(kind.key, amount(kind, api, request_bytes=e.get("bytes_in", 0)), req_ts)
+        if api == 0 and e.get("new_pids") and PRODUCER_IDS_RATE in self.keys:
+            charge(PRODUCER_IDS_RATE, e["new_pids"], req_ts)
+        if api in MUTATION_APIS and CONTROLLER_MUTATION_RATE in self.keys:
+            counts = e.get("topic_partitions") or [e.get("mutations", 0)]
+            strict = mutation_is_strict(api, e.get("api_version", 0))
+            mc = self.manager.charge_mutations(user, client, scope, counts, req_ts, strict)
+            if mc is not None:
+                e["mutations"] = mc.mutations
+                e["rejected_topics"] = len(mc.rejected)
+                note("mutation", mc.mutations, mc.limit, mc.throttle_ms)
+        if api >= 0:
+            for kind in charged_at(api, "response", self.keys):
+                charge(kind.key, amount(kind, api, response_bytes=e.get("bytes_out", 0),
+                                        service_ms=e.get("upstream_ms") or 0.0), e["ts_ms"])
         e["throttle_ms"] = throttle
         e["action"] = "reject" if e["rejected_topics"] else ("throttle" if throttle > 0 else "pass")
         return e

@@ -18,9 +18,9 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
-from proxy.verdicts import Defer
 from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
+from proxy.verdicts import Defer
 
 HOLD_MAX_MS = 300
 

@@ -1,0 +1,136 @@
+"""The catalogue of quota kinds: the one place that says what each kind is, and everything else reads it.
+
+Why: a quota kind's facts were once spread over config validation, the manager, the policy, the metrics, the
+decision-log schema and the Spark job, each with its own table; adding a kind touched ten files and nothing
+failed if one was forgotten. Here each kind states its Kafka quota key, its short name (the decision-log
+columns ``<name>_value/_limit/_throttle_ms`` and the Spark job's ``kind``), its Kafka metric group, its unit,
+which window settings it samples with, how its throttle is computed, what is charged and when, and which APIs
+are never charged. A *generic* rate kind (``measure`` set) is charged by the policy and replayed offline with
+no code of its own; KIP-599 mutations and KIP-936 producer ids have managers of their own
+(:mod:`quotas.token_bucket`, :mod:`quotas.producer_ids`) because what they count needs the cluster or a bloom
+filter. No imports: every layer may read this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Final, Literal
+
+# Kafka API keys this catalogue speaks of (protocol/apis.py names them all; quotas/ does not import protocol/).
+PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_RECORDS = 0, 1, 11, 14, 21
+SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
+SASL_AUTHENTICATE, CREATE_PARTITIONS, ELECT_LEADERS = 36, 37, 43
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS, SHARE_FETCH = 48, 49, 78
+INIT_PRODUCER_ID = 22
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaKind:
+    key: str
+    """Kafka's quota key (``kafka-configs --add-config <key>=...``)."""
+    name: str
+    """Short name: decision-log columns and the Spark job's ``kind``."""
+    group: str
+    """Kafka's metric group (``kafka.server:type=<group>``)."""
+    metric: str
+    """Kafka's name of the measured value in that group (``byte-rate``, ``request-time``, ``tokens``...)."""
+    unit: str
+    """What the limit is counted in, for reports."""
+    window: Literal["rate", "controller", "pids"]
+    """Which window settings sample it: ``window_*``, ``controller_window_*`` or ``producer_id_window_*``."""
+    throttle: Literal["bytes", "request", "per_window", "bucket"]
+    """Throttle formula: KIP-13 byte rate, KIP-124 request time (capped at one window), KIP-936 per window
+    (capped at one window), KIP-599 token bucket."""
+    apis: frozenset[int]
+    """APIs charged; empty: every API except :data:`NEVER_CHARGED_APIS`."""
+    at: Literal["request", "response"]
+    """When it is charged: on the request's arrival or on its response's."""
+    measure: Literal["request_bytes", "response_bytes", "service_time", "requests"] | None
+    """What one request charges, for the generic kinds; None for kinds with a manager of their own."""
+    integral: bool = False
+    """Kafka types it as LONG: values must be integral."""
+    user_only: bool = False
+    """Allowed only on ``<user>`` / ``<default user>`` entities."""
+    cluster_wide: bool = False
+    """One bucket per entity for the whole cluster even in ``broker`` scope (KRaft's controller holds it)."""
+    exempt_replicas: bool = False
+    """Requests brokers send each other (replica fetches) are not charged."""
+
+
+PRODUCER_BYTE_RATE: Final = "producer_byte_rate"
+CONSUMER_BYTE_RATE: Final = "consumer_byte_rate"
+REQUEST_PERCENTAGE: Final = "request_percentage"
+CONTROLLER_MUTATION_RATE: Final = "controller_mutation_rate"
+PRODUCER_IDS_RATE: Final = "producer_ids_rate"
+
+KINDS: Final[tuple[QuotaKind, ...]] = (
+    QuotaKind(PRODUCER_BYTE_RATE, "produce", group="Produce", metric="byte-rate", unit="B/s", window="rate",
+              throttle="bytes", apis=frozenset({PRODUCE}), at="request", measure="request_bytes", integral=True),
+    QuotaKind(CONSUMER_BYTE_RATE, "fetch", group="Fetch", metric="byte-rate", unit="B/s", window="rate",
+              throttle="bytes", apis=frozenset({FETCH}), at="response", measure="response_bytes", integral=True,
+              exempt_replicas=True),
+    QuotaKind(REQUEST_PERCENTAGE, "request", group="Request", metric="request-time", unit="% of a thread",
+              window="rate", throttle="request", apis=frozenset(), at="response", measure="service_time"),
+    QuotaKind(CONTROLLER_MUTATION_RATE, "mutation", group="ControllerMutation", metric="tokens",
+              unit="partitions/s", window="controller", throttle="bucket",
+              apis=frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}), at="request", measure=None,
+              cluster_wide=True),
+    QuotaKind(PRODUCER_IDS_RATE, "pids", group="ProducerIds", metric="rate", unit="new producer ids per window",
+              window="pids", throttle="per_window", apis=frozenset({PRODUCE, INIT_PRODUCER_ID}), at="request",
+              measure=None, user_only=True),
+)
+"""Every quota kind, in the order of their decision-log columns."""
+
+BY_KEY: Final = {k.key: k for k in KINDS}
+BY_NAME: Final = {k.name: k for k in KINDS}
+QUOTA_KEYS: Final = frozenset(BY_KEY)
+INTEGRAL_KEYS: Final = frozenset(k.key for k in KINDS if k.integral)
+USER_ONLY_KEYS: Final = frozenset(k.key for k in KINDS if k.user_only)
+CLUSTER_WIDE_KEYS: Final = frozenset(k.key for k in KINDS if k.cluster_wide)
+NAMES: Final = tuple(k.name for k in KINDS)
+KIND_KEYS: Final = {k.name: k.key for k in KINDS}
+"""Short name -> quota key."""
+
+NEVER_CHARGED_APIS: Final = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS, DESCRIBE_CLIENT_QUOTAS,
+                                       ALTER_CLIENT_QUOTAS})
+"""Authentication, version discovery and the quota API itself are never charged to any quota."""
+
+WAITING_APIS: Final = frozenset({PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_RECORDS, ELECT_LEADERS, SHARE_FETCH})
+"""APIs whose upstream time is a wait the client asked for (Produce acks=all replication, Fetch max_wait,
+JoinGroup/SyncGroup rebalances, ...): charged no service time to ``request_percentage``."""
+
+MUTATION_APIS: Final = BY_KEY[CONTROLLER_MUTATION_RATE].apis
+MUTATION_STRICT_SINCE: Final = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
+"""KIP-599: the first version whose clients understand THROTTLING_QUOTA_EXCEEDED (error 89) per topic; older
+versions are admitted whole and muted."""
+
+
+def mutation_is_strict(api_key: int, api_version: int) -> bool:
+    """Whether this mutation request may get per-topic THROTTLING_QUOTA_EXCEEDED answers (and so be split)."""
+    since = MUTATION_STRICT_SINCE.get(api_key)
+    return since is not None and api_version >= since
+
+
+@lru_cache(maxsize=4096)  # api keys come from clients: bounded, least recently used first
+def charged_at(key: int, at: str, active: frozenset[str]) -> tuple[QuotaKind, ...]:
+    """The generic kinds among ``active`` keys that charge API ``key`` at ``at`` ("request" or "response")."""
+    if key in NEVER_CHARGED_APIS:
+        return ()
+    return tuple(k for k in KINDS if k.measure is not None and k.at == at and k.key in active
+                 and (not k.apis or key in k.apis))
+
+
+def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes: int = 0,
+           service_ms: float = 0.0) -> float:
+    """What one request of API ``api_key`` charges a generic ``kind``: the same figure live and in replay."""
+    measure = kind.measure
+    if measure == "request_bytes":
+        return request_bytes
+    if measure == "response_bytes":
+        return response_bytes
+    if measure == "requests":
+        return 1
+    # service_time: waits the client asked for are not load; Kafka records request time as a percentage of one
+    # thread (seconds x 100, i.e. ms / 10).
+    return 0.0 if api_key in WAITING_APIS else service_ms / 10
