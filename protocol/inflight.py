@@ -51,6 +51,8 @@ class Pending:
     internal: Any = None
     wait_ms: int = 0
     """How long the broker may take on purpose (see :func:`requested_wait_ms`): the hung-broker check adds it."""
+    whole: bool = False
+    """The response is rewritten past its leading bytes: it is assembled, never streamed."""
 
 
 class InFlight:

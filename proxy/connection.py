@@ -19,16 +19,15 @@ import logging
 import ssl
 import struct
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mute import ChannelMute
 from protocol.addresses import carries_endpoints_tail
-from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_label, api_name
-from protocol.errors import ProtocolError, ProtocolViolation
+from protocol.errors import ProtocolError
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
     FrameError,
@@ -37,24 +36,11 @@ from protocol.frames import (
     StreamHead,
     StreamPiece,
 )
-from protocol.headers import (
-    RequestHeader,
-    encode_request_header,
-    parse_request_header,
-    response_body_offset,
-    response_correlation_id,
-)
-from protocol.inflight import InFlight, Pending, expects_response, requested_wait_ms
+from protocol.headers import parse_request_header, response_body_offset
+from protocol.inflight import Pending, expects_response
 from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule
-from protocol.sasl_identity import (
-    SaslTokenError,
-    decode_authenticate_request,
-    decode_authenticate_response,
-    decode_handshake_request,
-    decode_handshake_response,
-)
+from protocol.session import RAW, Request, Session
 from protocol.text import printable
-from protocol.throttle_field import needs_walk
 from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
 from proxy.tls import peer_principal
 from proxy.verdicts import Answer, Defer, Replace
@@ -71,10 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# SaslHandshake v0 is followed by raw SASL tokens, framed but without Kafka headers.
-_RAW = RequestHeader(-1, 0, 0, None, None)
 _SIZE = struct.Struct(">i")
-_OWN_CLIENT_ID = "kafka-throttle-proxy"
 
 
 _ERROR_KINDS = (
@@ -176,21 +159,18 @@ class Connection:
         self._connecting = False
         self._admitted_ip: str | None = None  # counted by the connection limits until closed
         self._refused_timer: asyncio.TimerHandle | None = None
-        self._sasl_hold = False  # a SaslHandshake v0 is unanswered: what follows it is read after the answer
         now = time.monotonic()
         self.last_active = now
         self._frame_since: float | None = None  # when the incomplete request frame started (while read)
         self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
-        self.inflight = InFlight()
         self.peer = "?"
         self.upstream_addr: tuple[str, int] | None = None
-        # SASL principal once an exchange succeeds, else the client certificate's mapped name, else ANONYMOUS.
-        self.identity = ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim)
-        self.client_id = ""
-        self._held: deque | None = None  # responses held behind one waiting for a new listener
+        # The ordering state (in flight, held, SASL), sans-IO. The identity: SASL principal once an exchange
+        # succeeds, else the client certificate's mapped name, else ANONYMOUS.
+        self.session = Session(ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim),
+                               services.version_caps)
+        self.inflight = self.session.inflight
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
-        self._deferred: deque | None = None  # requests held behind one the policy is still deciding
-        self._own_corr = -1
         self.last_response_at = 0.0
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
@@ -203,6 +183,14 @@ class Connection:
         self.draining = False
         self.closed = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def identity(self) -> ConnectionIdentity:
+        return self.session.identity
+
+    @property
+    def client_id(self) -> str:
+        return self.session.client_id
 
     def other(self, side: _Side) -> _Side:
         return self.upstream if side is self.client else self.client
@@ -306,7 +294,7 @@ class Connection:
         if (head is not None and head.local is None
                 and now - head.sent_at > (head.wait_ms + cfg.upstream_timeout_margin_ms) / 1000):
             host, port = self.upstream_addr or ("?", 0)
-            what = "raw SASL token" if head.header is _RAW else (
+            what = "raw SASL token" if head.header is RAW else (
                 f"{api_name(head.header.api_key)} v{head.header.api_version}")
             self.close(f"broker timeout: broker {host}:{port} did not answer {what} within "
                        f"{head.wait_ms + cfg.upstream_timeout_margin_ms} ms (its own wait "
@@ -319,7 +307,7 @@ class Connection:
                       quiet * 1000)
             self.close()
             return
-        if quiet > 5 and self._held is None and (self.client.transport is None
+        if quiet > 5 and self.session.held_responses is None and (self.client.transport is None
                                                 or self.client.transport.get_write_buffer_size() == 0):
             self._responses.shrink()
 
@@ -399,11 +387,10 @@ class Connection:
         if reader.waiting and self._pool_waiter is None:
             self.pause(self.client, "memory")
             self._pool_waiter = self.services.request_pool.wait(reader.waiting, self._pool_granted)
-        if self._deferred is not None:
-            self._deferred.extend(bytes(f) for f in frames)  # a read that raced the pause
+        if self.session.holding_requests:
+            self.session.hold_rest(frames)  # a read that raced the pause
             return
         self._process_requests(frames)
-
     def _pool_granted(self) -> None:
         """The request pool reserved this connection's next large frame (called from another connection's
         release: the work is put off to the loop, so no connection runs inside another's)."""
@@ -420,31 +407,31 @@ class Connection:
     def _release_requests(self) -> None:
         """Give the pool back the bytes of large frames once they are with the broker connection, not held
         in a write buffer above its high-water mark or in a queue of requests waiting here."""
-        if self._deferred is None and "backpressure" not in self.client.pauses:
+        if not self.session.holding_requests and "backpressure" not in self.client.pauses:
             self._requests.release_forwarded()
 
     def _process_requests(self, frames) -> None:
         out: list = []
+        session = self.session
         try:
             for i, frame in enumerate(frames):
                 item = self._on_request(frame)
                 if item is None:
                     continue
-                if isinstance(item, Defer):
-                    # Requests after this one wait, in order, until the policy has decided. Copies: the
-                    # views may point into a receive buffer that is about to be reused.
-                    self._deferred = deque(bytes(f) for f in frames[i + 1:])
+                if type(item) is Defer:
+                    # Requests after this one wait, in order, until the policy has decided.
+                    session.hold_rest(frames[i + 1:])
                     self.pause(self.client, "deciding")
                     self._start_decision(item, bytes(frame))
                     break
                 out.append(item)
-                if self.mute.held or self._sasl_hold:
+                if self.mute.held or session.sasl_hold:
                     # A request charged over quota: like a broker, read nothing more from this client
                     # until its response is sent and the throttle is over (the mute is held); what was
                     # already read waits. A SaslHandshake v0: whether what follows is a raw token or a
                     # request depends on the broker's answer, so it waits for that answer.
-                    self._deferred = deque(bytes(f) for f in frames[i + 1:])
-                    if self._sasl_hold:
+                    session.hold_rest(frames[i + 1:])
+                    if session.sasl_hold:
                         self.pause(self.client, "sasl-handshake")
                     break
         except ProtocolError as exc:  # the client's bytes: one line, its connection only
@@ -465,64 +452,43 @@ class Connection:
     def _on_request(self, frame: memoryview | bytearray):
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
         now = time.monotonic()
-        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
-        if self.identity.raw_request_expected:
-            self.identity.on_raw_token_request(bytes(body))
-            self.inflight.push(Pending(_RAW, now))
-            return frame
-        api = "?"
-        try:
-            header = parse_request_header(body)
-            api = f"{api_name(header.api_key)} v{header.api_version}"
-            cap = self.services.version_caps.get(header.api_key)
-            if cap is not None and header.api_version > cap:
-                if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"
-                    body = unsupported_version_body(cap)
-                    local = _SIZE.pack(4 + len(body)) + _SIZE.pack(header.correlation_id) + body
-                    return self._apply(Answer(None, local), header, frame, True, now)
-                raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
-            answered = expects_response(body, header)
-            if header.api_key == Api.SASL_HANDSHAKE:
-                self.identity.on_handshake_request(
-                    decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)
-                self._sasl_hold = header.api_version == 0
-            elif header.api_key == Api.SASL_AUTHENTICATE:
-                self.identity.on_authenticate_request(
-                    decode_authenticate_request(body[header.body_offset:], header.api_version))
-        except (ValueError, struct.error) as exc:
-            if isinstance(exc, SaslTokenError):
-                raise
-            raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
-        if header.client_id is not None and header.client_id != self.client_id:
-            self.client_id = header.client_id
-        stats = self.services.stats
+        request = self.session.receive(frame, now)
+        if type(request) is not Request:
+            if request is None:  # answered here (an ApiVersions beyond the proxy's versions)
+                self._flush_answers()
+            return request
+        header = request.header
+        services = self.services
+        stats = services.stats
         stats.requests += 1
         self.sum_requests += 1
         stats.requests_by_api[api_label(header.api_key)] += 1
-        verdict = self.services.policy.on_request(self, header, body, now)
-        return self._apply(verdict, header, frame, answered, now)
+        verdict = services.policy.on_request(self, header, request.body, now)
+        return self._apply(verdict, request, now)
 
-    def _apply(self, verdict, header: RequestHeader, frame, answered: bool, now: float):
-        if verdict is None or not isinstance(verdict, Defer | Replace | Answer):
-            if answered:
-                self.inflight.push(Pending(header, now, verdict, wait_ms=requested_wait_ms(frame, header, 4)))
-            elif verdict is not None:
-                self.services.policy.on_unanswered(self, verdict)
-            return frame
-        if isinstance(verdict, Defer):
+    def _apply(self, verdict, request: Request, now: float):
+        session = self.session
+        kind = type(verdict)
+        if kind is Defer:
             return verdict
-        if isinstance(verdict, Replace):
-            if answered:
-                self.inflight.push(Pending(header, now, verdict.decision,
-                                           wait_ms=requested_wait_ms(verdict.frame, header, 4)))
+        if kind is Replace:
+            session.forward(request, verdict.decision, verdict.frame, now, whole=verdict.whole)
             return verdict.frame
-        # Answer: released in order, once everything before it has been answered.
-        self.inflight.push(Pending(header, now, verdict.decision, local=verdict.frame))
-        if self.inflight.head() is not None and self.inflight.head().local is not None:
-            out: list = []
-            self._release_local(out)
+        if kind is Answer:  # released in order, once everything before it has been answered
+            session.answer(request, verdict.decision, verdict.frame, now)
+            self._flush_answers()
+            return None
+        if request.answered:
+            session.forward(request, verdict, request.frame, now)
+        elif verdict is not None:
+            self.services.policy.on_unanswered(self, verdict)
+        return request.frame
+
+    def _flush_answers(self) -> None:
+        out: list = []
+        self._release_local(out)
+        if out:
             self.client.transport.writelines(out)
-        return None
 
     async def _decide(self, defer: Defer, frame) -> None:
         try:
@@ -534,8 +500,9 @@ class Connection:
             return
         body = memoryview(frame)[4:]
         header = parse_request_header(body)
-        item = self._apply(verdict, header, frame, expects_response(body, header), time.monotonic())
-        if isinstance(item, Defer):
+        request = Request(header, frame, body, expects_response(body, header))
+        item = self._apply(verdict, request, time.monotonic())
+        if type(item) is Defer:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:
             self.upstream.transport.write(item)
@@ -543,12 +510,11 @@ class Connection:
         if self.mute.held:  # this request was charged over quota: the rest waits for its throttle
             return
         self._release_deferred()
-        self._release_requests()
 
     def _release_deferred(self) -> None:
-        held, self._deferred = self._deferred, None
+        held = self.session.take_held_requests()
         if held:
-            self._process_requests(list(held))
+            self._process_requests(held)
         else:
             self._release_requests()
 
@@ -569,13 +535,12 @@ class Connection:
             defer, frame = self._waiting
             self._waiting = None
             self._spawn(self._decide(defer, frame))
-        elif hold_ended and not self._sasl_hold:
+        elif hold_ended and not self.session.sasl_hold:
             self._release_deferred()
 
     def _sasl_handshake_answered(self) -> None:
         """The broker answered a SaslHandshake v0: the identity now knows whether raw tokens follow, so what
         the client sent behind it can be read (put off to the loop: the answer itself goes out first)."""
-        self._sasl_hold = False
         if self.closed:
             return
         self.resume(self.client, "sasl-handshake")
@@ -587,12 +552,8 @@ class Connection:
         body (after its header). It is answered in order, like the client's requests, so it sees the cluster
         as the client's next request will."""
         fut = asyncio.get_running_loop().create_future()
-        corr = self._own_corr
-        self._own_corr -= 1
-        head = encode_request_header(api_key, api_version, corr, _OWN_CLIENT_ID)
-        header = RequestHeader(api_key, api_version, corr, _OWN_CLIENT_ID, len(head))
-        self.inflight.push(Pending(header, time.monotonic(), internal=fut))
-        self.upstream.transport.writelines([_SIZE.pack(len(head) + len(body)), head, body])
+        self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, time.monotonic(),
+                                                                    fut))
         return fut
 
     # -- responses: broker → client ----------------------------------------------------------------
@@ -601,42 +562,20 @@ class Connection:
         only once the client transport has sent them all (it keeps views, not copies) and nothing is
         held for a new listener; otherwise the read goes to fresh space."""
         transport = self.client.transport
-        reusable = self._held is None and (transport is None or transport.get_write_buffer_size() == 0)
+        reusable = self.session.held_responses is None and (transport is None
+                                                             or transport.get_write_buffer_size() == 0)
         return self._responses.get_buffer(reusable)
 
     def _may_stream(self, head: memoryview) -> bool:
-        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it
-        arrives: only when it answers the oldest request and that request's response is never
-        rewritten. Called lazily by FrameReceiver, after every earlier response was handled."""
-        if self._held is not None:
+        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it arrives
+        (the session's ordering rules, and no broker address past its leading bytes). Called lazily by
+        FrameReceiver, after every earlier response was handled."""
+        if not self.session.may_stream(head):
             return False
-        pending = self.inflight.head()
-        if pending is None:
-            return False
-        header = pending.header
-        if header is _RAW or pending.local is not None or pending.internal is not None:
-            return False  # SASL tokens feed the identity tracker; proxy answers and own asks are small, whole
-        if header.api_key == Api.SASL_HANDSHAKE or header.api_key == Api.SASL_AUTHENTICATE:
-            return False
-        d = pending.decision
-        if d is not None and (d.merge is not None or needs_walk(header.api_key, header.api_version)):
-            return False  # the policy edits more than the leading bytes
-        stream = self._streamable(head, header)
+        header = self.inflight.head().header
+        stream = not needs_whole_body(header.api_key, header.api_version)
         self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
         return stream
-
-    @staticmethod
-    def _streamable(head: memoryview, header: RequestHeader) -> bool:
-        """The part of the decision that depends on the response and its request only."""
-        if header.correlation_id != response_correlation_id(head[4:]):
-            return False  # assembled, then refused with the usual message
-        if needs_whole_body(header.api_key, header.api_version):
-            return False
-        try:  # a response header that does not parse is refused as an assembled frame would be
-            response_body_offset(head[4:], header.api_key, header.api_version)
-        except ValueError:
-            return False
-        return True
 
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
@@ -648,10 +587,11 @@ class Connection:
 
     def _deliver(self, frames) -> None:
         out: list = []
+        session = self.session
         try:
             for frame in frames:
-                if self._held is not None:
-                    self._held.append(frame)
+                if session.held_responses is not None:
+                    session.held_responses.append(frame)
                 elif type(frame) is StreamPiece:
                     if self._tail is None:
                         out.append(frame.data)
@@ -673,14 +613,14 @@ class Connection:
             return
         if out:
             self.client.transport.writelines(out)
-        if self.draining and not self.inflight and self._held is None and not self._responses.streaming:
+        if (self.draining and not self.inflight and session.held_responses is None
+                and not self._responses.streaming):
             self.close()
 
     def _release_local(self, out: list) -> None:
         """Release the proxy's own answers that have reached the head of the queue."""
-        while (head := self.inflight.head()) is not None and head.local is not None:
-            self.inflight.pop(head.header.correlation_id)
-            self._finish(head, head.local, out)
+        for pending in self.session.ready_answers():
+            self._finish(pending, pending.local, out)
 
     def _finish(self, pending: Pending, frame, out: list) -> None:
         """Last stop of every response: the policy may raise throttle_time_ms and mute the client."""
@@ -691,17 +631,20 @@ class Connection:
                 return
         out.append(frame)
 
+    def _count_latency(self, pending: Pending) -> None:
+        stats = self.services.stats
+        name = api_label(pending.header.api_key)
+        stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
+        stats.latency_count_by_api[name] += 1
+
     def _on_response(self, frame, out: list) -> None:
         self._release_local(out)
-        head = self.inflight.head()
+        session = self.session
         if type(frame) is StreamHead:
-            # _may_stream checked that it answers the oldest request, that nothing in it is ever
+            # may_stream checked that it answers the oldest request, that nothing in it is ever
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
-            pending = self.inflight.pop(head.header.correlation_id)
-            name = api_label(pending.header.api_key)
-            self.services.stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
-            self.services.stats.latency_count_by_api[name] += 1
-            self.identity.on_other_response()
+            pending = session.streamed()
+            self._count_latency(pending)
             pieces = None
             if pending.decision is not None:
                 pieces = self.services.policy.on_response(self, pending, frame.data, frame.total)
@@ -713,36 +656,32 @@ class Connection:
             else:
                 out.extend(pieces or (frame.data,))
             return
-        if head is not None and head.header is _RAW:
-            self.inflight.pop(head.header.correlation_id)
-            self.identity.on_raw_token_response(bytes(memoryview(frame)[4:]))
+        pending, sasl_released = session.response(frame)
+        if pending.header is RAW:
             out.append(frame)
             return
         body = frame[4:]  # frames are memoryviews: no copy
-        pending = self.inflight.pop(response_correlation_id(body))
         if pending.internal is not None:
             if not pending.internal.done():
                 offset = response_body_offset(body, pending.header.api_key, pending.header.api_version)
                 pending.internal.set_result(bytes(body[offset:]))
             self._release_local(out)
             return
-        key = pending.header.api_key
-        stats = self.services.stats
-        name = api_label(key)
-        stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
-        stats.latency_count_by_api[name] += 1
-        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:
-            self._sasl_answer(pending.header, body)
-        else:
-            self.identity.on_other_response()
-        result = inspect_response(pending, body, self.services.directory, self.services.topic_ids,
-                                  self.services.version_caps)
+        self._count_latency(pending)
+        if sasl_released:
+            asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
+        identity = session.identity
+        if (pending.header.api_key in (Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE) and not identity.in_progress
+                and identity.last_failure and not identity.authenticated):
+            log.info("%s via %s: %s", self.peer, self.label, printable(identity.last_failure))
+        services = self.services
+        result = inspect_response(pending, body, services.directory, services.topic_ids, services.version_caps)
         if result is None:
             self._finish(pending, frame, out)
         elif isinstance(result, AddressEdit):
             # A broker without a listener yet: hold this and later responses (order is kept) and
             # stop reading the broker until the listener is up.
-            self._held = deque()
+            session.hold_responses()
             self.pause(self.upstream, "new-listener")
             if out:
                 self.client.transport.writelines(out)
@@ -765,18 +704,6 @@ class Connection:
         except Exception as exc:  # noqa: BLE001 - e.g. no free port; the next Metadata tries again
             log.warning("cannot start a listener for %s: %s: %s", endpoints, type(exc).__name__, exc)
 
-    def _sasl_answer(self, header: RequestHeader, body) -> None:
-        offset = response_body_offset(body, header.api_key, header.api_version)
-        if header.api_key == Api.SASL_HANDSHAKE:
-            self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
-            if self._sasl_hold:
-                asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
-        else:
-            self.identity.on_authenticate_response(
-                *decode_authenticate_response(body[offset:], header.api_version))
-        if not self.identity.in_progress and self.identity.last_failure and not self.identity.authenticated:
-            log.info("%s via %s: %s", self.peer, self.label, printable(self.identity.last_failure))
-
     async def _finish_edit(self, pending: Pending, edit: AddressEdit) -> None:
         try:
             await self.services.directory.learn(edit.endpoints)
@@ -790,7 +717,6 @@ class Connection:
         self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out)
         self._release_local(out)
         self.client.transport.writelines(out)
-        held, self._held = self._held, None
-        self._deliver(list(held or ()))
-        if self._held is None:
+        self._deliver(self.session.take_held_responses())
+        if self.session.held_responses is None:
             self.resume(self.upstream, "new-listener")

@@ -298,7 +298,7 @@ class Policy:
         admitted_idx = [i for i, ok in enumerate(admitted) if ok]
         sub = head + mutations.subset_request(request, admitted_idx)
         d.merge = lambda broker_body: mutations.merge_response(request, broker_body, rejected, throttle)
-        return Replace(d, _SIZE.pack(len(sub)) + sub)
+        return Replace(d, _SIZE.pack(len(sub)) + sub, whole=True)
 
     async def _partition_counts(self, conn: PolicyConnection, request) -> list[int]:
         """Partitions each topic of the request would create or delete, asked of the cluster on the client's own

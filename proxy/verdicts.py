@@ -30,13 +30,15 @@ class Defer:
 
 
 class Replace:
-    """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's."""
+    """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's. ``whole``: the
+    policy will rewrite the response past its leading bytes (a KIP-599 merge), so it is never streamed."""
 
-    __slots__ = ("decision", "frame")
+    __slots__ = ("decision", "frame", "whole")
 
-    def __init__(self, decision: Any, frame: bytes) -> None:
+    def __init__(self, decision: Any, frame: bytes, whole: bool = False) -> None:
         self.decision = decision
         self.frame = frame
+        self.whole = whole
 
 
 class Answer:

@@ -1,0 +1,239 @@
+"""One client connection's request/response ordering, sans-IO: frames in, what to do with them out.
+
+Why: Kafka answers one connection's requests strictly in order, and the proxy adds reasons for a request to
+wait or be answered out of the broker's sight (a policy still deciding, a KIP-599 rejection answered here, a
+SaslHandshake v0 whose answer decides whether raw tokens follow, a response held until a new broker listener is
+up, requests the proxy asks on its own account). All of that ordering state lives here, in one object with no
+socket, clock or quota, so it can be driven and tested with bytes alone (h11's ``Connection`` is the model).
+The asyncio glue (:mod:`proxy.connection`) feeds it frames, asks the policy, and writes what it is told.
+
+Requests: :meth:`Session.receive` reads one frame (header, SASL state, version caps) and returns a
+:class:`Request` for the policy, the frame itself to forward as is (a raw SASL token), or None (answered here).
+The glue then records what it did with :meth:`forward` or :meth:`answer`; :meth:`ready_answers` releases the
+proxy's own answers once everything before them is answered. :meth:`hold_rest` keeps frames already read
+behind one that must wait, :meth:`take_held_requests` gives them back in order.
+
+Responses: :meth:`may_stream` says whether a large response can be forwarded as it arrives;
+:meth:`response` matches a whole response to its request (updating the SASL identity); :meth:`streamed` does
+the same for the head of a streamed one. Responses held behind one that waits for a new listener queue in
+:attr:`held_responses`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.api_versions import unsupported_version_body
+from protocol.apis import Api, api_name
+from protocol.errors import ProtocolViolation
+from protocol.headers import (
+    RequestHeader,
+    encode_request_header,
+    parse_request_header,
+    response_body_offset,
+    response_correlation_id,
+)
+from protocol.inflight import InFlight, Pending, expects_response, requested_wait_ms
+from protocol.principal import ConnectionIdentity
+from protocol.sasl_identity import (
+    SaslTokenError,
+    decode_authenticate_request,
+    decode_authenticate_response,
+    decode_handshake_request,
+    decode_handshake_response,
+)
+from protocol.throttle_field import needs_walk
+
+RAW = RequestHeader(-1, 0, 0, None, None)
+"""The header of a raw SASL token (SaslHandshake v0 is followed by frames without Kafka headers)."""
+OWN_CLIENT_ID = "kafka-throttle-proxy"
+_SIZE = struct.Struct(">i")
+_SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
+
+
+@dataclass(slots=True)
+class Request:
+    """A request frame, read: what the policy decides on."""
+
+    header: RequestHeader
+    frame: Any
+    """The whole frame, size prefix included (a view into the receive buffer: copy it to keep it)."""
+    body: memoryview
+    """The frame after its size prefix: request header, then body (``header.body_offset``)."""
+    answered: bool
+    """False for Produce acks=0: no response will come."""
+
+
+class Session:
+    """Ordering state of one client connection (see the module docstring)."""
+
+    __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests",
+                 "held_responses", "_own_corr")
+
+    def __init__(self, identity: ConnectionIdentity, version_caps: Mapping[int, int]) -> None:
+        self.inflight = InFlight()
+        self.identity = identity
+        self.client_id = ""
+        self.version_caps = version_caps
+        self.sasl_hold = False
+        """A SaslHandshake v0 is unanswered: what follows it is read only after its answer."""
+        self._held_requests: deque | None = None
+        self.held_responses: deque | None = None
+        """Responses held behind one that waits for a new broker listener (None when none waits)."""
+        self._own_corr = -1
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def receive(self, frame, now: float) -> Request | Any | None:
+        """Read one request frame: a :class:`Request` for the policy; the frame itself when it is forwarded
+        untouched (a raw SASL token); None when it was answered here (see :meth:`ready_answers`). Raises a
+        :class:`~protocol.errors.ProtocolError` for a frame that cannot be followed."""
+        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
+        if self.identity.raw_request_expected:
+            self.identity.on_raw_token_request(bytes(body))
+            self.inflight.push(Pending(RAW, now))
+            return frame
+        api = "?"
+        try:
+            header = parse_request_header(body)
+            api = f"{api_name(header.api_key)} v{header.api_version}"
+            cap = self.version_caps.get(header.api_key)
+            if cap is not None and header.api_version > cap:
+                if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"
+                    reply = unsupported_version_body(cap)
+                    local = _SIZE.pack(4 + len(reply)) + _SIZE.pack(header.correlation_id) + reply
+                    self.inflight.push(Pending(header, now, None, local=local))
+                    return None
+                raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
+            answered = expects_response(body, header)
+            if header.api_key == Api.SASL_HANDSHAKE:
+                self.identity.on_handshake_request(
+                    decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)
+                self.sasl_hold = header.api_version == 0
+            elif header.api_key == Api.SASL_AUTHENTICATE:
+                self.identity.on_authenticate_request(
+                    decode_authenticate_request(body[header.body_offset:], header.api_version))
+        except (ValueError, struct.error) as exc:
+            if isinstance(exc, SaslTokenError):
+                raise
+            raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
+        if header.client_id is not None and header.client_id != self.client_id:
+            self.client_id = header.client_id
+        return Request(header, frame, body, answered)
+
+    def forward(self, request: Request, decision: Any, frame, now: float, whole: bool = False) -> None:
+        """``frame`` (the client's, or the policy's replacement) goes to the broker; its answer, if one comes,
+        is matched to ``decision``. ``whole``: the policy rewrites more of the response than its leading
+        bytes, so it must be assembled, never streamed."""
+        if request.answered:
+            header = request.header
+            self.inflight.push(Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4),
+                                       whole=whole or (decision is not None
+                                                       and needs_walk(header.api_key, header.api_version))))
+
+    def answer(self, request: Request, decision: Any, frame: bytes, now: float) -> None:
+        """The proxy answers ``request`` itself with ``frame``, in its turn (see :meth:`ready_answers`)."""
+        self.inflight.push(Pending(request.header, now, decision, local=frame))
+
+    def ready_answers(self) -> list[Pending]:
+        """The proxy's own answers that have reached the head of the queue, in order (removed from it)."""
+        out = []
+        while (head := self.inflight.head()) is not None and head.local is not None:
+            out.append(self.inflight.pop(head.header.correlation_id))
+        return out
+
+    def hold_rest(self, frames) -> None:
+        """Frames already read behind one that must wait (a decision, a throttle, a SASL answer): kept, copied,
+        in order. Copies: the views may point into a receive buffer about to be reused."""
+        if self._held_requests is None:
+            self._held_requests = deque()
+        self._held_requests.extend(bytes(f) for f in frames)
+
+    @property
+    def holding_requests(self) -> bool:
+        return self._held_requests is not None
+
+    def take_held_requests(self) -> list:
+        """The frames :meth:`hold_rest` kept, in order; nothing is held afterwards."""
+        held, self._held_requests = self._held_requests, None
+        return list(held) if held else []
+
+    def own_request(self, api_key: int, api_version: int, body: bytes, now: float, token: Any) -> list:
+        """A request of the proxy's own on this connection's broker link: the pieces to write. Its answer comes
+        back from :meth:`response` with ``pending.internal`` set to ``token``, in order with the client's."""
+        corr = self._own_corr
+        self._own_corr -= 1
+        head = encode_request_header(api_key, api_version, corr, OWN_CLIENT_ID)
+        header = RequestHeader(api_key, api_version, corr, OWN_CLIENT_ID, len(head))
+        self.inflight.push(Pending(header, now, internal=token))
+        return [_SIZE.pack(len(head) + len(body)), head, body]
+
+    # ------------------------------------------------------------------------------------------ responses
+
+    def may_stream(self, head: memoryview) -> bool:
+        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it arrives: only
+        when it answers the oldest request, nothing is held before it, and nothing past its leading bytes is
+        ever rewritten (``needs_whole_body`` is the glue's address-rewrite rule, checked by the caller)."""
+        if self.held_responses is not None:
+            return False
+        pending = self.inflight.head()
+        if pending is None:
+            return False
+        header = pending.header
+        if header is RAW or pending.local is not None or pending.internal is not None:
+            return False  # SASL tokens feed the identity tracker; proxy answers and own asks are small, whole
+        if header.api_key in _SASL_APIS or pending.whole:
+            return False
+        if header.correlation_id != response_correlation_id(head[4:]):
+            return False  # assembled, then refused with the usual message
+        try:  # a response header that does not parse is refused as an assembled frame would be
+            response_body_offset(head[4:], header.api_key, header.api_version)
+        except ValueError:
+            return False
+        return True
+
+    def streamed(self) -> Pending:
+        """The head of a streamed response arrived (``may_stream`` said yes): its request, removed."""
+        pending = self.inflight.head()
+        self.inflight.pop(pending.header.correlation_id)
+        self.identity.on_other_response()
+        return pending
+
+    def response(self, frame) -> tuple[Pending, bool]:
+        """Match a whole response frame to its request (removed from the queue). Returns the request and
+        whether it answered a SaslHandshake v0 that held the requests behind it (they may be read now). Raw
+        token answers and answers to the proxy's own requests come back too: ``pending.header is RAW``,
+        ``pending.internal``; for the latter nothing else of the frame is read."""
+        head = self.inflight.head()
+        if head is not None and head.header is RAW:
+            self.inflight.pop(head.header.correlation_id)
+            self.identity.on_raw_token_response(bytes(memoryview(frame)[4:]))
+            return head, False
+        body = frame[4:]
+        pending = self.inflight.pop(response_correlation_id(body))
+        if pending.internal is not None:
+            return pending, False
+        header = pending.header
+        released = False
+        if header.api_key == Api.SASL_HANDSHAKE:
+            offset = response_body_offset(body, header.api_key, header.api_version)
+            self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
+            released, self.sasl_hold = self.sasl_hold, False
+        elif header.api_key == Api.SASL_AUTHENTICATE:
+            offset = response_body_offset(body, header.api_key, header.api_version)
+            self.identity.on_authenticate_response(*decode_authenticate_response(body[offset:], header.api_version))
+        else:
+            self.identity.on_other_response()
+        return pending, released
+
+    def hold_responses(self) -> None:
+        """A response waits for a new broker listener: later ones queue behind it, in order."""
+        self.held_responses = deque()
+
+    def take_held_responses(self) -> list:
+        held, self.held_responses = self.held_responses, None
+        return list(held) if held else []
