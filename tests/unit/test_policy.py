@@ -1,0 +1,255 @@
+"""proxy.policy.Policy without a socket or a cluster: an injected clock, a plain object as the connection.
+
+Every quota kind's decision (charged at request or at response, never-charged APIs, replica fetches), the
+throttle written into the response and the mute that follows it, shadow mode, and KIP-599 splitting and
+merging. The KIP-936 holds are tests/unit/test_policy_holds.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import uuid
+
+import pytest
+from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from config.model import ProxyConfig
+from protocol.headers import encode_response_header, parse_request_header
+from protocol.inflight import Pending
+from proxy.metrics import Stats
+from proxy.policy import Decision, Policy
+from proxy.verdicts import Defer, Replace
+from quotas.kinds import CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
+
+_SIZE = struct.Struct(">i")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeMute:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+
+    def hold(self) -> None:
+        self.calls.append(("hold", 0.0))
+
+    def served(self, seconds: float) -> None:
+        self.calls.append(("served", seconds))
+
+    def mute_for(self, seconds: float) -> None:
+        self.calls.append(("mute_for", seconds))
+
+
+class FakeConn:
+    """All a policy may touch of a connection (proxy.verdicts.PolicyConnection)."""
+
+    def __init__(self, principal: str = "alice", client_id: str = "app") -> None:
+        self.id, self.peer, self.label, self.client_id = "1", "127.0.0.1:1", "broker 1", client_id
+        self.identity = type("I", (), {"principal": principal})()
+        self.upstream_addr = ("127.0.0.1", 9092)
+        self.last_response_at = 0.0
+        self.mute = FakeMute()
+        self.sum_requests = self.sum_bytes_in = self.sum_bytes_out = 0
+
+    async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
+        raise AssertionError("no cluster lookup expected in these tests")
+
+
+def _policy(clock: Clock, enforce: bool = True, **quotas) -> Policy:
+    return Policy(ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+        "quotas": {"enforce": enforce, "window_num": 2, "window_size_seconds": 1, "controller_window_num": 2,
+                   "controller_window_size_seconds": 1,
+                   "entities": [{"entity": {"user": "alice"}, "quotas": quotas}]},
+    }), Stats(), clock=clock)
+
+
+def _request(req, corr: int = 1):
+    req.with_header(correlation_id=corr, client_id="app")
+    body = memoryview(req.encode(header=True, framed=False))
+    return parse_request_header(body), body
+
+
+def _produce(n_bytes: int = 2000):
+    b = MemoryRecordsBuilder(2, 0, 1 << 20)
+    b.append(0, b"k", b"v" * n_bytes)
+    b.close()
+    TD = ProduceRequest.TopicProduceData
+    return _request(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=7, topic_data=[
+        TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])]))
+
+
+def _fetch(replica_id: int = -1):
+    return _request(FetchRequest(replica_id=replica_id, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+                                 isolation_level=0, topics=[], version=4))
+
+
+def _response_frame(header, body: bytes, flexible: bool = False) -> memoryview:
+    head = encode_response_header(header.correlation_id, flexible)
+    return memoryview(_SIZE.pack(len(head) + len(body)) + head + body)
+
+
+def _throttle_in(pieces, offset: int = 8) -> int:
+    return _SIZE.unpack_from(b"".join(bytes(p) for p in pieces), offset)[0]
+
+
+def test_no_quota_decides_nothing():
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=1)  # alice's; bob has none
+    header, body = _produce()
+    assert policy.on_request(FakeConn("bob"), header, body, clock()) is None
+
+
+def test_produce_over_byte_rate_holds_reads_and_throttles_the_response():
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=1000)
+    conn = FakeConn()
+    header, body = _produce(5000)
+    d = policy.on_request(conn, header, body, clock())
+    assert isinstance(d, Decision)
+    amount, limit, throttle = d.values[PRODUCER_BYTE_RATE]
+    assert amount == len(body) and limit == 1000 and throttle > 0 and d.throttle_ms == throttle
+    assert conn.mute.calls == [("hold", 0.0)]
+    # The broker answers with throttle 0: the proxy's throttle goes into the field, then the mute is served.
+    produce_body = b"\x00\x00\x00\x00" + _SIZE.pack(0)  # no topics, throttle_time_ms 0 (v7: after the array)
+    pieces = policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, produce_body))
+    assert _throttle_in(pieces, 12) == throttle
+    assert conn.mute.calls[-1] == ("served", throttle / 1000)
+
+
+def test_produce_under_byte_rate_passes_untouched():
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=10**9)
+    conn = FakeConn()
+    header, body = _produce(100)
+    d = policy.on_request(conn, header, body, clock())
+    assert d.throttle_ms == 0 and conn.mute.calls == []
+    frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
+    assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
+
+
+def test_fetch_is_charged_its_response_size_and_muted_after():
+    clock = Clock()
+    policy = _policy(clock, consumer_byte_rate=1)
+    conn = FakeConn()
+    header, body = _fetch()
+    d = policy.on_request(conn, header, body, clock())
+    assert d.values == {} and [k.key for k in d.later] == [CONSUMER_BYTE_RATE]
+    fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
+    frame = _response_frame(header, fetch_body)
+    pieces = policy.on_response(conn, Pending(header, clock(), d), frame)
+    amount, _limit, throttle = d.values[CONSUMER_BYTE_RATE]
+    assert amount == len(frame) - 4 and throttle > 0
+    assert _throttle_in(pieces) == throttle
+    assert conn.mute.calls == [("mute_for", throttle / 1000)]
+
+
+def test_replica_fetches_are_never_charged():
+    clock = Clock()
+    policy = _policy(clock, consumer_byte_rate=1)
+    header, body = _fetch(replica_id=2)
+    assert policy.on_request(FakeConn(), header, body, clock()) is None
+
+
+def test_request_percentage_charges_service_time_except_waits_the_client_asked_for():
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1000)
+    conn = FakeConn()
+    header, body = _request(MetadataRequest(topics=None, version=1))
+    d = policy.on_request(conn, header, body, clock())
+    sent = clock()
+    clock.now += 0.2  # the broker took 200 ms
+    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, bytes(16)))
+    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(200 / 10)  # percent-seconds of one thread
+    header, body = _fetch()
+    d = policy.on_request(conn, header, body, clock())
+    sent = clock()
+    clock.now += 0.5  # Fetch max_wait: a wait the client asked for
+    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, _SIZE.pack(0) + bytes(4)))
+    assert d.values[REQUEST_PERCENTAGE][0] == 0.0
+
+
+def test_api_versions_and_sasl_are_never_charged():
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1)
+    from kafka.protocol.metadata.api_versions import ApiVersionsRequest
+    from kafka.protocol.sasl import SaslHandshakeRequest
+
+    for req in (ApiVersionsRequest(version=0), SaslHandshakeRequest(mechanism="PLAIN", version=1)):
+        header, body = _request(req)
+        assert policy.on_request(FakeConn(), header, body, clock()) is None
+
+
+def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
+    clock = Clock()
+    policy = _policy(clock, enforce=False, producer_byte_rate=1000)
+    conn = FakeConn()
+    header, body = _produce(5000)
+    d = policy.on_request(conn, header, body, clock())
+    assert d.throttle_ms > 0 and conn.mute.calls == []
+    frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
+    assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
+    assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", True)] == 1
+
+
+def _create_topics(partitions: list[int], version: int = 6):
+    T = CreateTopicsRequest.CreatableTopic
+    topics = [T(name=f"t{i}", num_partitions=n, replication_factor=1, assignments=[], configs=[])
+              for i, n in enumerate(partitions)]
+    return _request(CreateTopicsRequest(topics=topics, timeout_ms=1000, validate_only=False, version=version))
+
+
+def _created(sent_frame: bytes, version: int) -> bytes:
+    """The broker's answer to the (subset) request the proxy forwarded: every topic created."""
+    header = parse_request_header(memoryview(sent_frame)[4:])
+    req = CreateTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
+    R = CreateTopicsResponse._struct.fields["topics"].array_of.data_class
+    items = [R(version=version, name=t.name, topic_id=uuid.uuid4(), error_code=0, error_message=None,
+               num_partitions=t.num_partitions, replication_factor=1, configs=[]) for t in req.topics]
+    return CreateTopicsResponse(version=version, throttle_time_ms=0, topics=items).encode()
+
+
+def test_kip599_strict_request_is_split_and_the_answer_merged_in_request_order():
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=1)  # burst: 1/s x 2 samples x 1 s = 2 tokens
+    conn = FakeConn()
+    header, body = _create_topics([3, 1, 1])
+    verdict = policy.on_request(conn, header, body, clock())
+    assert isinstance(verdict, Defer)
+    replaced = asyncio.run(verdict.decide())
+    assert isinstance(replaced, Replace) and replaced.whole
+    d = replaced.decision
+    assert d.mutations == 3 and d.rejected == 2  # t0 spends the burst and more; t1, t2 meet a negative balance
+    assert d.values[CONTROLLER_MUTATION_RATE][2] > 0
+    broker = _created(replaced.frame, 6)
+    pieces = policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, broker, flexible=True))
+    merged = b"".join(bytes(p) for p in pieces)
+    answer = CreateTopicsResponse.decode(merged[4 + 5:], version=6)  # size, correlation id, empty tag section
+    assert [(t.name, t.error_code) for t in answer.topics] == [("t0", 0), ("t1", 89), ("t2", 89)]
+    assert answer.throttle_time_ms == d.throttle_ms
+    assert conn.mute.calls == [("mute_for", d.throttle_ms / 1000)]
+
+
+def test_kip599_old_version_is_admitted_whole_and_muted():
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=1)
+    conn = FakeConn()
+    header, body = _create_topics([3, 1, 1], version=5)
+    d = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    assert isinstance(d, Decision) and d.rejected == 0 and d.mutations == 5 and d.throttle_ms > 0
+    clock.now += 10
+    # Refilled: the next request spends tokens again, admitted whole.
+    header, body = _create_topics([1], version=5)
+    d2 = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    assert d2.rejected == 0 and d2.values[CONTROLLER_MUTATION_RATE][0] == 1
