@@ -14,7 +14,7 @@ from typing import Any
 from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
-from protocol.varint import read_uvarint
+from protocol.varint import read_length
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -83,11 +83,8 @@ class InFlight:
 
 
 def _skip_leading_string(frame: bytes | memoryview, pos: int, flexible: bool) -> int:
-    if flexible:  # compact (nullable) string
-        n, pos = read_uvarint(frame, pos)
-        return pos + max(n - 1, 0)
-    (n,) = _I16.unpack_from(frame, pos)
-    return pos + 2 + max(n, 0)
+    n, pos = read_length(frame, pos, flexible, 2)
+    return pos + max(n, 0)
 
 
 def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> int:
@@ -118,13 +115,8 @@ def produce_acks(frame: bytes | memoryview, header: RequestHeader) -> int:
     pos = header.body_offset
     if pos is None:
         raise ValueError("Produce request body offset unknown")
-    if header.api_version >= 3:
-        if header.api_version >= 9:  # flexible: compact nullable string
-            n, pos = read_uvarint(frame, pos)
-            pos += max(n - 1, 0)
-        else:
-            (n,) = _I16.unpack_from(frame, pos)
-            pos += 2 + max(n, 0)
+    if header.api_version >= 3:  # after the (nullable) transactional id, compact from v9
+        pos = _skip_leading_string(frame, pos, header.api_version >= 9)
     if pos + 2 > len(frame):
         raise ValueError("Produce request too short to hold acks")
     return _I16.unpack_from(frame, pos)[0]

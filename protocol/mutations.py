@@ -38,7 +38,7 @@ from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 from protocol.apis import Api, DecodeError, api_name, decode_body, request_class, response_class
 from protocol.skim import layout
 from protocol.throttle_field import INT32_MAX, raise_throttle, throttle_offset
-from protocol.varint import read_uvarint
+from protocol.varint import read_length
 from quotas.kinds import MUTATION_APIS as KIND_MUTATION_APIS
 from quotas.kinds import MUTATION_STRICT_SINCE, mutation_is_strict
 
@@ -64,21 +64,26 @@ def _request_topics_field(api_key: int, api_version: int) -> str:
 
 
 @dataclass(slots=True, frozen=True)
-class CreateTopic:
-    """One topic of a CreateTopics request."""
-
+class _NamedTopic:
     index: int
     """Position in the request."""
     name: str
+
+    @property
+    def key(self) -> str:
+        """What the cluster's partition counts are looked up by."""
+        return self.name
+
+
+@dataclass(slots=True, frozen=True)
+class CreateTopic(_NamedTopic):
+    """One topic of a CreateTopics request."""
+
     num_partitions: int
     """As sent: -1 means the broker's default (or that ``assignments`` say it)."""
     replication_factor: int
     assignments: int
     """Number of explicit partition assignments; 0 for automatic assignment."""
-
-    @property
-    def key(self) -> str:
-        return self.name
 
     @property
     def partitions(self) -> int | None:
@@ -90,19 +95,13 @@ class CreateTopic:
 
 
 @dataclass(slots=True, frozen=True)
-class NewPartitions:
+class NewPartitions(_NamedTopic):
     """One topic of a CreatePartitions request; it costs ``count`` − the topic's current count."""
 
-    index: int
-    name: str
     count: int
     """The new total partition count."""
     assignments: int
     """Number of new-partition assignments sent (0 when null)."""
-
-    @property
-    def key(self) -> str:
-        return self.name
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,12 +166,7 @@ class MutationRequest:
 
 
 def _read_string(buf, pos: int, flexible: bool) -> tuple[str | None, int]:
-    if flexible:
-        n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        (n,) = _I16.unpack_from(buf, pos)
-        pos += 2
+    n, pos = read_length(buf, pos, flexible, 2)
     if n < 0:
         return None, pos
     if pos + n > len(buf):
@@ -186,13 +180,7 @@ def _cut_array(cls, version: int, body: memoryview, name: str) -> _ArrayCut:
         start, end = layout(cls, version, body).fields[name]
         fld = cls._struct.fields[name]
         flexible = bool(cls.flexible_version_q(version))
-        pos = start
-        if flexible:
-            count, pos = read_uvarint(body, pos)
-            count -= 1
-        else:
-            (count,) = _I32.unpack_from(body, pos)
-            pos += 4
+        count, pos = read_length(body, start, flexible)
         if count < 0:
             raise ValueError(f"{name} is null")
         spans: list[tuple[int, int]] = []

@@ -35,14 +35,11 @@ from functools import cache
 
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
-from protocol.varint import TruncatedError, read_uvarint
+from protocol.skim import FIXED, TAGS, merge_ops, present, skip, struct_ops
+from protocol.varint import TruncatedError, read_length
 
 NO_PRODUCER_ID = -1
 
-_FIXED = {
-    "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "bitfield": 4,
-    "int64": 8, "float64": 8, "uuid": 16,
-}
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -55,9 +52,6 @@ _PID_OFFSET = 43
 # v2 batch header is 61 bytes of which 12 are the log overhead.
 _MIN_LENGTH = (14, 22, 49)
 
-# Skip operations: (FIXED, n) | (STR, flexible) | (BYTES, flexible) | (ARRAY, ops, flexible) | (NSTRUCT, ops) | (TAGS,)
-FIXED, STR, BYTES, ARRAY, NSTRUCT, TAGS = range(6)
-
 
 class RecordBatchError(ProtocolError):
     """A Produce request or one of its record batches is truncated or malformed; the message says where."""
@@ -66,62 +60,15 @@ class RecordBatchError(ProtocolError):
 # --- plan compilation (once per version) -------------------------------------------------------------------
 
 
-def _present(field, version: int) -> bool:
-    return field.for_version_q(version) and not field.tagged_field_q(version)
-
-
-def _scalar_op(type_str: str, flexible: bool) -> tuple:
-    if type_str in _FIXED:
-        return (FIXED, _FIXED[type_str])
-    if type_str == "string":
-        return (STR, flexible)
-    if type_str in ("bytes", "records"):
-        return (BYTES, flexible)
-    raise ValueError(f"no skip rule for field type {type_str!r}")
-
-
-def _field_ops(field, version: int, flexible: bool) -> list[tuple]:
-    if field.is_array():
-        if field.is_struct_array():
-            inner = _struct_ops(field.fields.values(), version, flexible)
-        else:
-            inner = [_scalar_op(field.array_of.type_str, flexible)]
-        return [(ARRAY, _merge(inner), flexible)]
-    if field.is_struct():
-        inner = _struct_ops(field.fields.values(), version, flexible)
-        if field.nullable_for_version_q(version):
-            return [(NSTRUCT, _merge(inner))]
-        return inner
-    return [_scalar_op(field.type_str, flexible)]
-
-
-def _struct_ops(fields, version: int, flexible: bool) -> list[tuple]:
-    ops: list[tuple] = []
-    for field in fields:
-        if _present(field, version):
-            ops.extend(_field_ops(field, version, flexible))
-    return ops
-
-
-def _merge(ops: list[tuple]) -> tuple[tuple, ...]:
-    out: list[tuple] = []
-    for op in ops:
-        if op[0] == FIXED and out and out[-1][0] == FIXED:
-            out[-1] = (FIXED, out[-1][1] + op[1])
-        else:
-            out.append(op)
-    return tuple(out)
-
-
 def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, object, tuple]:
     """Ops before the one present field satisfying ``is_target``, that field, ops after it (incl. tags)."""
-    present = [f for f in fields if _present(f, version)]
-    hits = [i for i, f in enumerate(present) if is_target(f)]
+    on_wire = [f for f in fields if present(f, version)]
+    hits = [i for i, f in enumerate(on_wire) if is_target(f)]
     if len(hits) != 1:
         raise ValueError("Produce schema does not have the expected topics/partitions/records shape")
     i = hits[0]
-    after = _struct_ops(present[i + 1:], version, flexible) + ([(TAGS,)] if flexible else [])
-    return _merge(_struct_ops(present[:i], version, flexible)), present[i], _merge(after)
+    before = merge_ops(struct_ops(on_wire[:i], version, flexible, tags=False))
+    return before, on_wire[i], merge_ops(struct_ops(on_wire[i + 1:], version, flexible))
 
 
 def _has_records(field) -> bool:
@@ -169,61 +116,6 @@ def _plan(version: int) -> _Plan:
 # --- walking ----------------------------------------------------------------------------------------------
 
 
-def _skip(ops: tuple, buf, pos: int, end: int) -> int:
-    for op in ops:
-        kind = op[0]
-        if kind == FIXED:
-            pos += op[1]
-        elif kind == TAGS:
-            if buf[pos] == 0:
-                pos += 1
-            else:
-                count, pos = read_uvarint(buf, pos)
-                for _ in range(count):
-                    _tag, pos = read_uvarint(buf, pos)
-                    size, pos = read_uvarint(buf, pos)
-                    pos += size
-        elif kind in (STR, BYTES):
-            if op[1]:
-                n, pos = read_uvarint(buf, pos)
-                n -= 1
-            elif kind == STR:
-                (n,) = _I16.unpack_from(buf, pos)
-                pos += 2
-            else:
-                (n,) = _I32.unpack_from(buf, pos)
-                pos += 4
-            if n > 0:
-                pos += n
-        elif kind == ARRAY:
-            count, pos = _count(buf, pos, op[2])
-            inner = op[1]
-            if len(inner) == 1 and inner[0][0] == FIXED:
-                if count > 0:
-                    pos += count * inner[0][1]
-            else:
-                for _ in range(count):
-                    pos = _skip(inner, buf, pos, end)
-        else:  # NSTRUCT
-            marker = buf[pos]
-            pos += 1
-            if marker != 0xFF:
-                pos = _skip(op[1], buf, pos, end)
-        if pos > end:
-            raise RecordBatchError(f"a field ending at byte {pos} runs past the end of the body ({end} bytes)")
-    return pos
-
-
-def _count(buf, pos: int, flexible: bool) -> tuple[int, int]:
-    if flexible:
-        n = buf[pos]
-        if n < 0x80:
-            return n - 1, pos + 1
-        n, pos = read_uvarint(buf, pos)
-        return n - 1, pos
-    return _I32.unpack_from(buf, pos)[0], pos + 4
-
-
 def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int, int]]:
     """``(start, end)`` in ``buf`` of every non-null ``records`` field, in request order."""
     plan = _plan(version)
@@ -234,15 +126,15 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
     part_post_tags = part_post == ((TAGS,),)
     topic = part = -1
     try:
-        pos = _skip(plan.top_pre, buf, offset, end)
-        ntopics, pos = _count(buf, pos, flexible)
+        pos = skip(plan.top_pre, buf, offset, end)
+        ntopics, pos = read_length(buf, pos, flexible)
         for topic in range(ntopics):  # noqa: B007 - read by _where() in the error message
             part = -1
-            pos = pos + plan.topic_pre_fixed if plan.topic_pre_fixed is not None else _skip(
+            pos = pos + plan.topic_pre_fixed if plan.topic_pre_fixed is not None else skip(
                 plan.topic_pre, buf, pos, end)
-            nparts, pos = _count(buf, pos, flexible)
+            nparts, pos = read_length(buf, pos, flexible)
             for part in range(nparts):  # noqa: B007 - read by _where() in the error message
-                pos = pos + plan.part_pre_fixed if plan.part_pre_fixed is not None else _skip(
+                pos = pos + plan.part_pre_fixed if plan.part_pre_fixed is not None else skip(
                     plan.part_pre, buf, pos, end)
                 if flexible:  # compact length, inlined: a 16 KiB batch needs a 3-byte varint
                     n = 0
@@ -273,13 +165,13 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                     if buf[pos] == 0:  # no tagged fields: the usual case
                         pos += 1
                     else:
-                        pos = _skip(part_post, buf, pos, end)
+                        pos = skip(part_post, buf, pos, end)
                 elif part_post:
-                    pos = _skip(part_post, buf, pos, end)
+                    pos = skip(part_post, buf, pos, end)
             if plan.topic_post:
-                pos = _skip(plan.topic_post, buf, pos, end)
+                pos = skip(plan.topic_post, buf, pos, end)
         if plan.top_post:
-            pos = _skip(plan.top_post, buf, pos, end)
+            pos = skip(plan.top_post, buf, pos, end)
         if pos > end:
             raise RecordBatchError(f"the body ends at byte {end}, before its last field (byte {pos})")
     except RecordBatchError as exc:

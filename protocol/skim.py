@@ -13,16 +13,17 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
-from protocol.varint import TruncatedError, read_uvarint
+from protocol.varint import TruncatedError, read_uvarint, skip_tagged_fields
 
-_FIXED = {
+FIXED_SIZES = {
     "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "bitfield": 4,
     "int64": 8, "float64": 8, "uuid": 16,
 }
+"""Wire sizes of the fixed-size field types."""
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
-# Operations: (FIXED, n) | (STR,) | (BYTES,) | (ARRAY, ops) | (NSTRUCT, ops) | (TAGS,)
+# Operations: (FIXED, n) | (STR, flexible) | (BYTES, flexible) | (ARRAY, ops, flexible) | (NSTRUCT, ops) | (TAGS,)
 FIXED, STR, BYTES, ARRAY, NSTRUCT, TAGS = range(6)
 
 
@@ -38,13 +39,14 @@ class Layout:
     end: int
 
 
-def _present(field, version: int) -> bool:
+def present(field, version: int) -> bool:
+    """Whether ``field`` is on the wire at ``version`` as a regular (not tagged) field."""
     return field.for_version_q(version) and not field.tagged_field_q(version)
 
 
 def _scalar_op(type_str: str, flexible: bool):
-    if type_str in _FIXED:
-        return (FIXED, _FIXED[type_str])
+    if type_str in FIXED_SIZES:
+        return (FIXED, FIXED_SIZES[type_str])
     if type_str == "string":
         return (STR, flexible)
     if type_str in ("bytes", "records"):
@@ -52,48 +54,55 @@ def _scalar_op(type_str: str, flexible: bool):
     raise ValueError(f"no skip rule for field type {type_str!r}")
 
 
-def _field_ops(field, version: int, flexible: bool) -> list[tuple]:
+def field_ops(field, version: int, flexible: bool) -> list[tuple]:
+    """The skip operations for one field (a nested struct's include its tagged-field section)."""
     if field.is_array():
         if field.is_struct_array():
-            inner = _struct_ops(field, version, flexible)
+            inner = struct_ops(field.fields.values(), version, flexible)
         else:
             inner = [_scalar_op(field.array_of.type_str, flexible)]
-        return [(ARRAY, tuple(_merge(inner)), flexible)]
+        return [(ARRAY, merge_ops(inner), flexible)]
     if field.is_struct():
-        inner = _struct_ops(field, version, flexible)
+        inner = struct_ops(field.fields.values(), version, flexible)
         if field.nullable_for_version_q(version):
-            return [(NSTRUCT, tuple(_merge(inner)))]
+            return [(NSTRUCT, merge_ops(inner))]
         return inner
     return [_scalar_op(field.type_str, flexible)]
 
 
-def _struct_ops(struct_field, version: int, flexible: bool) -> list[tuple]:
+def struct_ops(fields, version: int, flexible: bool, tags: bool = True) -> list[tuple]:
+    """The skip operations for a sequence of fields, then (flexible versions, ``tags``) their tag section."""
     ops: list[tuple] = []
-    for field in struct_field.fields.values():
-        if _present(field, version):
-            ops.extend(_field_ops(field, version, flexible))
-    if flexible:
+    for field in fields:
+        if present(field, version):
+            ops.extend(field_ops(field, version, flexible))
+    if flexible and tags:
         ops.append((TAGS,))
     return ops
 
 
-def _merge(ops: list[tuple]) -> list[tuple]:
+def merge_ops(ops: list[tuple]) -> tuple[tuple, ...]:
+    """Adjacent fixed-size skips folded into one."""
     out: list[tuple] = []
     for op in ops:
         if op[0] == FIXED and out and out[-1][0] == FIXED:
             out[-1] = (FIXED, out[-1][1] + op[1])
         else:
             out.append(op)
-    return out
+    return tuple(out)
 
 
-def _skip(ops: tuple, buf, pos: int) -> int:
+def skip(ops: tuple, buf, pos: int, end: int | None = None) -> int:
+    """Skip the fields ``ops`` describe from ``pos``; the position after them. Raises TruncatedError when a field
+    runs past ``end`` (default: the end of ``buf``); struct.error or IndexError when a length is cut short."""
+    if end is None:
+        end = len(buf)
     for op in ops:
         kind = op[0]
         if kind == FIXED:
             pos += op[1]
-        elif kind in (STR, BYTES):
-            if op[1]:
+        elif kind <= ARRAY:  # STR, BYTES, ARRAY: a length (compact: a varint of length + 1), then its bytes
+            if op[-1]:
                 n = buf[pos]
                 if n < 0x80:
                     pos += 1
@@ -106,53 +115,40 @@ def _skip(ops: tuple, buf, pos: int) -> int:
             else:
                 (n,) = _I32.unpack_from(buf, pos)
                 pos += 4
-            if n > 0:
-                pos += n
-        elif kind == ARRAY:
-            if op[2]:
-                count = buf[pos]
-                if count < 0x80:
-                    pos += 1
+            if kind != ARRAY:
+                if n > 0:
+                    pos += n
+            else:
+                inner = op[1]
+                if len(inner) == 1 and inner[0][0] == FIXED:
+                    if n > 0:
+                        pos += n * inner[0][1]
                 else:
-                    count, pos = read_uvarint(buf, pos)
-                count -= 1
-            else:
-                (count,) = _I32.unpack_from(buf, pos)
-                pos += 4
-            inner = op[1]
-            if len(inner) == 1 and inner[0][0] == FIXED:
-                if count > 0:
-                    pos += count * inner[0][1]
-            else:
-                for _ in range(count):
-                    pos = _skip(inner, buf, pos)
+                    for _ in range(n):
+                        pos = skip(inner, buf, pos, end)
         elif kind == NSTRUCT:
             marker = buf[pos]
             pos += 1
             if marker != 0xFF:
-                pos = _skip(op[1], buf, pos)
-        else:  # TAGS
-            count = buf[pos]
-            if count == 0:
-                pos += 1
-                continue
-            count, pos = read_uvarint(buf, pos)
-            for _ in range(count):
-                _tag, pos = read_uvarint(buf, pos)
-                size, pos = read_uvarint(buf, pos)
-                pos += size
-        if pos > len(buf):
-            raise TruncatedError("field runs past the end of the frame")
+                pos = skip(op[1], buf, pos, end)
+        elif buf[pos] == 0:  # TAGS, none sent: the usual case
+            pos += 1
+        else:
+            pos = skip_tagged_fields(buf, pos)
+        if pos > end:
+            raise TruncatedError(f"a field ending at byte {pos} runs past the end ({end} bytes)")
     return pos
 
 
 @lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
-def _top_level_plan(message_cls, version: int) -> tuple[tuple[str, tuple], ...]:
+def top_level_plan(message_cls, version: int) -> tuple[tuple[tuple[str, tuple], ...], bool]:
+    """Per top-level field of ``message_cls`` at ``version``: its name and skip operations; and whether the
+    version is flexible (a top-level tag section follows). Compiled once per (message, version)."""
     flexible = bool(message_cls.flexible_version_q(version))
     plan = []
     for field in message_cls._struct.fields.values():
-        if _present(field, version):
-            plan.append((field.name, tuple(_merge(_field_ops(field, version, flexible)))))
+        if present(field, version):
+            plan.append((field.name, merge_ops(field_ops(field, version, flexible))))
     return tuple(plan), flexible
 
 
@@ -161,13 +157,13 @@ def layout(message_cls, version: int, body: bytes | memoryview, offset: int = 0)
 
     Raises TruncatedError (a ValueError) when the body is shorter than its fields say.
     """
-    plan, flexible = _top_level_plan(message_cls, version)
+    plan, flexible = top_level_plan(message_cls, version)
     fields: dict[str, tuple[int, int]] = {}
     pos = offset
     try:
         for name, ops in plan:
             start = pos
-            pos = _skip(ops, body, pos)
+            pos = skip(ops, body, pos)
             fields[name] = (start - offset, pos - offset)
         tags: dict[int, tuple[int, int]] = {}
         tags_offset = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Generator
 
-from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, _top_level_plan
+from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, top_level_plan
 from protocol.varint import TruncatedError
 
 _I16 = struct.Struct(">h")
@@ -91,7 +91,7 @@ class TailWatch:
     __slots__ = ("_gen", "_want", "_carry", "consumed", "done")
 
     def __init__(self, message_cls, version: int) -> None:
-        plan, flexible = _top_level_plan(message_cls, version)
+        plan, flexible = top_level_plan(message_cls, version)
         if not flexible:
             raise ValueError(f"{message_cls.name} v{version} has no tagged fields to watch for")
         self._gen = _top(plan)

@@ -24,18 +24,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from protocol.apis import RESPONSES, Api, response_class
-from protocol.skim import layout
+from protocol.skim import FIXED_SIZES, layout, present
 from protocol.varint import TruncatedError
 
 FIELD = "throttle_time_ms"
 INT32_MAX = 2**31 - 1
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-# Wire sizes of fixed-size field types: a throttle field preceded only by these sits at a constant offset.
-_FIXED_SIZES = {
-    "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "bitfield": 4,
-    "int64": 8, "float64": 8, "uuid": 16,
-}
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,10 +52,6 @@ class ThrottleSlot:
         return None if self.offset is None else self.offset + 4
 
 
-def _present(field, version: int) -> bool:
-    return field.for_version_q(version) and not field.tagged_field_q(version)
-
-
 @lru_cache(maxsize=4096)  # keyed on (api, version) from client headers: bounded
 def throttle_slot(api_key: int, api_version: int) -> ThrottleSlot | None:
     """The slot of ``throttle_time_ms``; None when the API is unknown to kafka-python, the version is out
@@ -74,13 +65,13 @@ def throttle_slot(api_key: int, api_version: int) -> ThrottleSlot | None:
         return None
     offset: int | None = 0
     for field in cls._struct.fields.values():
-        if not _present(field, api_version):
+        if not present(field, api_version):
             continue
         if field.name == FIELD:
             if field.type_str != "int32":
                 raise ValueError(f"{cls.name} v{api_version}: {FIELD} is {field.type_str}, not int32")
             return ThrottleSlot(api_key, api_version, offset)
-        size = None if field.is_array() or field.is_struct() else _FIXED_SIZES.get(field.type_str)
+        size = None if field.is_array() or field.is_struct() else FIXED_SIZES.get(field.type_str)
         offset = None if offset is None or size is None else offset + size
     return None
 

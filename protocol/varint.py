@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from protocol.errors import ProtocolError
 
 
@@ -35,3 +37,19 @@ def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
     if pos > len(buf):
         raise TruncatedError("tagged field runs past the end of the frame")
     return pos
+
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+def read_length(buf: bytes | memoryview, pos: int, compact: bool, width: int = 4) -> tuple[int, int]:
+    """A length prefix (string, bytes or array count; -1 is null): compact (flexible versions) a uvarint of
+    length + 1, else a big-endian int16 (``width`` 2: strings) or int32. Returns (length, position after)."""
+    if compact:
+        n, pos = read_uvarint(buf, pos)
+        return n - 1, pos
+    if width == 2:
+        return _I16.unpack_from(buf, pos)[0], pos + 2
+    return _I32.unpack_from(buf, pos)[0], pos + 4
+

@@ -146,9 +146,7 @@ class Policy:
         if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
             self.producer_ids = ProducerIdTracker(pid_config)
         self.quotas.configure(
-            Windows(qc.window_num, round(qc.window_size_seconds * 1000), qc.controller_window_num,
-                    round(qc.controller_window_size_seconds * 1000), qc.producer_id_window_num,
-                    round(qc.producer_id_window_size_seconds * 1000)),
+            Windows.from_settings(qc.model_dump()),
             round(qc.entity_idle_seconds * 1000), qc.max_tracked_buckets,
         )
 

@@ -11,44 +11,41 @@ response to ``on_response`` with it), :class:`Replace`, :class:`Answer`, or :cla
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+@dataclass(slots=True)
 class Defer:
     """The policy needs to ask the cluster, or to wait, before it can decide: the request, and every request
     after it on this connection, wait (unread, in order) until the awaitable that ``decide()`` returns gives
     the verdict. ``decide`` is a function, not an awaitable: the connection starts it when it is ready, after
     ``wait_s`` seconds during which the connection is muted (a KIP-936 hold)."""
 
-    __slots__ = ("decide", "wait_s")
+    decide: Callable[[], Awaitable[object]]
+    wait_s: float = 0.0
 
-    def __init__(self, decide: Callable[[], Awaitable[object]], wait_s: float = 0.0) -> None:
-        if not callable(decide):  # a coroutine object handed over by mistake would fail only when awaited
-            raise TypeError(f"Defer takes a function returning an awaitable, not {type(decide).__name__}")
-        self.decide = decide
-        self.wait_s = wait_s
+    def __post_init__(self) -> None:
+        if not callable(self.decide):  # a coroutine object handed over by mistake would fail only when awaited
+            raise TypeError(f"Defer takes a function returning an awaitable, not {type(self.decide).__name__}")
 
 
+@dataclass(slots=True)
 class Replace:
     """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's. ``whole``: the
     policy will rewrite the response past its leading bytes (a KIP-599 merge), so it is never streamed."""
 
-    __slots__ = ("decision", "frame", "whole")
-
-    def __init__(self, decision: Any, frame: bytes, whole: bool = False) -> None:
-        self.decision = decision
-        self.frame = frame
-        self.whole = whole
+    decision: Any
+    frame: bytes
+    whole: bool = False
 
 
+@dataclass(slots=True)
 class Answer:
     """The proxy answers this request itself with ``frame``; the cluster never sees the request."""
 
-    __slots__ = ("decision", "frame")
-
-    def __init__(self, decision: Any, frame: bytes) -> None:
-        self.decision = decision
-        self.frame = frame
+    decision: Any
+    frame: bytes
 
 
 class Identity(Protocol):

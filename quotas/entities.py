@@ -330,16 +330,26 @@ class Level(enum.IntEnum):
 PRECEDENCE: Final = tuple(Level)
 """Levels in the order Kafka consults them."""
 
-# Which tags a level's bucket keeps (Kafka's quotaMetricTags): (keeps user tag, keeps client-id tag).
+_NAMED = object()
+"""In :data:`_LEVEL_PARTS`: the connection's own user or client id."""
+
+# The config entity each level consults, as (user part, client-id part): the connection's name, DEFAULT or absent.
+_LEVEL_PARTS: Final[dict[Level, tuple[object, object]]] = {
+    Level.USER_CLIENT_ID: (_NAMED, _NAMED),
+    Level.USER_DEFAULT_CLIENT_ID: (_NAMED, DEFAULT),
+    Level.USER: (_NAMED, None),
+    Level.DEFAULT_USER_CLIENT_ID: (DEFAULT, _NAMED),
+    Level.DEFAULT_USER_DEFAULT_CLIENT_ID: (DEFAULT, DEFAULT),
+    Level.DEFAULT_USER: (DEFAULT, None),
+    Level.CLIENT_ID: (None, _NAMED),
+    Level.DEFAULT_CLIENT_ID: (None, DEFAULT),
+}
+
+
+# Which tags a level's bucket keeps (Kafka's quotaMetricTags): (keeps user tag, keeps client-id tag): the parts
+# its config entity has.
 _TAG_SHAPE: Final[dict[Level, tuple[bool, bool]]] = {
-    Level.USER_CLIENT_ID: (True, True),
-    Level.USER_DEFAULT_CLIENT_ID: (True, True),
-    Level.USER: (True, False),
-    Level.DEFAULT_USER_CLIENT_ID: (True, True),
-    Level.DEFAULT_USER_DEFAULT_CLIENT_ID: (True, True),
-    Level.DEFAULT_USER: (True, False),
-    Level.CLIENT_ID: (False, True),
-    Level.DEFAULT_CLIENT_ID: (False, True),
+    level: (u is not None, c is not None) for level, (u, c) in _LEVEL_PARTS.items()
 }
 
 # Kafka's quotaLimit: which levels are searched for a given tag shape.
@@ -357,21 +367,8 @@ _EntityKey: TypeAlias = tuple[EntityName, EntityName]
 
 def _level_key(level: Level, user: str, client_id: str) -> _EntityKey:
     """The store key of the config entity consulted at ``level`` for (user, client_id)."""
-    if level is Level.USER_CLIENT_ID:
-        return (user, client_id)
-    if level is Level.USER_DEFAULT_CLIENT_ID:
-        return (user, DEFAULT)
-    if level is Level.USER:
-        return (user, None)
-    if level is Level.DEFAULT_USER_CLIENT_ID:
-        return (DEFAULT, client_id)
-    if level is Level.DEFAULT_USER_DEFAULT_CLIENT_ID:
-        return (DEFAULT, DEFAULT)
-    if level is Level.DEFAULT_USER:
-        return (DEFAULT, None)
-    if level is Level.CLIENT_ID:
-        return (None, client_id)
-    return (None, DEFAULT)
+    u, c = _LEVEL_PARTS[level]
+    return (user if u is _NAMED else u, client_id if c is _NAMED else c)  # type: ignore[return-value]
 
 
 _URL_SAFE: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")

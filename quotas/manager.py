@@ -20,8 +20,9 @@ anyway, as in Kafka, so the cap costs enforcement nothing while the cap exceeds 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from quotas.entities import BucketKey, QuotaStore, Resolved
 from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
@@ -40,15 +41,37 @@ def bucket_scope(key: str, scope: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Windows:
-    """Sample counts and sample lengths of each quota family (Kafka's ``*.window.num`` / ``*.window.size``)."""
+class Window:
+    """One window family: how many samples, each how long (Kafka's ``*.window.num`` / ``*.window.size``)."""
 
-    samples: int = 11
-    window_ms: int = 1000
-    controller_samples: int = 11
-    controller_window_ms: int = 1000
-    pid_samples: int = 11
-    pid_window_ms: int = 3_600_000
+    samples: int
+    size_ms: int
+
+
+_SETTING_PREFIX = {"rate": "", "controller": "controller_", "pids": "producer_id_"}
+"""Window family (``QuotaKind.window``) -> prefix of its ``window_num`` / ``window_size_seconds`` settings."""
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The window of each family a quota kind samples with (``QuotaKind.window`` names the field)."""
+
+    rate: Window = Window(11, 1000)
+    controller: Window = Window(11, 1000)
+    pids: Window = Window(11, 3_600_000)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Windows:
+        """From ``window_num``, ``window_size_seconds``, ``controller_window_*``, ``producer_id_window_*`` (the
+        proxy's ``quotas:`` section and the Spark job's quota files name them alike); absent ones default."""
+        defaults = cls()
+        families = {}
+        for family, prefix in _SETTING_PREFIX.items():
+            d = getattr(defaults, family)
+            families[family] = Window(int(settings.get(prefix + "window_num", d.samples)),
+                                      round(float(settings.get(prefix + "window_size_seconds", d.size_ms / 1000))
+                                            * 1000))
+        return cls(**families)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +156,12 @@ class QuotaManager:
         w = self.windows
         if t is None:
             mutations = None
-            window = BY_KEY[r.key].window
-            if window == "controller":
-                stat = TokenBucket(r.limit, w.controller_samples, w.controller_window_ms / 1000, now_ms)
-                mutations = SampledRate(w.controller_samples, w.controller_window_ms)
-            elif window == "pids":
-                stat = SampledRate(w.pid_samples, w.pid_window_ms)
+            window: Window = getattr(w, BY_KEY[r.key].window)
+            if BY_KEY[r.key].throttle == "bucket":
+                stat = TokenBucket(r.limit, window.samples, window.size_ms / 1000, now_ms)
+                mutations = SampledRate(window.samples, window.size_ms)
             else:
-                stat = SampledRate(w.samples, w.window_ms)
+                stat = SampledRate(window.samples, window.size_ms)
             if len(self._trackers) >= self.max_trackers:
                 self._evict()
             t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations)
@@ -167,13 +188,13 @@ class QuotaManager:
         observed, window = stat.measure_and_window(now_ms)
         formula = BY_KEY[key].throttle
         if formula == "request":
-            throttle = request_throttle_ms(observed, r.limit, window, self.windows.window_ms)
+            throttle = request_throttle_ms(observed, r.limit, window, self.windows.rate.size_ms)
         elif formula == "per_window":
             # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
             # second is that over the window size; the throttle is capped at one window, by when the oldest
             # bloom filter has turned over and the user's ids count as new again anyway.
-            per_window_s = self.windows.pid_window_ms / 1000
-            throttle = min(byte_rate_throttle_ms(observed, r.limit / per_window_s, window), self.windows.pid_window_ms)
+            per_window_s = self.windows.pids.size_ms / 1000
+            throttle = min(byte_rate_throttle_ms(observed, r.limit / per_window_s, window), self.windows.pids.size_ms)
             observed *= per_window_s
         else:
             throttle = byte_rate_throttle_ms(observed, r.limit, window)
@@ -265,7 +286,7 @@ class QuotaManager:
                 name = kind.metric
                 value = t.stat.measure(now_ms)
                 if kind.window == "pids":
-                    value *= self.windows.pid_window_ms / 1000  # per window, the unit of producer_ids_rate
+                    value *= self.windows.pids.size_ms / 1000  # per window, the unit of producer_ids_rate
                 yield group, name, bucket.user, bucket.client_id, scope, value
             yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)
             yield group, "throttle-time-total", bucket.user, bucket.client_id, scope, float(t.throttle_ms_total)

@@ -76,12 +76,13 @@ class ProducerIdQuotaConfig:
 class ProducerIdTracker:
     """Per-user time-controlled bloom filters deciding whether a producer id is new; bounded memory per user."""
 
-    __slots__ = ("config", "_bits", "_hashes", "_filter_bytes", "_users", "_expiries", "_filters", "_now")
+    __slots__ = ("config", "bits", "hashes", "_filter_bytes", "_users", "_expiries", "_filters", "_now")
 
     def __init__(self, config: ProducerIdQuotaConfig | None = None) -> None:
         self.config = config or ProducerIdQuotaConfig()
-        self._bits, self._hashes = bloom_size(self.config.expected_ids, self.config.false_positive_rate)
-        self._filter_bytes = (self._bits + 7) >> 3
+        self.bits, self.hashes = bloom_size(self.config.expected_ids, self.config.false_positive_rate)
+        """Bits and hash functions of each bloom filter at this configuration (read only)."""
+        self._filter_bytes = (self.bits + 7) >> 3
         self._users: dict[Hashable, TimeControlledBloomFilter] = {}
         # (expiry_ms, user) for every filter created, in creation order. Creation times never go backwards (the
         # clock is clamped), so this is sorted by expiry and cleanup only ever pops from the left.
@@ -103,7 +104,7 @@ class ProducerIdTracker:
         now_ms = self._clamp(now_ms)
         pair = self._users.get(user)
         if pair is None:
-            pair = self._users[user] = TimeControlledBloomFilter(self._bits, self._hashes, self.config.window_ms)
+            pair = self._users[user] = TimeControlledBloomFilter(self.bits, self.hashes, self.config.window_ms)
         before_filters = pair.filters
         before_created = pair.newest_created_ms
         new = pair.add_if_absent(pid, now_ms)
@@ -166,10 +167,3 @@ class ProducerIdTracker:
         """Upper bound of :meth:`user_memory_bytes`: two filters, whatever the user sends."""
         return 2 * self._filter_bytes
 
-    @property
-    def hashes(self) -> int:
-        return self._hashes
-
-    @property
-    def bits(self) -> int:
-        return self._bits

@@ -434,8 +434,15 @@ def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
     window, with its own cap) are always replayed - they are rare.
     """
     w = config.windows
-    kind_w = F.when(F.col("kind") == "pids", F.lit(w.pid_window_ms)).otherwise(F.lit(w.window_ms))
-    kind_n = F.when(F.col("kind") == "pids", F.lit(w.pid_samples)).otherwise(F.lit(w.samples))
+    def per_kind(attr: str):  # each kind's window family, from the catalogue
+        expr = None
+        for kind in KINDS:
+            value = F.lit(getattr(getattr(w, kind.window), attr))
+            is_kind = F.col("kind") == kind.name
+            expr = F.when(is_kind, value) if expr is None else expr.when(is_kind, value)
+        return expr
+
+    kind_w, kind_n = per_kind("size_ms"), per_kind("samples")
     group = list(GROUP_COLUMNS)
     binned = (joined.withColumn("w", kind_w).withColumn("n", kind_n)
               .withColumn("bin", F.floor(F.col("charge_ts_ms") / F.col("w")).cast("long"))
@@ -445,7 +452,7 @@ def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
                    F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled")))
     # (samples + 2) bins = the current bin and the (samples + 1) before it. One span for every kind: using the
     # larger sample count only widens the sum, which keeps the test sound (more buckets replayed, never fewer).
-    span = max(w.samples, w.pid_samples) + 1
+    span = max(getattr(w, kind.window).samples for kind in KINDS) + 1
     win = Window.partitionBy(*group).orderBy("bin").rangeBetween(-span, 0)
     rolled = binned.withColumn("run", F.sum("amount").over(win))
     return (rolled.groupBy(*group)
@@ -491,7 +498,7 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
     total = 7 + (1 if opts.quotas else 0) + (1 if opts.report else 0)
     prog = Progress(spark.sparkContext, total)
     ship_code(spark)
-    pid_window_s = max(1, round(opts.quotas.windows.pid_window_ms / 1000)) if opts.quotas else 3600
+    pid_window_s = max(1, round(opts.quotas.windows.pids.size_ms / 1000)) if opts.quotas else 3600
     try:
         events = prepare(read_events(spark, opts.input, opts.fmt))
         with prog.stage("overview"):

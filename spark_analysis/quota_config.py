@@ -141,14 +141,7 @@ def parse_quota_config(doc: Any) -> ReplayConfig:
                 raise QuotaConfigError(f"{where}: {exc}") from None
             quotas.append((user, client, key, value))
     try:
-        windows = Windows(
-            int(settings.get("window_num", 11)),
-            round(float(settings.get("window_size_seconds", 1.0)) * 1000),
-            int(settings.get("controller_window_num", 11)),
-            round(float(settings.get("controller_window_size_seconds", 1.0)) * 1000),
-            int(settings.get("producer_id_window_num", 11)),
-            round(float(settings.get("producer_id_window_size_seconds", 3600.0)) * 1000),
-        )
+        windows = Windows.from_settings(settings)
         idle_ms = round(float(settings.get("entity_idle_seconds", 3600.0)) * 1000)
     except (TypeError, ValueError) as exc:
         raise QuotaConfigError(f"window settings: {exc}") from None

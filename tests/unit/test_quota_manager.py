@@ -6,7 +6,7 @@ import pytest
 
 from config.quota_sources import QuotaSources, StateFileError
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
-from quotas.manager import QuotaManager, Windows
+from quotas.manager import QuotaManager, Window, Windows
 
 
 def _manager(**quotas):
@@ -51,7 +51,7 @@ def test_idle_trackers_expire_and_limit_changes_keep_history():
     store = QuotaStore()
     entity = QuotaEntity(user="u")
     store.set(entity, "controller_mutation_rate", 10)
-    qm = QuotaManager(store, Windows(controller_samples=2), idle_ms=60_000)
+    qm = QuotaManager(store, Windows(controller=Window(2, 1000)), idle_ms=60_000)
     t = qm.mutation_tracker("u", "", "", 0)
     t.stat.record(30, 0)  # 20 - 30 = -10
     store.set(entity, "controller_mutation_rate", 5)

@@ -17,7 +17,7 @@ import yaml
 
 from proxy.decision_log import DecisionLog
 from quotas.entities import DEFAULT, QuotaEntity
-from quotas.manager import Windows
+from quotas.manager import Window, Windows
 from spark_analysis.__main__ import _budgets
 from spark_analysis.quota_config import QuotaConfigError, load_quota_config, parse_quota_config
 from spark_analysis.synthetic import NOISY_USER, ProxySimulator, small_traffic
@@ -53,7 +53,7 @@ def test_config_shapes_are_all_accepted():
     assert (NOISY_USER, None, "producer_byte_rate", 200000.0) in short.quotas
     assert ("<default>", None, "controller_mutation_rate", 1.0) in short.quotas
     full = parse_quota_config(yaml.safe_load(PROPOSED))
-    assert full.windows == Windows(samples=6)
+    assert full.windows == Windows(rate=Window(6, 1000))
     assert full.quotas[0] == ("<default>", "<default>", "producer_byte_rate", 150_000.0)
     store = full.store()
     assert store.get(QuotaEntity(DEFAULT, DEFAULT)) == {"producer_byte_rate": 150_000.0}
