@@ -59,6 +59,7 @@ from quotas.kinds import (
 )
 from quotas.manager import QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
+from quotas.throttle import combine
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,7 @@ class Decision:
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
         self.values[key] = (amount, limit, throttle_ms)
-        if throttle_ms > self.throttle_ms:
-            self.throttle_ms = throttle_ms
+        self.throttle_ms = combine(self.throttle_ms, throttle_ms)
 
 
 class Policy:
@@ -372,8 +372,9 @@ class Policy:
             offset = throttle_field.throttle_offset(header.api_key, header.api_version, view[body_start:])
             if offset is not None:
                 at = body_start + offset
-                if throttle > _I32.unpack_from(view, at)[0]:
-                    pieces = [view[:at], _I32.pack(min(throttle, 2**31 - 1)), view[at + 4:]]
+                broker = _I32.unpack_from(view, at)[0]
+                if throttle > broker:  # the client waits for the longest of all: the broker's and every quota's
+                    pieces = [view[:at], _I32.pack(combine(throttle, broker)), view[at + 4:]]
             if not d.holds:
                 conn.mute.mute_for(throttle / 1000)
         if d.holds:

@@ -8,7 +8,7 @@ which window settings it samples with, how its throttle is computed, what is cha
 are never charged. A *generic* rate kind (``measure`` set) is charged by the policy and replayed offline with
 no code of its own; KIP-599 mutations and KIP-936 producer ids have managers of their own
 (:mod:`quotas.token_bucket`, :mod:`quotas.producer_ids`) because what they count needs the cluster or a bloom
-filter. No imports: every layer may read this.
+filter. Pure data and arithmetic: every layer may read this.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final, Literal
+
+from quotas.rate import request_time_to_percent
 
 # Kafka API keys this catalogue speaks of (protocol/apis.py names them all; quotas/ does not import protocol/).
 PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_RECORDS = 0, 1, 11, 14, 21
@@ -132,5 +134,5 @@ def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes
     if measure == "requests":
         return 1
     # service_time: waits the client asked for are not load; Kafka records request time as a percentage of one
-    # thread (seconds x 100, i.e. ms / 10).
-    return 0.0 if api_key in WAITING_APIS else service_ms / 10
+    # thread.
+    return 0.0 if api_key in WAITING_APIS else request_time_to_percent(service_ms)
