@@ -50,6 +50,9 @@ class QuotaKind:
     """When it is charged: on the request's arrival or on its response's."""
     measure: Literal["request_bytes", "response_bytes", "service_time", "requests"] | None
     """What one request charges, for the generic kinds; None for kinds with a manager of their own."""
+    logged: str
+    """The decision-log column that holds what a request brings to this kind (the Spark job's usage of traffic
+    no quota applied to): ``bytes_in``, ``bytes_out``, ``upstream_ms`` (service time), ``requests``..."""
     integral: bool = False
     """Kafka types it as LONG: values must be integral."""
     user_only: bool = False
@@ -68,19 +71,22 @@ PRODUCER_IDS_RATE: Final = "producer_ids_rate"
 
 KINDS: Final[tuple[QuotaKind, ...]] = (
     QuotaKind(PRODUCER_BYTE_RATE, "produce", group="Produce", metric="byte-rate", unit="B/s", window="rate",
-              throttle="bytes", apis=frozenset({PRODUCE}), at="request", measure="request_bytes", integral=True),
+              throttle="bytes", apis=frozenset({PRODUCE}), at="request", measure="request_bytes", logged="bytes_in",
+              integral=True),
     QuotaKind(CONSUMER_BYTE_RATE, "fetch", group="Fetch", metric="byte-rate", unit="B/s", window="rate",
-              throttle="bytes", apis=frozenset({FETCH}), at="response", measure="response_bytes", integral=True,
+              throttle="bytes", apis=frozenset({FETCH}), at="response", measure="response_bytes", logged="bytes_out",
+              integral=True,
               exempt_replicas=True),
     QuotaKind(REQUEST_PERCENTAGE, "request", group="Request", metric="request-time", unit="% of a thread",
-              window="rate", throttle="request", apis=frozenset(), at="response", measure="service_time"),
+              window="rate", throttle="request", apis=frozenset(), at="response", measure="service_time",
+              logged="upstream_ms"),
     QuotaKind(CONTROLLER_MUTATION_RATE, "mutation", group="ControllerMutation", metric="tokens",
               unit="partitions/s", window="controller", throttle="bucket",
               apis=frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}), at="request", measure=None,
-              cluster_wide=True),
+              logged="mutations", cluster_wide=True),
     QuotaKind(PRODUCER_IDS_RATE, "pids", group="ProducerIds", metric="rate", unit="new producer ids per window",
-              window="pids", throttle="per_window", apis=frozenset({PRODUCE, INIT_PRODUCER_ID}), at="request",
-              measure=None, user_only=True),
+              window="pids", throttle="per_window", apis=frozenset({PRODUCE}), at="request", measure=None,
+              logged="new_pids", user_only=True),
 )
 """Every quota kind, in the order of their decision-log columns."""
 

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION
-from quotas.kinds import MUTATION_APIS, NEVER_CHARGED_APIS, WAITING_APIS
+from quotas.kinds import BY_NAME, MUTATION_APIS, NEVER_CHARGED_APIS, WAITING_APIS
 
 __all__ = ["MUTATION_APIS", "NEVER_CHARGED_APIS", "QUOTA_KINDS", "WAITING_APIS", "amount_column", "event_schema",
            "read_events"]
@@ -57,20 +57,12 @@ def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
 def amount_column(kind: str) -> Column:
     """Amount charged (or chargeable) to ``kind`` by an event: the logged ``{kind}_value``, else what the proxy
     would record for it (so usage is known even for traffic no quota applied to)."""
+    spec = BY_NAME[kind]  # the catalogue says which APIs it charges and which logged column holds the amount
     api = F.col("api_key")
-    if kind == "produce":
-        fallback = F.when(api == 0, F.col("bytes_in").cast("double"))
-    elif kind == "fetch":
-        fallback = F.when(api == 1, F.col("bytes_out").cast("double"))
-    elif kind == "request":
-        # the proxy charges waits the client asked for as 0, and never charges SASL, ApiVersions, quota admin
-        fallback = (F.when(api.isin(*NEVER_CHARGED_APIS), F.lit(None).cast("double"))
-                    .when(api.isin(*WAITING_APIS), F.lit(0.0))
-                    .otherwise(F.col("upstream_ms") / 10.0))
-    elif kind == "mutation":
-        fallback = F.when(api.isin(*MUTATION_APIS), F.col("mutations").cast("double"))
-    elif kind == "pids":
-        fallback = F.when(api == 0, F.col("new_pids").cast("double"))
+    applies = api.isin(*spec.apis) if spec.apis else ~api.isin(*NEVER_CHARGED_APIS)
+    if spec.measure == "service_time":  # waits the client asked for are charged 0 (quotas.kinds.amount)
+        value = F.when(api.isin(*WAITING_APIS), F.lit(0.0)).otherwise(F.col(spec.logged) / 10.0)
     else:
-        raise ValueError(kind)
+        value = F.col(spec.logged).cast("double")
+    fallback = F.when(applies, value)
     return F.coalesce(F.col(f"{kind}_value"), fallback)
