@@ -231,8 +231,8 @@ def latency(events: DataFrame) -> DataFrame:
 
 def _long_usage(usage_1s: DataFrame) -> DataFrame:
     """usage_1s (wide) -> (user, client_id, sec, kind, amount, limit, throttle_ms), only where amount > 0."""
-    stack = f"stack({len(QUOTA_KINDS)}, " + ", ".join(f"'{k}', `{k}`, `{k}_limit`, `{k}_throttle_ms`" for k in QUOTA_KINDS) + \
-        ") as (kind, amount, limit, kind_throttle_ms)"
+    rows = ", ".join(f"'{k}', `{k}`, `{k}_limit`, `{k}_throttle_ms`" for k in QUOTA_KINDS)
+    stack = f"stack({len(QUOTA_KINDS)}, {rows}) as (kind, amount, limit, kind_throttle_ms)"
     return (usage_1s.select("user", "client_id", "sec", F.expr(stack))
             .where(F.col("amount").isNotNull() & (F.col("amount") > 0)))
 
