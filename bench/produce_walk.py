@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import sys
-import uuid
 from pathlib import Path
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
@@ -33,6 +32,9 @@ from proxy.server import DECODED_APIS
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("proxy", "protocol", "quotas", "mute", "config")
+EVERY_QUOTA = {"producer_byte_rate": 10**12, "consumer_byte_rate": 10**12, "request_percentage": 10**6,
+               "controller_mutation_rate": 10**6, "producer_ids_rate": 10**9}
+"""Every quota kind configured for the client's user, none binding."""
 _SIZE = struct.Struct(">i")
 
 
@@ -61,9 +63,10 @@ class Transport:
     def abort(self) -> None: ...
 
 
-def _produce(corr: int) -> bytes:
+def _produce(corr: int, records: int = 1, value_bytes: int = 100) -> bytes:
     b = MemoryRecordsBuilder(2, 0, 1 << 20, producer_id=7, producer_epoch=0, base_sequence=corr)
-    b.append(0, b"k", b"v" * 100)
+    for i in range(records):
+        b.append(i, b"k", b"v" * value_bytes)
     b.close()
     TD = ProduceRequest.TopicProduceData
     req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=9, topic_data=[
@@ -90,60 +93,69 @@ def _config(quotas: dict) -> ProxyConfig:
                                        "quotas": {"entities": entities}})
 
 
+class Harness:
+    """One real Connection with the real policy and stand-in transports; :meth:`round_trip` sends one Produce
+    and its answer through it."""
+
+    def __init__(self, quotas: dict, records: int = 1, value_bytes: int = 100) -> None:
+        config = _config(quotas)
+        stats = Stats()
+
+        async def no_listener(node_id: int, port: int) -> int:
+            raise AssertionError("no listener expected")
+
+        services = Services(config, stats, Policy(config, stats), RequestBytesPool(1 << 28),
+                            BrokerDirectory("127.0.0.1", None, no_listener), TopicIds(),
+                            decode_caps(DECODED_APIS), lambda ip: None, lambda ip: None)
+        self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
+        self.client, self.upstream = Transport(), Transport()
+        self.conn.client.connection_made(self.client)
+        self.conn.upstream.transport = self.upstream  # as if the broker connection were up
+        self.records, self.value_bytes = records, value_bytes
+
+    def round_trip(self, corr: int, request: bytes | None = None, answer: bytes | None = None) -> None:
+        conn = self.conn
+        conn.client.data_received(request or _produce(corr, self.records, self.value_bytes))
+        answer = answer or _answer(corr)
+        buf = conn.upstream.get_buffer(len(answer))
+        buf[:len(answer)] = answer
+        conn.upstream.buffer_updated(len(answer))
+        if self.client.written and self.upstream.written:
+            self.client.written.clear()
+            self.upstream.written.clear()
+        else:
+            raise AssertionError("the request or its answer did not get through")
+
+
 async def walk(quotas: dict) -> list[str]:
-    config = _config(quotas)
-    stats = Stats()
-
-    async def no_listener(node_id: int, port: int) -> int:
-        raise AssertionError("no listener expected")
-
-    services = Services(config, stats, Policy(config, stats), RequestBytesPool(1 << 28),
-                        BrokerDirectory("127.0.0.1", None, no_listener), TopicIds(),
-                        decode_caps(DECODED_APIS), lambda ip: None, lambda ip: None)
-    conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
-    client, upstream = Transport(), Transport()
-    conn.client.connection_made(client)
-    conn.upstream.transport = upstream  # as if the broker connection were up
-
-    def one(corr: int, traced: set[str] | None) -> None:
-        def profile(frame, event, arg):
-            if event == "call":
-                path = Path(frame.f_code.co_filename)
-                try:
-                    rel = path.resolve().relative_to(ROOT)
-                except ValueError:
-                    return
-                if rel.parts[0] in PACKAGES:
-                    traced.add(str(rel))
-
-        if traced is not None:
-            sys.setprofile(profile)
-        try:
-            conn.client.data_received(_produce(corr))
-            answer = _answer(corr)
-            buf = conn.upstream.get_buffer(len(answer))
-            buf[:len(answer)] = answer
-            conn.upstream.buffer_updated(len(answer))
-        finally:
-            sys.setprofile(None)
-        assert client.written and upstream.written, "the request or its answer did not get through"
-
-    one(1, None)  # warm: per-version tables compiled once
+    harness = Harness(quotas)
     files: set[str] = set()
-    one(2, files)
-    conn.close()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            try:
+                rel = Path(frame.f_code.co_filename).resolve().relative_to(ROOT)
+            except ValueError:
+                return
+            if rel.parts[0] in PACKAGES:
+                files.add(str(rel))
+
+    harness.round_trip(1)  # warm: per-version tables compiled once
+    sys.setprofile(profile)
+    try:
+        harness.round_trip(2)
+    finally:
+        sys.setprofile(None)
+    harness.conn.close()
     return sorted(files)
 
 
 def main() -> None:
-    every = {"producer_byte_rate": 10**9, "consumer_byte_rate": 10**9, "request_percentage": 1000,
-             "controller_mutation_rate": 1000, "producer_ids_rate": 10**6}
-    for label, quotas in (("no quota", {}), ("every quota kind configured, none binding", every)):
+    for label, quotas in (("no quota", {}), ("every quota kind configured, none binding", EVERY_QUOTA)):
         files = asyncio.run(walk(quotas))
         print(f"{label}: {len(files)} files")
         for f in files:
             print(f"  {f}")
-    print(f"(python {sys.version.split()[0]}; uuid {uuid.uuid4().hex[:6]} marks this run)")
 
 
 if __name__ == "__main__":

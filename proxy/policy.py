@@ -28,6 +28,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -76,6 +77,15 @@ def local_frame(header: RequestHeader, body: bytes) -> bytes:
     return _SIZE.pack(len(head) + len(body)) + head + body
 
 
+class _Plan(NamedTuple):
+    """What one API is charged, given the quota keys configured (see ``Policy._plan``)."""
+
+    at_request: tuple[QuotaKind, ...]
+    at_response: tuple[QuotaKind, ...]
+    pids: bool
+    mutation: bool
+
+
 class Decision:
     """What the policy decided for one request, carried to its response."""
 
@@ -122,6 +132,8 @@ class Policy:
         self.quotas = QuotaManager(self.store)
         self._keys: frozenset[str] = frozenset()
         self._keys_generation = -1
+        self._plans: dict[int, _Plan | None] = {}
+        self._plans_generation = -1
         self.producer_ids: ProducerIdTracker | None = None
         self.decision_log = _open_decision_log(config)
         self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
@@ -194,26 +206,50 @@ class Policy:
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
         return self._decide(conn, header, memoryview(body), self._clock())
 
+    def _plan(self, key: int) -> _Plan | None:
+        """What requests of API ``key`` are charged, for the quota keys now configured (kept per API until the
+        configuration changes); None when nothing is, so such a request costs a dict lookup and nothing more."""
+        active = self._active_keys()
+        plans = self._plans
+        if self._plans_generation != self._keys_generation:
+            plans.clear()
+            self._plans_generation = self._keys_generation
+        try:
+            return plans[key]
+        except KeyError:
+            pass
+        plan = None
+        if active and key not in NEVER_CHARGED_APIS:
+            plan = _Plan(charged_at(key, "request", active), charged_at(key, "response", active),
+                         key == Api.PRODUCE and PRODUCER_IDS_RATE in active,
+                         key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active)
+            if not (plan.at_request or plan.at_response or plan.pids or plan.mutation):
+                plan = None
+        if len(plans) >= 4096:  # api keys come from clients
+            plans.clear()
+        plans[key] = plan
+        return plan
+
     def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
-        active = self._active_keys()
-        if not active or key in NEVER_CHARGED_APIS:
+        plan = self._plan(key)
+        if plan is None:
             return None
         d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
         now_ms = round(now * 1000)
         d.charged_ms = now_ms
-        for kind in charged_at(key, "request", active):
+        for kind in plan.at_request:
             self._charge(d, kind.key, amount(kind, key, request_bytes=len(body)), now_ms)
-        later = charged_at(key, "response", active)
+        later = plan.at_response
         if later and any(k.exempt_replicas for k in later) and _is_replica_fetch(body, header):
             later = tuple(k for k in later if not k.exempt_replicas)
         d.later = later
-        if key == Api.PRODUCE and PRODUCER_IDS_RATE in active:
+        if plan.pids:
             self._charge_producer_ids(d, header, body, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
-        if key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active:
+        if plan.mutation:
             return self._mutation_request(conn, d, header, body, now_ms)
         if not (d.values or d.later):
             return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from quotas.entities import BucketKey, QuotaStore, Resolved
 from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
@@ -74,9 +74,8 @@ class Windows:
         return cls(**families)
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """The outcome of recording one amount against one quota."""
+class Charge(NamedTuple):
+    """The outcome of recording one amount against one quota (a tuple: made on every charge, so cheap)."""
 
     key: str
     bucket: BucketKey
@@ -151,7 +150,8 @@ class QuotaManager:
     # ------------------------------------------------------------------------------------------ trackers
 
     def _tracker(self, r: Resolved, scope: str, now_ms: int) -> Tracker:
-        tk = (r.key, bucket_scope(r.key, scope), r.bucket)
+        key = r.key
+        tk = (key, "" if key in CLUSTER_WIDE_KEYS else scope, r.bucket)  # bucket_scope, inlined: every charge
         t = self._trackers.get(tk)
         w = self.windows
         if t is None:
@@ -183,21 +183,25 @@ class QuotaManager:
             return None
         t = self._tracker(r, scope, now_ms)
         stat: SampledRate = t.stat
-        stat.record(amount, now_ms)
+        observed, window = stat.record_and_measure(amount, now_ms)
         t.recorded_total += amount
-        observed, window = stat.measure_and_window(now_ms)
+        limit = r.limit
         formula = BY_KEY[key].throttle
-        if formula == "request":
-            throttle = request_throttle_ms(observed, r.limit, window, self.windows.rate.size_ms)
-        elif formula == "per_window":
+        if formula == "per_window":
             # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
             # second is that over the window size; the throttle is capped at one window, by when the oldest
             # bloom filter has turned over and the user's ids count as new again anyway.
             per_window_s = self.windows.pids.size_ms / 1000
-            throttle = min(byte_rate_throttle_ms(observed, r.limit / per_window_s, window), self.windows.pids.size_ms)
+            limit /= per_window_s
+            throttle = 0 if observed <= limit else min(byte_rate_throttle_ms(observed, limit, window),
+                                                       self.windows.pids.size_ms)
             observed *= per_window_s
+        elif observed <= limit:  # within quota, the common case: every formula gives 0
+            throttle = 0
+        elif formula == "request":
+            throttle = request_throttle_ms(observed, limit, window, self.windows.rate.size_ms)
         else:
-            throttle = byte_rate_throttle_ms(observed, r.limit, window)
+            throttle = byte_rate_throttle_ms(observed, limit, window)
         t.note_throttle(throttle)
         return Charge(key, r.bucket, r.limit, amount, observed, throttle)
 

@@ -158,8 +158,11 @@ class SampledRate:
         """
         self._purge(now_ms)
         self._ensure_one(now_ms)
-        oldest = min(self._starts[: self._size])
-        elapsed = now_ms - oldest
+        return self._window(now_ms)
+
+    def _window(self, now_ms: float) -> float:
+        """:meth:`window_ms` once purged, with at least one sample."""
+        elapsed = now_ms - min(self._starts[: self._size])
         if elapsed < 0:  # a clock that went backwards: treat as no time elapsed
             elapsed = 0
         w = self._window_ms
@@ -172,6 +175,15 @@ class SampledRate:
     def measure(self, now_ms: float) -> float:
         """Observed rate at ``now_ms`` in units per second (never negative)."""
         return self.measure_and_window(now_ms)[0]
+
+    def record_and_measure(self, value: float, now_ms: float) -> tuple[float, float]:
+        """:meth:`record` then :meth:`measure_and_window` in one pass (the per-request charge: Kafka records
+        first, then checks), with the same result."""
+        self.record(value, now_ms)
+        if now_ms - self._min_last >= self._samples * self._window_ms:  # _purge's own shortcut, without a call
+            self._purge(now_ms)
+        window = self._window(now_ms)
+        return math.fsum(self._values[: self._size]) / (window / 1000.0), window
 
     def measure_and_window(self, now_ms: float) -> tuple[float, float]:
         """``(measure(now_ms), window_ms(now_ms))`` in one pass: the quota check needs both on every charge."""
