@@ -149,6 +149,10 @@ class Workload:
 
     name: str
     run: Callable[[str], Metrics]
+    payload_bytes: int = 0
+    """Record payload one run moves (records x 1 KiB): the denominator of CPU seconds per GiB."""
+    round_trips: int = 0
+    """Sequential round trips one run makes (the probe): the denominator of CPU µs per round trip."""
     samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in SIDES})
     proxy_cpu: dict[str, list[tuple[float, float]]] = field(  # per proxy side: (CPU seconds, active seconds) per run
         default_factory=lambda: {s: [] for s in SIDES[1:]})
@@ -227,8 +231,9 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
                 misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
     if out[-1]:
         out.append("")
-    out += ["| workload | side | proxy CPU s per run | active s per run | proxy CPU, % of one core |",
-            "|---|---|---:|---:|---:|"]  # fmt: skip
+    out += ["| workload | side | proxy CPU s per run | active s per run | proxy CPU, % of one core "
+            "| proxy CPU s per GiB of records | proxy CPU µs per round trip |",
+            "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for w in wl.values():
         for s in proxies:
             if not w.proxy_cpu[s]:
@@ -236,7 +241,13 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
             cpu = statistics.median(c for c, _ in w.proxy_cpu[s])
             act = statistics.median(a for _, a in w.proxy_cpu[s])
             pct = statistics.median(100 * c / a for c, a in w.proxy_cpu[s])
-            out.append(f"| {w.name} | {s} | {cpu:.2f} | {act:.2f} | {pct:.0f}% |")
+            per_gib = f"{cpu / (w.payload_bytes / 2**30):.2f}" if w.payload_bytes else ""
+            per_rt = f"{cpu / w.round_trips * 1e6:.0f}" if w.round_trips else ""
+            out.append(f"| {w.name} | {s} | {cpu:.2f} | {act:.2f} | {pct:.0f}% | {per_gib} | {per_rt} |")
+        if "quotas" in proxies and "proxy" in proxies and w.proxy_cpu["quotas"] and w.proxy_cpu["proxy"]:
+            ratio = (statistics.median(c for c, _ in w.proxy_cpu["quotas"])
+                     / statistics.median(c for c, _ in w.proxy_cpu["proxy"]))
+            out.append(f"| {w.name} | quotas/proxy | {ratio:.2f}× | | | | |")
     out += ["", "| workload | side | machine CPU s per run (all processes) | wall s per run | machine busy, % of all "
             f"{os.cpu_count()} cores |", "|---|---|---:|---:|---:|"]
     for w in wl.values():
@@ -476,12 +487,13 @@ def main(argv: list[str] | None = None) -> int:
                     subprocess.run(["taskset", "-a", "-p", "-c", "1", str(p.proc.pid)], check=True,  # type: ignore[union-attr]
                                    capture_output=True)
             wl = {w.name: w for w in [
-                Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1)),
-                Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate)),
-                Workload("kcat-produce", lambda bs: kcat_produce(bs, payload, n)),
-                Workload("java-consume", lambda bs: java_consume(cluster, bs, 3 * n)),
-                Workload("kcat-consume", lambda bs: kcat_consume(bs, 3 * n)),
-                Workload("probe", lambda bs: probe_latency(bs, probes)),
+                Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1), n * RECORD),
+                Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate),
+                         rate * rate_s * RECORD),
+                Workload("kcat-produce", lambda bs: kcat_produce(bs, payload, n), n * RECORD),
+                Workload("java-consume", lambda bs: java_consume(cluster, bs, 3 * n), 3 * n * RECORD),
+                Workload("kcat-consume", lambda bs: kcat_consume(bs, 3 * n), 3 * n * RECORD),
+                Workload("probe", lambda bs: probe_latency(bs, probes), (probes + 50) * RECORD, probes + 50),
             ]}  # fmt: skip
             if args.only:
                 unknown = set(args.only.split(",")) - wl.keys()

@@ -47,6 +47,9 @@ def read_length(buf: bytes | memoryview, pos: int, compact: bool, width: int = 4
     """A length prefix (string, bytes or array count; -1 is null): compact (flexible versions) a uvarint of
     length + 1, else a big-endian int16 (``width`` 2: strings) or int32. Returns (length, position after)."""
     if compact:
+        n = buf[pos] if pos < len(buf) else 0x80
+        if n < 0x80:  # one byte: nearly every length in practice
+            return n - 1, pos + 1
         n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     if width == 2:

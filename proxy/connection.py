@@ -177,6 +177,7 @@ class Connection:
         self.sum_requests = 0
         self.sum_bytes_in = 0
         self.sum_bytes_out = 0
+        self.policy_state = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"), self._unmuted)
         self._waiting: tuple[Defer, bytes] | None = None  # a deferred request whose decision waits out a mute
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up

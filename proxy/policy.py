@@ -245,7 +245,7 @@ class Policy:
             later = tuple(k for k in later if not k.exempt_replicas)
         d.later = later
         if plan.pids:
-            self._charge_producer_ids(d, header, body, now_ms)
+            self._charge_producer_ids(conn, d, header, body, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
@@ -260,7 +260,8 @@ class Policy:
         if charge is not None:
             d.note(key, amount, charge.limit, charge.throttle_ms)
 
-    def _charge_producer_ids(self, d: Decision, header: RequestHeader, body: memoryview, now_ms: int) -> None:
+    def _charge_producer_ids(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview,
+                             now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
         if self.store.resolve(d.user, d.client_id, PRODUCER_IDS_RATE) is None:
@@ -271,7 +272,17 @@ class Policy:
             raise ProtocolViolation(f"malformed Produce v{header.api_version} record batch: {exc}") from None
         if not pids:
             return
-        d.new_pids = self.producer_ids.observe_many((d.user, d.scope), pids, now_ms)
+        tracker, owner = self.producer_ids, (d.user, d.scope)
+        if len(pids) == 1:  # the usual producer: one id, request after request, on one connection
+            (pid,) = pids
+            seen = conn.policy_state
+            if seen is not None and seen[0] is tracker and seen[1] == owner and seen[2] == pid and now_ms < seen[3]:
+                return  # known to the user's filters until seen[3]: asking again would change nothing
+            new, until = tracker.observe_until(owner, pid, now_ms)
+            conn.policy_state = (tracker, owner, pid, until)
+            d.new_pids = int(new)
+        else:
+            d.new_pids = tracker.observe_many(owner, pids, now_ms)
         if not d.new_pids:
             return
         self._charge(d, PRODUCER_IDS_RATE, d.new_pids, now_ms)

@@ -73,6 +73,8 @@ class PolicyConnection(Protocol):
     sum_requests: int
     sum_bytes_in: int
     sum_bytes_out: int
+    policy_state: Any
+    """What the policy keeps per connection (None at first): the last producer id seen and until when it is known."""
 
     def ask(self, api_key: int, api_version: int, body: bytes) -> Awaitable[bytes]:
         """Send a request of the proxy's own on this connection's broker link; the response body (after its

@@ -148,6 +148,20 @@ class TimeControlledBloomFilter:
         self._expire(now_ms)
         return self._known(bit_positions(key, self.bits, self.hashes))
 
+    def add_if_absent_until(self, key: int, now_ms: int) -> tuple[bool, int]:
+        """:meth:`add_if_absent`, and until when ``key`` stays known with no further write: the expiry of the
+        newest filter holding it. A caller that sees the same key again before then may skip asking."""
+        new = self.add_if_absent(key, now_ms)
+        if new:
+            return True, self._new_created + self.window_ms
+        positions = bit_positions(key, self.bits, self.hashes)
+        until = 0
+        if self._new is not None and self._new.contains_positions(positions):
+            until = self._new_created + self.window_ms
+        elif self._old is not None:
+            until = self._old_created + self.window_ms
+        return False, until
+
     def add_if_absent(self, key: int, now_ms: int) -> bool:
         """True if ``key`` was not known (it is then written to the newest filter); False if already known.
 

@@ -101,18 +101,23 @@ class ProducerIdTracker:
         Charge the user's ``producer_ids_rate`` by one for each True. ``pid`` is a signed 64-bit producer id;
         callers pass only real ids (the record-batch scanner already leaves out −1, "no producer id").
         """
+        return self.observe_until(user, pid, now_ms)[0]
+
+    def observe_until(self, user: Hashable, pid: int, now_ms: int) -> tuple[bool, int]:
+        """:meth:`observe`, and until when ``pid`` stays known to ``user`` (ms) if nothing else is written: seeing
+        it again before then would answer False and change nothing, so a caller may skip asking."""
         now_ms = self._clamp(now_ms)
         pair = self._users.get(user)
         if pair is None:
             pair = self._users[user] = TimeControlledBloomFilter(self.bits, self.hashes, self.config.window_ms)
         before_filters = pair.filters
         before_created = pair.newest_created_ms
-        new = pair.add_if_absent(pid, now_ms)
+        new, until = pair.add_if_absent_until(pid, now_ms)
         self._filters += pair.filters - before_filters
         created = pair.newest_created_ms
         if created is not None and created != before_created:
             self._expiries.append((created + self.config.window_ms, user))
-        return new
+        return new, until
 
     def observe_many(self, user: Hashable, pids: Iterable[int], now_ms: int) -> int:
         """How many of ``pids`` are new to ``user`` (each recorded): the amount to charge for one request."""

@@ -61,6 +61,7 @@ class FakeConn:
         self.last_response_at = 0.0
         self.mute = FakeMute()
         self.sum_requests = self.sum_bytes_in = self.sum_bytes_out = 0
+        self.policy_state = None
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
         raise AssertionError("no cluster lookup expected in these tests")
@@ -81,8 +82,9 @@ def _request(req, corr: int = 1):
     return parse_request_header(body), body
 
 
-def _produce(n_bytes: int = 2000):
-    b = MemoryRecordsBuilder(2, 0, 1 << 20)
+def _produce(n_bytes: int = 2000, pid: int = -1):
+    b = MemoryRecordsBuilder(2, 0, 1 << 20, producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
+                             base_sequence=0 if pid >= 0 else -1)
     b.append(0, b"k", b"v" * n_bytes)
     b.close()
     TD = ProduceRequest.TopicProduceData
@@ -253,3 +255,27 @@ def test_kip599_old_version_is_admitted_whole_and_muted():
     header, body = _create_topics([1], version=5)
     d2 = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
     assert d2.rejected == 0 and d2.values[CONTROLLER_MUTATION_RATE][0] == 1
+
+
+def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filters_say():
+    """The per-connection memo of the last producer id skips asking the bloom filters while the id is known;
+    the charges must be the ones asking every time gives, across filter rotations and expiry."""
+    from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
+
+    clock = Clock()
+    policy = Policy(ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+        "quotas": {"producer_id_window_num": 2, "producer_id_window_size_seconds": 2,
+                   "entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10**6}}]},
+    }), Stats(), clock=clock)
+    reference = ProducerIdTracker(ProducerIdQuotaConfig(2, 2, policy.producer_ids.config.cleanup_interval_ms))
+    conn = FakeConn()
+    got, want = [], []
+    for step, pid in enumerate([5] * 12 + [6] * 3 + [5] * 12):
+        clock.now += 0.37  # crosses half-window rotations and whole-window expiries
+        header, body = _produce(10, pid)
+        d = policy.on_request(conn, header, body, clock())
+        got.append(d.new_pids if d is not None else 0)
+        want.append(int(reference.observe(("alice", "broker 1"), pid, round(clock() * 1000))))
+    assert got == want
+    assert sum(got) > 2  # the id expired and was charged again, more than once
