@@ -60,7 +60,7 @@ from quotas.kinds import (
 )
 from quotas.manager import QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
-from quotas.throttle import combine
+from quotas.throttle import MAX_THROTTLE_MS, combine
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,8 @@ class _Plan(NamedTuple):
     at_response: tuple[QuotaKind, ...]
     pids: bool
     mutation: bool
+    exempt_replicas: bool
+    """Some kind charged at response exempts replica fetches: read the request's replica id."""
 
 
 class Decision:
@@ -117,7 +119,8 @@ class Decision:
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
         self.values[key] = (amount, limit, throttle_ms)
-        self.throttle_ms = combine(self.throttle_ms, throttle_ms)
+        if throttle_ms > self.throttle_ms:  # quotas.throttle.combine, inlined: called on every charge
+            self.throttle_ms = throttle_ms if throttle_ms < MAX_THROTTLE_MS else MAX_THROTTLE_MS
 
 
 class Policy:
@@ -222,7 +225,8 @@ class Policy:
         if active and key not in NEVER_CHARGED_APIS:
             plan = _Plan(charged_at(key, "request", active), charged_at(key, "response", active),
                          key == Api.PRODUCE and PRODUCER_IDS_RATE in active,
-                         key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active)
+                         key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active, False)
+            plan = plan._replace(exempt_replicas=any(k.exempt_replicas for k in plan.at_response))
             if not (plan.at_request or plan.at_response or plan.pids or plan.mutation):
                 plan = None
         if len(plans) >= 4096:  # api keys come from clients
@@ -241,7 +245,7 @@ class Policy:
         for kind in plan.at_request:
             self._charge(d, kind.key, amount(kind, key, request_bytes=len(body)), now_ms)
         later = plan.at_response
-        if later and any(k.exempt_replicas for k in later) and _is_replica_fetch(body, header):
+        if plan.exempt_replicas and _is_replica_fetch(body, header):
             later = tuple(k for k in later if not k.exempt_replicas)
         d.later = later
         if plan.pids:

@@ -271,7 +271,7 @@ def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filte
     reference = ProducerIdTracker(ProducerIdQuotaConfig(2, 2, policy.producer_ids.config.cleanup_interval_ms))
     conn = FakeConn()
     got, want = [], []
-    for step, pid in enumerate([5] * 12 + [6] * 3 + [5] * 12):
+    for pid in [5] * 12 + [6] * 3 + [5] * 12:
         clock.now += 0.37  # crosses half-window rotations and whole-window expiries
         header, body = _produce(10, pid)
         d = policy.on_request(conn, header, body, clock())
