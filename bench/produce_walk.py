@@ -1,7 +1,7 @@
 """Which of the project's files one Produce request walks through, client socket to upstream socket and back.
 
 Why: the glue should be followable; this counts, by tracing every Python call (``sys.setprofile``), the project
-files whose code runs for one Produce v9 request and its response once the connection is warm (the first
+files whose code runs for one Produce v11 request and its response once the connection is warm (the first
 request compiles and caches per-version tables; the second shows the steady path). The connection is the real
 ``proxy.connection.Connection`` with the real policy; only the two sockets are stand-ins (transports that
 record what is written), so no broker is needed.
@@ -36,6 +36,8 @@ EVERY_QUOTA = {"producer_byte_rate": 10**12, "consumer_byte_rate": 10**12, "requ
                "controller_mutation_rate": 10**6, "producer_ids_rate": 10**9}
 """Every quota kind configured for the client's user, none binding."""
 _SIZE = struct.Struct(">i")
+VERSION = 11
+"""Produce version of the walk: what Kafka 4.x clients send (v10+ responses may carry node_endpoints)."""
 
 
 class Transport:
@@ -69,7 +71,7 @@ def _produce(corr: int, records: int = 1, value_bytes: int = 100) -> bytes:
         b.append(i, b"k", b"v" * value_bytes)
     b.close()
     TD = ProduceRequest.TopicProduceData
-    req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=9, topic_data=[
+    req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=VERSION, topic_data=[
         TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])])
     req.with_header(correlation_id=corr, client_id="app")
     body = req.encode(header=True, framed=False)
@@ -79,8 +81,8 @@ def _produce(corr: int, records: int = 1, value_bytes: int = 100) -> bytes:
 def _answer(corr: int) -> bytes:
     P = ProduceResponse._struct.fields["responses"].array_of.data_class
     Q = P.fields["partition_responses"].array_of.data_class
-    body = ProduceResponse(version=9, throttle_time_ms=0, responses=[
-        P(version=9, name="t", partition_responses=[Q(version=9, index=0, error_code=0, base_offset=corr,
+    body = ProduceResponse(version=VERSION, throttle_time_ms=0, responses=[
+        P(version=VERSION, name="t", partition_responses=[Q(version=VERSION, index=0, error_code=0, base_offset=corr,
                                                       log_append_time_ms=-1, log_start_offset=0, record_errors=[],
                                                       error_message=None)])]).encode()
     head = encode_response_header(corr, True)

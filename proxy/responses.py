@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protocol.addresses import (
-    ADDRESS_APIS,
     AddressedResponse,
     BrokerEndpoint,
     carries_endpoints_tail,
@@ -133,7 +132,7 @@ def inspect_response(
     when it could be rewritten at once, or an AddressEdit that needs listeners started first."""
     key = pending.header.api_key
     version = pending.header.api_version
-    if key in ADDRESS_APIS:
+    if may_carry_addresses(key, version):
         offset = response_body_offset(frame, key, version)
         decoded = decode_addressed(key, version, frame[offset:])
         if decoded is None:
