@@ -122,15 +122,22 @@ class Proxy:
         next_summary = loop.time() + summary_every
         while True:
             await asyncio.sleep(min(1.0, summary_every))
-            self.policy.upkeep()
-            now = time.monotonic()
-            self.connection_quotas.expire(round(now * 1000), 3_600_000)
-            for conn in list(self.connections):
-                conn.check_timeouts(now)
-            if loop.time() >= next_summary:
-                next_summary = loop.time() + summary_every
+            try:
+                self.policy.upkeep()
+                now = time.monotonic()
+                self.connection_quotas.expire(round(now * 1000), 3_600_000)
                 for conn in list(self.connections):
-                    self.policy.summarise(conn)
+                    try:
+                        conn.check_timeouts(now)
+                    except Exception:  # noqa: BLE001 - one connection's bug closes that connection only
+                        log.exception("%s via %s: timeout check failed; closing", conn.peer, conn.label)
+                        conn.close("cannot process a request: timeout check failed")
+                if loop.time() >= next_summary:
+                    next_summary = loop.time() + summary_every
+                    for conn in list(self.connections):
+                        self.policy.summarise(conn)
+            except Exception:  # a bug here must not end every timeout, expiry and summary for good
+                log.exception("upkeep failed; trying again in a second")
 
     async def _import_quotas(self) -> None:
         while True:
