@@ -1,4 +1,2 @@
-"""Quota policy (entities, token bucket, sampled rate, bloom filters, throttle-time math).
-
-Empty until the quota issues: nothing is throttled yet.
-"""
+"""Quota policy with time passed in: the catalogue of quota kinds, entities, token bucket, sampled rate, bloom
+filters, throttle-time math, the decision-log schema. Imports nothing of the project but itself."""

@@ -93,17 +93,23 @@ def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuf
     """
     import sys
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"  # plain `python -m spark_analysis`; under spark-submit its --master wins
+    local = master is not None and master.startswith("local")
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     repo = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    if local:  # the Python workers run here: this interpreter and this checkout
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    # On a cluster the workers' own Python runs the executors (PYSPARK_PYTHON or spark.pyspark.python names
+    # it) and ship_code sends the code: nothing may depend on this machine's paths.
     if shuffle_partitions is None:
         shuffle_partitions = max(4, 2 * (os.cpu_count() or 2))
     builder = SparkSession.builder
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        master = "local[*]"  # plain `python -m spark_analysis`; under spark-submit its --master wins
     if master is not None:
         builder = builder.master(master)
+    if local:
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     spark = (
         builder.appName(app_name)
         .config("spark.driver.memory", driver_memory)
@@ -113,16 +119,21 @@ def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuf
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.enabled", "true" if ui else "false")
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
+EXECUTOR_PACKAGES = ("pandas", "pyarrow")
+"""What executors import besides pyspark and the shipped code: the one line to install on Spark workers."""
+
+
 def ship_code(spark: SparkSession) -> None:
-    """Make ``quotas``, ``spark_analysis`` and ``proxy.decision_log`` importable on executors of a real cluster
-    (a zip added with ``addPyFile``); local masters see the repository through PYTHONPATH already."""
+    """Make ``quotas`` and ``spark_analysis`` importable on executors of a real cluster (a zip added with
+    ``addPyFile``: nothing else of the repository is imported there), then check on an executor that they and
+    :data:`EXECUTOR_PACKAGES` import, so a worker without them fails here with the package named instead of
+    deep in the what-if replay. Local masters see the repository through PYTHONPATH already."""
     master = spark.sparkContext.master
     if master.startswith("local"):
         return
@@ -136,9 +147,24 @@ def ship_code(spark: SparkSession) -> None:
         for pkg in ("quotas", "spark_analysis"):
             for p in (repo / pkg).rglob("*.py"):
                 z.write(p, p.relative_to(repo))
-        z.writestr("proxy/__init__.py", "")
-        z.write(repo / "proxy" / "decision_log.py", "proxy/decision_log.py")
     spark.sparkContext.addPyFile(zpath)
+
+    def executor_missing(_: object) -> list[str]:  # nested: pickled by value, so the check imports nothing first
+        import importlib
+
+        missing = []
+        for name in (*EXECUTOR_PACKAGES, "spark_analysis.replay"):
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                missing.append(f"{name} ({exc})")
+        return missing
+
+    missing = spark.sparkContext.parallelize([0], 1).map(executor_missing).collect()[0]
+    if missing:
+        raise RuntimeError(f"Spark executors on {master} cannot import {', '.join(missing)}: install "
+                           f"{' '.join(EXECUTOR_PACKAGES)} in the workers' Python (and pyspark of the cluster's "
+                           "version); the job ships its own code")
 
 
 # ------------------------------------------------------------------------------------------------- stages

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaStore, QuotaValueError
 from quotas.kinds import KIND_KEYS
 from quotas.manager import Windows
@@ -157,6 +155,8 @@ def load_quota_config(path: str | Path) -> ReplayConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise QuotaConfigError(f"{path}: {exc}") from None
+    import yaml  # here, not at the top: executors import this module and need no YAML
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
