@@ -25,6 +25,15 @@ WORKER_PACKAGES = ("pyspark", "py4j", "pandas", "numpy", "numpy.libs", "pyarrow"
 requirements; nothing else."""
 
 
+def bare_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what would let a worker's Python see this checkout or this venv
+    (a local-master SparkSession earlier in the same process sets PYTHONPATH and PYSPARK_PYTHON)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env.update(extra)
+    return env
+
+
 def worker_python(root: Path) -> Path:
     """A virtual environment with only :data:`WORKER_PACKAGES` importable; returns its interpreter."""
     env = root / "worker-venv"
@@ -57,9 +66,8 @@ class SparkStandalone:
 
     def _launch(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         spark_home = Path(sysconfig.get_paths()["purelib"]) / "pyspark"
-        full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
-        full_env.update({"SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
-                         "SPARK_LOG_DIR": str(self.root), "SPARK_NO_DAEMONIZE": "1", **(env or {})})
+        full_env = bare_env(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(self.root),
+                            SPARK_NO_DAEMONIZE="1", **(env or {}))
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen([str(spark_home / "bin" / "spark-class"), *args], cwd=self.root, env=full_env,
                                 stdout=log, stderr=subprocess.STDOUT)

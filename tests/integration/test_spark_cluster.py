@@ -5,7 +5,6 @@ spark://...``, then the what-if tables are read back and held against the quota 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import yaml
 from proxy.decision_log import DecisionLog
 from spark_analysis.quota_config import parse_quota_config
 from spark_analysis.synthetic import NOISY_USER, ProxySimulator, small_traffic
-from tests.harness.spark import SparkStandalone
+from tests.harness.spark import SparkStandalone, bare_env
 from tests.unit.test_spark_analysis import LIVE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,10 +41,10 @@ def test_job_runs_on_a_standalone_cluster_whose_workers_cannot_see_the_repositor
         # The worker's Python really is bare: neither this repository nor its other requirements import there.
         for module in ("protocol", "quotas", "yaml", "mmh3"):
             probe = subprocess.run([str(spark.python), "-c", f"import {module}"], cwd=spark.root,
-                                   capture_output=True, text=True)
+                                   env=bare_env(), capture_output=True, text=True)
             assert probe.returncode != 0, f"{module} must not be importable by the worker's Python"
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["PYSPARK_PYTHON"] = str(spark.python)  # what the executors run, as on a real cluster
+        # The driver runs from this checkout; the executors run the worker's Python, as on a real cluster.
+        env = bare_env(PYSPARK_PYTHON=str(spark.python), PYSPARK_DRIVER_PYTHON=sys.executable)
         started = time.monotonic()
         job = subprocess.run([sys.executable, "-m", "spark_analysis", str(tmp_path / "log"), "--out",
                               str(tmp_path / "out"), "--quotas", str(quotas), "--master", spark.master,
