@@ -1,4 +1,4 @@
-"""``kafka-throttle-proxy run|check-config``."""
+"""kafka-throttle-proxy run|check-config: a Kafka proxy that holds every client to its quotas."""
 
 from __future__ import annotations
 

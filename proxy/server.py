@@ -92,6 +92,9 @@ class Proxy:
                 await self.directory.learn(brokers)
             except (NoBrokerPort, OSError) as exc:
                 raise ConfigError(f"listen.broker_ports: cannot listen for the cluster's brokers ({exc})") from None
+        else:  # serving anyway: clients get "no broker reachable" until it is up, and listeners come as it answers
+            log.warning("upstream %s: no broker answered at startup; serving anyway, broker listeners start as "
+                        "the cluster answers", ",".join(self.config.upstream.bootstrap_servers))
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))
@@ -194,6 +197,9 @@ class Proxy:
                       "upstream_timeout_margin_ms"):
             if getattr(config, field) != getattr(self.config, field):
                 log.warning("config reload: %s changed; it takes effect only after a restart", field)
+        for field in ("state_file", "import_interval_seconds"):  # read once, at start
+            if getattr(config.quotas, field) != getattr(self.config.quotas, field):
+                log.warning("config reload: quotas.%s changed; it takes effect only after a restart", field)
         self.policy.reload(config)
         self._configure_limits(config)
 

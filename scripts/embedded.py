@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 
 import uvloop
 
-from config.load import load_config
+from config.load import ConfigError, load_config
 from proxy.server import Proxy
 from tests.harness import KafkaCluster
 
@@ -41,9 +42,21 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19092, help="proxy bootstrap port (brokers get the next 100)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # the ports first: a busy one is one line, before minutes spent starting Kafka
+        for port in (args.port, args.port + 1):
+            with socket.create_server(("127.0.0.1", port)):
+                pass
+    except OSError as exc:
+        print(f"--port {args.port}: 127.0.0.1:{port} cannot be used ({exc.strerror or exc}); pick another "
+              "with --port", file=sys.stderr)
+        return 2
     print("starting a single-node Apache Kafka (the first run downloads its jars)...", flush=True)
     with KafkaCluster(1) as cluster:
-        uvloop.run(_serve(cluster.bootstrap, args.port))
+        try:
+            uvloop.run(_serve(cluster.bootstrap, args.port))
+        except ConfigError as exc:
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

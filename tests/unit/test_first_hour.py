@@ -1,0 +1,53 @@
+"""Rough edges an operator meets in the first hour (issue 18): one line instead of a traceback or silence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from config.model import ProxyConfig
+from proxy.server import Proxy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(**quotas) -> ProxyConfig:
+    return ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"], "connect_timeout_ms": 200},
+        "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
+        "quotas": quotas,
+    })
+
+
+def test_an_unreachable_upstream_is_a_warning_at_start(caplog):
+    async def main():
+        proxy = Proxy(_config())
+        await proxy.start()
+        await proxy.shutdown()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "no broker answered" in r.message]
+    assert len(warnings) == 1 and "127.0.0.1:9" in warnings[0].message
+
+
+def test_reloading_a_state_file_says_it_needs_a_restart(caplog, tmp_path):
+    proxy = Proxy(_config())
+    with caplog.at_level(logging.WARNING):
+        proxy.reload(_config(state_file=str(tmp_path / "quotas.json")))
+    assert any("quotas.state_file changed" in r.message and "restart" in r.message for r in caplog.records)
+
+
+def test_run_embedded_with_a_busy_port_says_so_in_one_line_before_starting_kafka():
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "scripts.embedded", "--port", str(port)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--port {port}" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "starting a single-node Apache Kafka" not in done.stdout
