@@ -51,3 +51,13 @@ def test_run_embedded_with_a_busy_port_says_so_in_one_line_before_starting_kafka
     assert f"--port {port}" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert "starting a single-node Apache Kafka" not in done.stdout
+
+
+def test_run_embedded_with_a_bad_config_file_says_so_in_one_line_before_starting_kafka(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quotas: {entities: [{entity: {user: a}, quotas: {producer_byte_rate: -1}}]}\n")
+    done = subprocess.run([sys.executable, "-m", "scripts.embedded", "-c", str(bad), "--port", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "producer_byte_rate" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "starting a single-node Apache Kafka" not in done.stdout
