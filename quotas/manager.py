@@ -292,6 +292,8 @@ class QuotaManager:
                 if kind.window == "pids":
                     value *= self.windows.pids.size_ms / 1000  # per window, the unit of producer_ids_rate
                 yield group, name, bucket.user, bucket.client_id, scope, value
+            # Not a Kafka metric (Kafka keeps quotas in its configs): the limit beside the rate, for dashboards.
+            yield group, "quota-limit", bucket.user, bucket.client_id, scope, float(t.limit)
             yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)
             yield group, "throttle-time-total", bucket.user, bucket.client_id, scope, float(t.throttle_ms_total)
             yield group, "recorded-total", bucket.user, bucket.client_id, scope, t.recorded_total
