@@ -1,4 +1,4 @@
-"""kafka-throttle-proxy run|check-config: a Kafka proxy that holds every client to its quotas."""
+"""kafka-throttle-proxy run|check-config|quotas: a Kafka proxy that holds every client to its quotas."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
+from proxy import quota_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--broker-ports", help="FIRST-LAST port range (one per broker) or 'ephemeral'")
         s.add_argument("--advertised-host", help="host written into rewritten broker addresses")
         s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    quota_cli.add_parser(sub)
     return p
 
 
@@ -121,6 +123,8 @@ def _raise_fd_limit() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "quotas":
+        return quota_cli.run(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:

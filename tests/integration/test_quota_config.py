@@ -8,6 +8,8 @@ running quotas; SCRAM and PLAIN clients are charged as their own user; metrics c
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import urllib.request
 import uuid
 
@@ -181,3 +183,32 @@ def test_kafka_configs_sets_an_ip_connection_rate_that_bites(cluster, fresh_prox
             served += bool(s.recv(4))
         s.close()
     assert served < 40, served  # a burst of about 2/s × 11 s passes, the rest are closed after their throttle
+
+
+def _quotas_cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", bootstrap, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_quotas_subcommand_alters_what_kafka_configs_then_reads_and_is_refused_to_non_admins(cluster, fresh_proxy):
+    proxy = fresh_proxy(**{"quotas.admins": ["ANONYMOUS"]})
+    done = _quotas_cli(proxy.bootstrap, "alter", "--user", "alice", "--client-id", "<default>",
+                       "--add", "producer_byte_rate=1048576,consumer_byte_rate=2097152")
+    assert done.returncode == 0 and "Completed updating config for user-principal 'alice'" in done.stdout, done
+    # Kafka's own tool reads back what the subcommand set...
+    out = cluster.tool("configs", "--bootstrap-server", proxy.bootstrap, "--describe", "--entity-type", "users",
+                       "--entity-name", "alice", "--entity-type", "clients", "--entity-default", timeout=120).stdout
+    assert "producer_byte_rate=1048576.0" in out and "consumer_byte_rate=2097152.0" in out, out
+    # ...and the subcommand's describe shows it too; --delete removes one key.
+    assert "producer_byte_rate=1048576.0" in _quotas_cli(proxy.bootstrap, "describe", "--user", "alice",
+                                                         "--client-id", "<default>").stdout
+    assert _quotas_cli(proxy.bootstrap, "alter", "--user", "alice", "--client-id", "<default>",
+                       "--delete", "producer_byte_rate").returncode == 0
+    listed = _quotas_cli(proxy.bootstrap, "describe").stdout
+    assert "consumer_byte_rate=2097152.0" in listed and "producer_byte_rate" not in listed, listed
+    # A proxy where ANONYMOUS is no admin refuses the alter, and the subcommand says so with a non-zero exit.
+    other = fresh_proxy()
+    refused = _quotas_cli(other.bootstrap, "alter", "--user", "bob", "--add", "producer_byte_rate=1")
+    assert refused.returncode == 1 and "error" in refused.stdout, refused
+    bad = _quotas_cli(other.bootstrap, "alter", "--user", "bob", "--add", "producer_byte_rate")
+    assert bad.returncode != 0 and "is not key=value" in bad.stderr and "Traceback" not in bad.stderr
