@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
-from protocol.varint import TruncatedError, read_uvarint, skip_tagged_fields
+from protocol.varint import TruncatedError, read_tagged_fields, read_uvarint, skip_tagged_fields
 
 FIXED_SIZES = {
     "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "bitfield": 4,
@@ -169,12 +169,9 @@ def layout(message_cls, version: int, body: bytes | memoryview, offset: int = 0)
         tags_offset = None
         if flexible:
             tags_offset = pos - offset
-            count, pos = read_uvarint(body, pos)
-            for _ in range(count):
-                tag, pos = read_uvarint(body, pos)
-                size, pos = read_uvarint(body, pos)
-                tags[tag] = (pos - offset, pos + size - offset)
-                pos += size
+            tagged, pos = read_tagged_fields(body, pos)
+            for tag, start, stop in tagged:
+                tags[tag] = (start - offset, stop - offset)
     except (struct.error, IndexError) as exc:
         raise TruncatedError(f"{message_cls.name} v{version} is truncated") from exc
     if pos > len(body):

@@ -28,14 +28,23 @@ def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
+def read_tagged_fields(buf: bytes | memoryview, pos: int) -> tuple[list[tuple[int, int, int]], int]:
+    """The tagged-field section at ``pos``: ``(tag, value start, value end)`` per field, and the position after
+    the section. The varints are bounds-checked, the values are not (callers check the end against their own)."""
+    count, pos = read_uvarint(buf, pos)
+    fields = []
+    for _ in range(count):
+        tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        fields.append((tag, pos, pos + size))
+        pos += size
+    return fields, pos
+
+
 def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
     if pos < len(buf) and buf[pos] == 0:  # no tagged fields: nearly every header and struct
         return pos + 1
-    count, pos = read_uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
-        pos += size
+    _fields, pos = read_tagged_fields(buf, pos)
     if pos > len(buf):
         raise TruncatedError("tagged field runs past the end of the frame")
     return pos

@@ -12,7 +12,7 @@ from kafka.protocol.producer import ProduceResponse
 from protocol.addresses import BrokerEndpoint, decode_addressed
 from protocol.api_versions import cap_api_versions
 from protocol.skim import layout
-from protocol.varint import TruncatedError
+from protocol.varint import TruncatedError, read_tagged_fields, skip_tagged_fields
 
 FT = FetchResponse.FetchableTopicResponse
 PD = FT.PartitionData
@@ -72,6 +72,20 @@ def test_truncated_body_is_an_error():
 
 def _to_proxy(ep: BrokerEndpoint):
     return "proxy", 20000 + ep.node_id
+
+
+def test_tagged_fields_read_and_skipped_alike():
+    # two tags (one with a 200-byte value: two-byte size varint), then a byte after the section
+    section = b"\x02" + b"\x00\x03abc" + b"\x05\xc8\x01" + b"x" * 200
+    buf = b"\xff" + section + b"!"
+    fields, end = read_tagged_fields(buf, 1)
+    assert fields == [(0, 4, 7), (5, 10, 210)]
+    assert end == skip_tagged_fields(buf, 1) == len(buf) - 1
+    assert skip_tagged_fields(b"\x00", 0) == 1
+    with pytest.raises(TruncatedError):
+        skip_tagged_fields(section[:-1], 0)
+    with pytest.raises(TruncatedError):
+        read_tagged_fields(b"\x01\x00", 0)
 
 
 @pytest.mark.parametrize("version", range(0, 14))
