@@ -148,37 +148,30 @@ class TimeControlledBloomFilter:
         self._expire(now_ms)
         return self._known(bit_positions(key, self.bits, self.hashes))
 
-    def add_if_absent_until(self, key: int, now_ms: int) -> tuple[bool, int]:
-        """:meth:`add_if_absent`, and until when ``key`` stays known with no further write: the expiry of the
-        newest filter holding it. A caller that sees the same key again before then may skip asking."""
-        new = self.add_if_absent(key, now_ms)
-        if new:
-            return True, self._new_created + self.window_ms
-        positions = bit_positions(key, self.bits, self.hashes)
-        until = 0
-        if self._new is not None and self._new.contains_positions(positions):
-            until = self._new_created + self.window_ms
-        elif self._old is not None:
-            until = self._old_created + self.window_ms
-        return False, until
-
     def add_if_absent(self, key: int, now_ms: int) -> bool:
         """True if ``key`` was not known (it is then written to the newest filter); False if already known.
 
         A known id is not re-written, as in the KIP ("no need to update the cache"), so a producer that keeps
         producing is counted again once its filter ages out, i.e. once every half to one window.
         """
+        return self.add_if_absent_until(key, now_ms)[0]
+
+    def add_if_absent_until(self, key: int, now_ms: int) -> tuple[bool, int]:
+        """:meth:`add_if_absent`, and until when ``key`` stays known with no further write: the expiry of the
+        newest filter holding it. A caller that sees the same key again before then may skip asking."""
         now_ms = self._expire(now_ms)
         positions = bit_positions(key, self.bits, self.hashes)
-        if self._known(positions):
-            return False
+        if self._new is not None and self._new.contains_positions(positions):
+            return False, self._new_created + self.window_ms
+        if self._old is not None and self._old.contains_positions(positions):
+            return False, self._old_created + self.window_ms
         if self._new is None or now_ms - self._new_created >= self._half_ms:
             # Rotate: the current newest becomes read-only. The previous old one is at least a window old by now
             # (it was created >= half a window before the newest), so _expire already dropped it.
             self._old, self._old_created = self._new, self._new_created
             self._new, self._new_created = BloomFilter(self.bits, self.hashes), now_ms
         self._new.add_positions(positions)
-        return True
+        return True, self._new_created + self.window_ms
 
     def expired(self, now_ms: int) -> bool:
         """True once no filter is live any more (the user's entry can be dropped)."""
