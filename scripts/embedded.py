@@ -1,23 +1,69 @@
 """The proxy in front of a local single-node Kafka: the quickest way to see it work.
 
 The broker comes from the test harness (Apache Kafka's jars from Maven Central, cached); the
-proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise.
+proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise. ``--demo`` adds a
+1 MiB/s produce quota (examples/demo.yaml) and a producer that runs into it, so the first thing a
+new user sees is a quota biting. A cold start is minutes of downloads and JVM start: a line every
+ten seconds says what it is waiting for.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import uvloop
 
 from config.load import ConfigError, load_config
 from proxy.server import Proxy
 from tests.harness import KafkaCluster
+from tests.harness.kafka_dist import DEFAULT_KAFKA_VERSION, cache_root, ensure_kafka
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "examples" / "demo.yaml"
+DEMO_CLIENT_ID = "demo-producer"
+
+
+def _du_mb(path: Path) -> float:
+    """Megabytes under ``path`` (the Maven repository filling up while Kafka's jars download)."""
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):  # a file mvn renamed meanwhile
+            total += p.stat().st_size if p.is_file() else 0
+    return total / 1e6
+
+
+@contextmanager
+def _progress(what: str, detail: Callable[[], str] = lambda: "") -> Iterator[None]:
+    """Print ``what`` now, and every 10 s until the block ends, how long it has taken (a cold start is silent
+    for minutes otherwise)."""
+    t0 = time.monotonic()
+    print(what + "...", flush=True)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(10.0):
+            extra = detail()
+            print(f"  ... {time.monotonic() - t0:.0f} s{', ' + extra if extra else ''}", flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        print(f"  done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
 def _config(path: str | None, bootstrap: str, port: int):
@@ -26,8 +72,40 @@ def _config(path: str | None, bootstrap: str, port: int):
                               "listen.broker_ports": f"{port + 1}-{port + 100}"})
 
 
-async def _serve(path: str | None, bootstrap: str, port: int) -> None:
-    proxy = Proxy(_config(path, bootstrap, port))
+def _demo_quota(config) -> float:
+    """The producer_byte_rate the demo's client id is held to (from the config the demo runs with)."""
+    for rule in config.quotas.entities:
+        if rule.entity.get("client-id") == DEMO_CLIENT_ID and rule.quotas.get("producer_byte_rate"):
+            return float(rule.quotas["producer_byte_rate"])
+    raise ConfigError(f"the demo needs a producer_byte_rate for client-id {DEMO_CLIENT_ID!r} (see {DEMO_CONFIG})")
+
+
+async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
+    """Run the demo producer (its own process: an ordinary client) through the proxy, and say what to look at."""
+    metrics = f"http://127.0.0.1:{proxy.metrics_port}/metrics" if proxy.metrics_port else None
+    print(f"\nDEMO: a producer sends as fast as it can; the proxy holds client id {DEMO_CLIENT_ID!r} to "
+          f"{quota / (1 << 20):.2f} MiB/s.", flush=True)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scripts.demo_producer", "--bootstrap-server", proxy.bootstrap_address,
+        "--quota", str(quota), "--seconds", str(seconds), "--client-id", DEMO_CLIENT_ID, cwd=REPO)
+    code = await child.wait()
+    print("\nWhat to look at:\n"
+          "  - the rate above: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
+          "quota;\n"
+          "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);",
+          flush=True)
+    if metrics:
+        print(f"  - the proxy's metrics: curl -s {metrics} | grep -E 'ktp_produce|ktp_quota_decisions'", flush=True)
+    print(f"  - change the quota live: .venv/bin/kafka-throttle-proxy quotas --bootstrap-server "
+          f"{proxy.bootstrap_address} alter --client-id {DEMO_CLIENT_ID} --add producer_byte_rate=4194304",
+          flush=True)
+    return code
+
+
+async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
+    config = _config(path, bootstrap, port)
+    quota = _demo_quota(config) if demo_seconds is not None else 0.0
+    proxy = Proxy(config)
     await proxy.start()
     print(f"\nKafka is at {bootstrap} (do not use it directly).\n"
           f"Point clients at the proxy:  bootstrap.servers={proxy.bootstrap_address}\n"
@@ -37,8 +115,22 @@ async def _serve(path: str | None, bootstrap: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    code = 0
+    if demo_seconds is not None:
+        demo = asyncio.ensure_future(_demo(proxy, quota, demo_seconds))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({demo, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if demo.done():
+            code = demo.result()
+            if not once:
+                print("\nThe proxy keeps running for your own clients; Ctrl-C stops it.", flush=True)
+        else:
+            demo.cancel()
+        stopped.cancel()
+    if not once:
+        await stop.wait()
     await proxy.shutdown()
+    return code
 
 
 def main() -> int:
@@ -46,9 +138,18 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=19092, help="proxy bootstrap port (brokers get the next 100)")
     ap.add_argument("-c", "--config", help="a proxy config (e.g. examples/byte-rates.yaml); its upstream and "
                                            "listen ports are replaced by the embedded broker's and --port's")
+    ap.add_argument("--demo", action="store_true",
+                    help=f"run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is given) and "
+                         "show what it gets")
+    ap.add_argument("--demo-seconds", type=float, default=30.0, help="how long the demo producer runs")
+    ap.add_argument("--once", action="store_true", help="with --demo: stop everything when the demo ends")
     args = ap.parse_args()
+    if args.demo and not args.config:
+        args.config = str(DEMO_CONFIG)
     try:  # a bad file is one line, before minutes spent starting Kafka
-        _config(args.config, "127.0.0.1:9", args.port)
+        checked = _config(args.config, "127.0.0.1:9", args.port)
+        if args.demo:
+            _demo_quota(checked)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
@@ -61,14 +162,23 @@ def main() -> int:
         print(f"--port {args.port}: 127.0.0.1:{port} cannot be used ({exc.strerror or exc}); pick another "
               "with --port", file=sys.stderr)
         return 2
-    print("starting a single-node Apache Kafka (the first run downloads its jars)...", flush=True)
-    with KafkaCluster(1) as cluster:
-        try:
-            uvloop.run(_serve(args.config, cluster.bootstrap, args.port))
-        except ConfigError as exc:
-            print(f"configuration error: {exc}", file=sys.stderr)
-            return 2
-    return 0
+    m2 = Path.home() / ".m2" / "repository"
+    before = _du_mb(m2) if m2.exists() else 0.0
+    with _progress(f"fetching Apache Kafka {DEFAULT_KAFKA_VERSION}'s jars (Maven Central, cached in "
+                   f"{cache_root()}; the first run downloads about 150 MB)",
+                   lambda: f"{max(0.0, _du_mb(m2) - before):.0f} MB downloaded" if m2.exists() else ""):
+        dist = ensure_kafka()
+    cluster = KafkaCluster(1, dist=dist)
+    with _progress("starting a single-node Kafka broker (KRaft)"):
+        cluster.start()
+    try:
+        return uvloop.run(_serve(args.config, cluster.bootstrap, args.port,
+                                 args.demo_seconds if args.demo else None, args.once))
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        cluster.stop()
 
 
 if __name__ == "__main__":

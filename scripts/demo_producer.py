@@ -1,0 +1,126 @@
+"""The demo's producer: sends as fast as it can through the proxy and prints what the quota does to it.
+
+It is an ordinary kafka-python producer (nothing in it knows about the proxy), so what it prints is what any
+client sees: its acknowledged rate, every two seconds, against the quota, and the ``throttle_time_ms`` the
+responses carried (the client's own ``throttle-time-max`` metric). It ends with what it got against the most a
+windowed quota lets through, and a ``DEMO-RESULT`` line the demo's test reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+RECORD = 16 * 1024
+#: Unacknowledged records at most (2 MiB): without a bound the client's 32 MiB buffer takes half a minute to drain
+#: at 1 MiB/s after the run.
+IN_FLIGHT_RECORDS = 128
+#: Kafka's default quota window (11 samples of 1 s): the rate is measured over the last 10-11 s, so a fresh client
+#: gets about quota x 10 s through before the throttle bites, and over a run of T seconds at most quota x (T + 11).
+WINDOW_S = 11.0
+
+
+@dataclass
+class Acked:
+    """Bytes acknowledged by the cluster, as (monotonic time, cumulative bytes) points."""
+
+    total: int = 0
+    points: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, n: int) -> None:
+        self.total += n
+        self.points.append((time.monotonic(), self.total))
+
+    def between(self, t0: float, t1: float) -> int:
+        """Bytes acknowledged in [t0, t1)."""
+        before = next((b for t, b in reversed(self.points) if t < t0), 0)
+        upto = next((b for t, b in reversed(self.points) if t < t1), 0)
+        return upto - before
+
+
+def _throttle_max_ms(producer) -> float:
+    """The producer's own throttle-time-max metric (the largest throttle_time_ms in its recent responses)."""
+    best = 0.0
+    for metrics in producer.metrics().values():
+        value = metrics.get("throttle-time-max")
+        if isinstance(value, int | float) and value == value and value > best:  # NaN != NaN: no sample yet
+            best = float(value)
+    return best
+
+
+def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str) -> int:
+    from kafka import KafkaProducer  # the client library, imported where it is used
+    from kafka.errors import KafkaError
+
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # it warns on every throttled response; we summarise
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks=1, linger_ms=5,
+                             batch_size=256 * 1024, max_request_size=1 * MIB, max_block_ms=60_000)
+    acked, failed = Acked(), [0]
+    value = bytes(RECORD)
+    print(f"demo producer: client id {client_id!r}, sending {RECORD >> 10} KiB records to topic {topic!r} as fast "
+          f"as it can for {seconds:.0f} s; quota {quota / MIB:.2f} MiB/s", flush=True)
+    start = time.monotonic()
+    stop = threading.Event()
+    throttle_seen = [0.0]
+
+    def report() -> None:  # on its own thread, so a send blocked by the throttle does not delay the lines
+        tick = start
+        while not stop.wait(max(0.0, tick + 2.0 - time.monotonic())):
+            tick += 2.0
+            got = acked.between(tick - 2.0, tick) / 2.0
+            throttle = _throttle_max_ms(producer)
+            throttle_seen[0] = max(throttle_seen[0], throttle)
+            print(f"  t={tick - start:4.0f} s  acked {acked.total / MIB:6.1f} MiB  last 2 s {got / MIB:5.2f} MiB/s "
+                  f"({got / quota:4.0%} of quota)  throttle_time_ms max {throttle:5.0f}", flush=True)
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    in_flight: deque = deque()
+    try:
+        while time.monotonic() < start + seconds:
+            fut = producer.send(topic, value)
+            fut.add_callback(lambda _md: acked.add(RECORD))
+            fut.add_errback(lambda _exc: failed.__setitem__(0, failed[0] + 1))
+            in_flight.append(fut)
+            while len(in_flight) > IN_FLIGHT_RECORDS:  # bounded: the run ends when the clock says, not minutes later
+                in_flight.popleft().get(timeout=60)
+        for fut in in_flight:
+            fut.get(timeout=60)
+    except KafkaError as exc:
+        print(f"demo producer: {exc}", flush=True)
+        failed[0] += 1
+    finally:
+        end = time.monotonic()
+        stop.set()
+        reporter.join()
+        producer.close(timeout=10)
+    run_s = end - start
+    allowed = quota * (run_s + WINDOW_S)
+    print(f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average, the "
+          f"first burst included (quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + "
+          f"{WINDOW_S:.0f} s) = {allowed / MIB:.1f} MiB through in that time); the largest throttle_time_ms the "
+          f"client got: {throttle_seen[0]:.0f}; failed sends: {failed[0]}", flush=True)
+    print(f"DEMO-RESULT acked_bytes={acked.total} run_s={run_s:.3f} quota={quota:.0f} "
+          f"throttle_ms={throttle_seen[0]:.0f} failed={failed[0]}", flush=True)
+    return 0 if failed[0] == 0 else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap-server", required=True)
+    ap.add_argument("--quota", type=float, default=MIB, help="the producer_byte_rate it is held to (bytes/s)")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--topic", default="demo")
+    ap.add_argument("--client-id", default="demo-producer")
+    args = ap.parse_args()
+    return run(args.bootstrap_server, args.quota, args.seconds, args.topic, args.client_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The quick start's demo (issue 18): ``scripts/run-embedded --demo`` shows a quota biting.
+
+It runs the real script as a user types it (setup, Kafka from the harness cache, the proxy, an ordinary
+kafka-python producer in its own process) and reads what it prints.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WINDOW_S = 11.0  # Kafka's default quota window: 11 samples of 1 s
+
+
+def _two_free_ports() -> int:
+    """A port p with p and p + 1 free (the bootstrap listener and broker 1's)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65000:
+            try:
+                with socket.create_server(("127.0.0.1", port + 1)):
+                    return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_demo_shows_a_quota_biting():
+    port = _two_free_ports()
+    done = subprocess.run(["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "25", "--port", str(port)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in out + done.stderr
+    # a cold start says what it waits for, and where to point clients
+    assert "fetching Apache Kafka" in out and "starting a single-node Kafka broker" in out
+    assert f"bootstrap.servers=127.0.0.1:{port}" in out
+    assert re.search(r"curl -s http://127\.0\.0\.1:\d+/metrics", out)
+    result = dict(kv.split("=") for kv in re.search(r"DEMO-RESULT (.*)", out).group(1).split())
+    acked, run_s, quota = int(result["acked_bytes"]), float(result["run_s"]), float(result["quota"])
+    assert int(result["failed"]) == 0
+    assert int(result["throttle_ms"]) > 0, "the client was never told throttle_time_ms"
+    # held to the quota: a windowed rate lets at most quota x (run + window) through ...
+    assert acked <= quota * (run_s + WINDOW_S) * 1.05, (acked, run_s, quota)
+    # ... and the producer was slowed, not stopped: it got at least half the quota over the run
+    assert acked >= quota * run_s * 0.5, (acked, run_s, quota)
+    # the per-2 s lines show the throttle: some interval well under the quota after the first burst
+    rates = [float(m) for m in re.findall(r"last 2 s +([\d.]+) MiB/s", out)]
+    assert len(rates) >= 10 and min(rates[2:]) < quota / (1 << 20) * 0.5, rates
