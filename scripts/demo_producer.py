@@ -54,7 +54,7 @@ def _throttle_max_ms(producer) -> float:
     return best
 
 
-def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str) -> int:
+def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str, trace: str | None = None) -> int:
     from kafka import KafkaProducer  # the client library, imported where it is used
     from kafka.errors import KafkaError
 
@@ -106,6 +106,10 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
           f"first burst included (quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + "
           f"{WINDOW_S:.0f} s) = {allowed / MIB:.1f} MiB through in that time); the largest throttle_time_ms the "
           f"client got: {throttle_seen[0]:.0f}; failed sends: {failed[0]}", flush=True)
+    if trace:  # every acknowledgement, for bench/throttle_shape.py's plot
+        with open(trace, "w") as out:
+            out.write("t_s,acked_bytes\n")
+            out.writelines(f"{t - start:.4f},{b}\n" for t, b in acked.points)
     print(f"DEMO-RESULT acked_bytes={acked.total} run_s={run_s:.3f} quota={quota:.0f} "
           f"throttle_ms={throttle_seen[0]:.0f} failed={failed[0]}", flush=True)
     return 0 if failed[0] == 0 else 1
@@ -118,8 +122,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--topic", default="demo")
     ap.add_argument("--client-id", default="demo-producer")
+    ap.add_argument("--trace", help="write every acknowledgement as CSV (t_s, acked_bytes) to this file")
     args = ap.parse_args()
-    return run(args.bootstrap_server, args.quota, args.seconds, args.topic, args.client_id)
+    return run(args.bootstrap_server, args.quota, args.seconds, args.topic, args.client_id, args.trace)
 
 
 if __name__ == "__main__":
