@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import shutil
 import signal
 import socket
 import sys
@@ -72,6 +73,13 @@ def _config(path: str | None, bootstrap: str, port: int):
                               "listen.broker_ports": f"{port + 1}-{port + 100}"})
 
 
+def _try_it(bootstrap: str) -> str:
+    """A first command to run against the proxy, with a tool this machine has (kcat is not installed by setup)."""
+    if shutil.which("kcat"):
+        return f"kcat -b {bootstrap} -L"
+    return f"scripts/kafka-tool topics --bootstrap-server {bootstrap} --list   (Kafka's own tools, fetched once)"
+
+
 def _demo_quota(config) -> float:
     """The producer_byte_rate the demo's client id is held to (from the config the demo runs with)."""
     for rule in config.quotas.entities:
@@ -109,7 +117,7 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
     await proxy.start()
     print(f"\nKafka is at {bootstrap} (do not use it directly).\n"
           f"Point clients at the proxy:  bootstrap.servers={proxy.bootstrap_address}\n"
-          f"  e.g. kcat -b {proxy.bootstrap_address} -L\n"
+          f"  e.g. {_try_it(proxy.bootstrap_address)}\n"
           "Ctrl-C stops the proxy and the broker.\n", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
