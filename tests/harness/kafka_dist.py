@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,12 +223,15 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str) -> Path:
+def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str,
+           progress: Callable[[str], None] | None = None) -> Path:
     """Copy the runtime jars of one Kafka release into the cache (once) and return the dir.
 
     The marker stores a hash of the pom and options, so editing ``pom.xml``
     invalidates the cache.  Jars go to a temp dir that is renamed into place, so
     an interrupted run never leaves a half-filled ``libs`` dir behind.
+    ``progress`` is told (once) when a download starts: only then is there a wait
+    worth explaining to a person.
     """
     base = cache_root() / (f"kafka-{version}-broker" if broker_only else f"kafka-{version}")
     libs, marker = base / "libs", base / ".complete"
@@ -248,6 +251,8 @@ def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str) -> Path
                f"-Dkafka.version={version}", f"-DoutputDirectory={tmp}"]  # fmt: skip
         if broker_only:
             cmd.append("-Dbroker-only")
+        if progress is not None:
+            progress(f"fetching Apache Kafka {version}'s jars from Maven Central into {base} (once)")
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -271,18 +276,25 @@ def ensure_kafka(
     tools_version: str | None = None,
     timeout: float = 900,
     mvn: str = "mvn",
+    tools_only: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> KafkaDist:
     """Return a cached Kafka runtime, downloading it with Maven on first use.
 
     ``tools_version`` defaults to ``version`` (or ``TOOLS_VERSION_FALLBACK``);
     when it differs, the broker and the tools get separate classpaths.
+    ``tools_only``: just the CLI tools' classpath (``scripts/kafka-tool`` needs no
+    broker, so it does not download one); ``progress``: see ``_fetch``.
     """
     tools_version = tools_version or TOOLS_VERSION_FALLBACK.get(version, version)
+    if tools_only:
+        version = tools_version  # the one release on the classpath
+    fetch = functools.partial(_fetch, timeout=timeout, mvn=mvn, progress=progress)
     if tools_version == version:
-        libs = tools_libs = _fetch(version, broker_only=False, timeout=timeout, mvn=mvn)
+        libs = tools_libs = fetch(tools_version, broker_only=False)
     else:
-        libs = _fetch(version, broker_only=True, timeout=timeout, mvn=mvn)
-        tools_libs = _fetch(tools_version, broker_only=False, timeout=timeout, mvn=mvn)
+        libs = fetch(version, broker_only=True)
+        tools_libs = fetch(tools_version, broker_only=False)
     return KafkaDist(version=version, tools_version=tools_version, libs_dir=libs, tools_libs_dir=tools_libs)
 
 
