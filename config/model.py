@@ -319,3 +319,24 @@ class ProxyConfig(_Strict):
     decision_log: DecisionLogConfig = DecisionLogConfig()
     sasl: SaslConfig = SaslConfig()
     limits: LimitsConfig = LimitsConfig()
+    workers: int = Field(default=1, ge=1, le=64)
+    """Proxy processes on this host sharing every listener port (SO_REUSEPORT), each accepting its share of new
+    connections: one process is one core. Needs fixed ports (a client told broker 2 is at port P must find it at
+    P whichever process answers). Each process enforces quotas on the connections it holds (see README)."""
+
+    @model_validator(mode="after")
+    def _fixed_ports_for_workers(self):
+        if self.workers > 1:
+            if self.listen.bootstrap_port == 0:
+                raise ValueError(f"workers: {self.workers} needs a fixed listen.bootstrap_port, not 0 (every "
+                                 "process listens on the same port)")
+            if self.listen.broker_ports == "ephemeral":
+                raise ValueError(f"workers: {self.workers} needs a listen.broker_ports range, not ephemeral (a "
+                                 "broker's port must be the same in every process)")
+            if self.metrics.port == 0:
+                raise ValueError(f"workers: {self.workers} needs a fixed metrics.port, not 0 (worker i serves "
+                                 "its metrics on metrics.port + i)")
+            if self.quotas.admins and not self.quotas.state_file:
+                raise ValueError(f"workers: {self.workers} with quotas.admins needs quotas.state_file (a quota "
+                                 "altered through one worker reaches the others through it)")
+        return self

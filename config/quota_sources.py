@@ -16,11 +16,13 @@ through the API, and the import must not overwrite either.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from config.load import ConfigError
@@ -53,8 +55,10 @@ class QuotaSources:
         self.imported: Quotas = {}
         self.file: Quotas = {}
         self.api: ApiLayer = {}
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the state file as last read or written
         if self.state_file is not None and self.state_file.exists():
             self.api = self._read_state(self.state_file)
+            self._seen = self._stamp()
 
     # ------------------------------------------------------------------------------------------ layers
 
@@ -68,14 +72,66 @@ class QuotaSources:
 
     def alter(self, entity: QuotaEntity, ops: Mapping[str, float | None]) -> None:
         """One validated AlterClientQuotas entry (``None`` = remove); persisted before it takes effect."""
-        layer = dict(self.api.get(entity, {}))
-        layer.update(ops)
-        new_api = dict(self.api)
-        new_api[entity] = layer
-        if self.state_file is not None:
-            self._write_state(self.state_file, new_api)
-        self.api = new_api
+        if self.state_file is None:
+            self.api = self._altered(self.api, entity, ops)
+        else:  # other processes (workers) share the file: read, change and write it under their common lock
+            with self._locked():
+                current = self._read_state(self.state_file) if self.state_file.exists() else {}
+                new_api = self._altered(current, entity, ops)
+                self._write_state(self.state_file, new_api)
+                self._seen = self._stamp()
+            self.api = new_api
         self._apply()
+
+    @staticmethod
+    def _altered(api: ApiLayer, entity: QuotaEntity, ops: Mapping[str, float | None]) -> ApiLayer:
+        layer = dict(api.get(entity, {}))
+        layer.update(ops)
+        new_api = dict(api)
+        new_api[entity] = layer
+        return new_api
+
+    def refresh(self) -> bool:
+        """Take in what another process (a worker on this host) altered in the state file since it was last read
+        or written here; a stat per call, a read only on change. True when the quotas changed."""
+        if self.state_file is None:
+            return False
+        stamp = self._stamp()
+        if stamp == self._seen or stamp is None:
+            return False
+        try:
+            with self._locked():
+                api = self._read_state(self.state_file)
+                self._seen = self._stamp()
+        except StateFileError as exc:  # a broken file: keep the quotas in force, say so once per change
+            log.warning("%s; the quotas altered earlier stay in force", exc)
+            self._seen = stamp
+            return False
+        if api == self.api:
+            return False
+        self.api = api
+        self._apply()
+        return True
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.state_file.stat()  # type: ignore[union-attr]
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An advisory lock beside the state file, held while it is read-modified-written: two workers altering
+        different entities at once must both be kept, not the last writer's view only."""
+        lock_path = self.state_file.with_name(self.state_file.name + ".lock")  # type: ignore[union-attr]
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def effective(self) -> Quotas:
         out: Quotas = {}

@@ -29,9 +29,14 @@ class BrokerDirectory:
         advertised_host: str,
         port_range: tuple[int, int] | None,
         start_listener: StartListener,
+        *,
+        fixed: bool = False,
     ) -> None:
+        """``fixed``: broker N is served at exactly first + N (workers sharing ports must all agree on it, so
+        there is no "next free port" fallback); a node id beyond the range is an error naming it."""
         self._advertised = advertised_host
         self._range = port_range
+        self._fixed = fixed
         self._start_listener = start_listener
         self.upstream: dict[int, tuple[str, int]] = {}
         self.ports: dict[int, int] = {}
@@ -85,7 +90,7 @@ class BrokerDirectory:
             try:
                 return await self._start_listener(node_id, port)
             except OSError as exc:
-                if port == 0:
+                if port == 0 or self._fixed:
                     raise
                 log.warning("broker_ports: port %d is not available for broker %d (%s); trying the next one",
                             port, node_id, exc.strerror or exc)
@@ -99,6 +104,9 @@ class BrokerDirectory:
         preferred = first + node_id
         if node_id >= 0 and preferred <= last and preferred not in used:
             return preferred
+        if self._fixed:
+            raise NoBrokerPort(f"broker_ports {first}-{last}: with workers, broker {node_id} must be served at "
+                               f"{first} + {node_id} = {preferred}, outside the range; make the range reach it")
         for port in range(first, last + 1):
             if port not in used:
                 return port

@@ -12,7 +12,7 @@ import sys
 
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
-from proxy import quota_cli
+from proxy import quota_cli, workers
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--broker-ports", help="FIRST-LAST port range (one per broker) or 'ephemeral'")
         s.add_argument("--advertised-host", help="host written into rewritten broker addresses")
         s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+        s.add_argument("--workers", type=int, help="proxy processes sharing the listener ports (SO_REUSEPORT)")
     quota_cli.add_parser(sub)
     return p
 
@@ -41,6 +42,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "listen.broker_ports": args.broker_ports,
             "listen.advertised_host": args.advertised_host,
             "log_level": args.log_level,
+            "workers": args.workers,
         },
     )
 
@@ -90,7 +92,8 @@ class Reloader:
 async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> None:
     from proxy.server import Proxy
 
-    proxy = Proxy(config)
+    worker = workers.worker_index()
+    proxy = Proxy(config, worker=worker)
     await proxy.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -100,7 +103,8 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
         reloader = Reloader(proxy, args)
         loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
         watcher = loop.create_task(reloader.watch())
-    print(f"kafka-throttle-proxy: point clients at bootstrap.servers={proxy.bootstrap_address}", flush=True)
+    who = "" if worker is None else f" (worker {worker} of {config.workers}, pid {os.getpid()})"
+    print(f"kafka-throttle-proxy: point clients at bootstrap.servers={proxy.bootstrap_address}{who}", flush=True)
     await stop.wait()
     if args is not None:
         watcher.cancel()
@@ -122,6 +126,7 @@ def _raise_fd_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.command == "quotas":
         return quota_cli.run(args)
@@ -133,9 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print("configuration is valid")
         return 0
+    worker = workers.worker_index()
+    tag = "" if worker is None else f"[w{worker}] "
     logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=config.log_level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s", stream=sys.stderr
     )
+    if config.workers > 1 and worker is None:
+        return workers.supervise(argv, config.workers, config.shutdown_grace_ms / 1000)
     _raise_fd_limit()
     try:
         import uvloop

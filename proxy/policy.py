@@ -175,6 +175,9 @@ class Policy:
         return round(self._clock() * 1000)
 
     def upkeep(self) -> None:
+        if self.sources.refresh():  # a sibling worker altered quotas through its AlterClientQuotas
+            log.info("quotas.state_file %s changed (altered through another worker); now in force",
+                     self.sources.state_file)
         now_ms = self._now_ms()
         self.quotas.expire(now_ms)
         self.producer_ids.cleanup(now_ms)

@@ -43,11 +43,15 @@ def _fd_bound_connections() -> int:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, worker: int | None = None) -> None:
+        """``worker``: this process's index among ``config.workers`` processes sharing the listener ports
+        (SO_REUSEPORT); None for a single process."""
         self.config = config
+        self.worker = worker
         listen = config.listen
         port_range = None if listen.broker_ports == "ephemeral" else listen.broker_ports
-        self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener)
+        self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener,
+                                         fixed=worker is not None)
         self.topic_ids = TopicIds()
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
@@ -71,6 +75,11 @@ class Proxy:
         self._bootstrap_rr = itertools.count()
         self._closing = False
         self._tasks: list[asyncio.Task] = []
+
+    def _metrics_port(self) -> int:
+        """Worker i serves its own metrics on metrics.port + i: a scrape must see one process, not a random one."""
+        port = self.config.metrics.port or 0
+        return port + self.worker if self.worker is not None and port else port
 
     @property
     def bootstrap_port(self) -> int:
@@ -100,14 +109,14 @@ class Proxy:
             self._tasks.append(loop.create_task(self._import_quotas()))
         if self.config.metrics.port is not None:
             try:
-                self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self.config.metrics.port)
+                self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self._metrics_port())
             except OSError as exc:
-                raise ConfigError(f"metrics.port {self.config.metrics.port} on {self.config.metrics.host}: cannot "
+                raise ConfigError(f"metrics.port {self._metrics_port()} on {self.config.metrics.host}: cannot "
                                   f"listen ({exc.strerror or exc})") from None
         try:
             self._servers[None] = await loop.create_server(
                 lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True,
-                ssl=self.listen_ssl,
+                reuse_port=self.worker is not None, ssl=self.listen_ssl,
             )
         except OSError as exc:
             raise ConfigError(f"listen.bootstrap_port {listen.bootstrap_port} on {listen.host}: cannot listen "
@@ -206,7 +215,8 @@ class Proxy:
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True, ssl=self.listen_ssl
+            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True,
+            reuse_port=self.worker is not None, ssl=self.listen_ssl,
         )
         self._servers[node_id] = server
         return server.sockets[0].getsockname()[1]
