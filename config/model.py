@@ -182,9 +182,10 @@ class QuotaConfig(_Strict):
 
     enforce: bool = True
     """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""
-    scope: Literal["broker", "cluster"] = "broker"
+    scope: Literal["broker", "cluster", "fleet"] = "broker"
     """``broker``: one bucket per entity per broker, as Kafka enforces (a quota set for Kafka means the same
-    here). ``cluster``: one bucket per entity across every broker its connections reach."""
+    here). ``cluster``: one bucket per entity across every broker its connections reach. ``fleet``: as
+    ``cluster``, summed over every proxy of the fleet (``fleet.name``), synchronised through a topic."""
     window_num: int = Field(default=11, ge=2)
     window_size_seconds: float = Field(default=1.0, gt=0)
     controller_window_num: int = Field(default=11, ge=1)
@@ -245,6 +246,30 @@ class DecisionLogConfig(_Strict):
     """How often each connection's traffic that met no quota decision is summarised in one event."""
     instance: str | None = None
     """This proxy's name in the log (default: host name and process id)."""
+
+
+class FleetConfig(_Strict):
+    """Proxies that enforce quotas together (quota scope ``fleet``): each publishes its usage deltas to a topic
+    on the cluster it fronts and folds in everyone else's."""
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    """The fleet: members with the same name share usage (topic ``__ktp_fleet_<name>``). Unset = no fleet."""
+    member: str | None = Field(default=None, max_length=200)
+    """This member's id in reports and logs; unset = host-pid."""
+    sync_interval_ms: int = Field(default=250, ge=20, le=10_000)
+    """How often usage is published; the enforcement error grows with it (README, Running several instances)."""
+    bootstrap_servers: list[str] | None = None
+    """Where the fleet topic lives; unset = upstream.bootstrap_servers (the cluster the proxy fronts)."""
+    client: dict[str, str | int | bool] = {}
+    """Extra settings for the fleet's Kafka client (aiokafka's names: security_protocol, sasl_mechanism,
+    sasl_plain_username, sasl_plain_password, ...), for a cluster that needs credentials."""
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or ():
+            _parse_host_port(item)
+        return v
 
 
 class SaslConfig(_Strict):
@@ -319,10 +344,17 @@ class ProxyConfig(_Strict):
     decision_log: DecisionLogConfig = DecisionLogConfig()
     sasl: SaslConfig = SaslConfig()
     limits: LimitsConfig = LimitsConfig()
+    fleet: FleetConfig = FleetConfig()
     workers: int = Field(default=1, ge=1, le=64)
     """Proxy processes on this host sharing every listener port (SO_REUSEPORT), each accepting its share of new
     connections: one process is one core. Needs fixed ports (a client told broker 2 is at port P must find it at
     P whichever process answers). Each process enforces quotas on the connections it holds (see README)."""
+
+    @model_validator(mode="after")
+    def _fleet_named(self):
+        if self.quotas.scope == "fleet" and not self.fleet.name:
+            raise ValueError("quotas.scope fleet needs fleet.name (the members that share usage)")
+        return self
 
     @model_validator(mode="after")
     def _fixed_ports_for_workers(self):

@@ -49,6 +49,7 @@ from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event
 from quotas.entities import QuotaStore
+from quotas.fleet import FleetLedger
 from quotas.kinds import (
     CONTROLLER_MUTATION_RATE,
     MUTATION_APIS,
@@ -153,7 +154,11 @@ class Policy:
         self.admins = frozenset(qc.admins)
         self.describers = frozenset(qc.admins if qc.describers is None else qc.describers)
         self.enforce = qc.enforce
-        self.cluster_scope = qc.scope == "cluster"
+        self.cluster_scope = qc.scope in ("cluster", "fleet")
+        if qc.scope == "fleet" and self.quotas.ledger is None:
+            self.quotas.ledger = FleetLedger()
+        elif qc.scope != "fleet":
+            self.quotas.ledger = None
         self.charge_validate_only = qc.charge_validate_only
         self.pid_hold_max_ms = qc.producer_id_hold_max_ms
         pid_config = ProducerIdQuotaConfig(qc.producer_id_window_num, round(qc.producer_id_window_size_seconds),
@@ -172,6 +177,10 @@ class Policy:
         return self._keys
 
     def _now_ms(self) -> int:
+        return round(self._clock() * 1000)
+
+    def now_ms(self) -> int:
+        """The policy's clock in ms: what anything recording into its quota state (the fleet) must use."""
         return round(self._clock() * 1000)
 
     def upkeep(self) -> None:

@@ -19,6 +19,7 @@ from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
 from proxy.discovery import discover_brokers
+from proxy.fleet import FleetSync
 from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
@@ -75,6 +76,7 @@ class Proxy:
         self._bootstrap_rr = itertools.count()
         self._closing = False
         self._tasks: list[asyncio.Task] = []
+        self.fleet: FleetSync | None = None
 
     def _metrics_port(self) -> int:
         """Worker i serves its own metrics on metrics.port + i: a scrape must see one process, not a random one."""
@@ -105,6 +107,9 @@ class Proxy:
             log.warning("upstream %s: no broker answered at startup; serving anyway, broker listeners start as "
                         "the cluster answers", ",".join(self.config.upstream.bootstrap_servers))
         self._tasks.append(loop.create_task(self._upkeep()))
+        if self.config.quotas.scope == "fleet":
+            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms)
+            self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))
         if self.config.metrics.port is not None:
@@ -194,10 +199,13 @@ class Proxy:
 
     def _gauges(self) -> dict[str, tuple[str, float]]:
         pool = self.request_pool
-        return {
+        gauges = {
             "ktp_request_pool_used_bytes": ("Request bytes reserved from queued_max_request_bytes", pool.used),
             "ktp_request_pool_waiting": ("Connections waiting for queued_max_request_bytes", pool.waiting),
         }
+        if self.fleet is not None:
+            gauges.update(self.fleet.gauges())
+        return gauges
 
     def reload(self, config: ProxyConfig) -> None:
         """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
@@ -261,5 +269,7 @@ class Proxy:
                 conn.abort()
         for server in self._servers.values():
             await server.wait_closed()
+        if self.fleet is not None:
+            await self.fleet.stop()
         self.policy.close()
         log.info("shut down")

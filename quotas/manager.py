@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from quotas.entities import BucketKey, QuotaStore, Resolved
+from quotas.fleet import FleetLedger, Usage
 from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
 from quotas.rate import SampledRate, byte_rate_throttle_ms, request_throttle_ms
 from quotas.token_bucket import TokenBucket, admit
@@ -105,7 +106,7 @@ class MutationCharge:
 
 class Tracker:
     __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "last_throttle_ms", "mutations",
-                 "recorded_total")
+                 "recorded_total", "remote_total")
 
     def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None) -> None:
         self.stat = stat
@@ -118,6 +119,8 @@ class Tracker:
         """Everything ever recorded (bytes, percent-seconds, partitions, new producer ids): exact, for tests and
         for checking an offline analysis against the proxy's own counts."""
         self.last_throttle_ms = 0
+        self.remote_total = 0.0
+        """What other fleet members reported for this bucket (quota scope ``fleet``)."""
 
     def note_throttle(self, throttle_ms: int) -> None:
         self.last_throttle_ms = throttle_ms
@@ -134,6 +137,8 @@ class QuotaManager:
         self.evicted = 0
         """Trackers dropped because the cap was reached (not idle expiry)."""
         self._trackers: dict[tuple[str, str, BucketKey], Tracker] = {}
+        self.ledger: FleetLedger | None = None
+        """Set for quota scope ``fleet``: every local charge is also noted here, for the other members."""
 
     def configure(self, windows: Windows, idle_ms: int, max_trackers: int | None = None) -> None:
         """New window settings drop all state (Kafka needs a restart for these; the proxy starts afresh)."""
@@ -185,6 +190,8 @@ class QuotaManager:
         stat: SampledRate = t.stat
         observed, window = stat.record_and_measure(amount, now_ms)
         t.recorded_total += amount
+        if self.ledger is not None:
+            self.ledger.add((key, r.bucket), key, user, client_id, amount)
         limit = r.limit
         formula = BY_KEY[key].throttle
         if formula == "per_window":
@@ -228,7 +235,26 @@ class QuotaManager:
         admitted = sum(c for c, ok in zip(counts, admission.admitted, strict=True) if ok)
         tracker.mutations.record(admitted, now_ms)
         tracker.recorded_total += admitted
+        if self.ledger is not None and admitted:
+            self.ledger.add((CONTROLLER_MUTATION_RATE, user, client_id), CONTROLLER_MUTATION_RATE, user, client_id,
+                            admitted)
         return MutationCharge(admission.admitted, admitted, tracker.limit, admission.throttle_ms)
+
+    # ------------------------------------------------------------------------------------------ fleet
+
+    def apply_remote(self, usage: Usage, now_ms: int) -> bool:
+        """Fold another fleet member's usage into the bucket it resolves to here: recorded like a local charge
+        (so the next local request sees the fleet's rate or tokens), but no throttle is computed and nothing goes
+        back into the ledger. False when no quota applies here to that (user, client id, key)."""
+        r = self.store.resolve(usage.user, usage.client_id, usage.key)
+        if r is None:
+            return False
+        t = self._tracker(r, "", now_ms)
+        t.stat.record(usage.amount, now_ms)
+        if t.mutations is not None:
+            t.mutations.record(usage.amount, now_ms)
+        t.remote_total += usage.amount
+        return True
 
     # ------------------------------------------------------------------------------------------ upkeep
 

@@ -1,0 +1,197 @@
+"""The fleet's channel: usage reports over a topic on the cluster the proxy already fronts (quota scope fleet).
+
+Why a topic: the cluster is an existing, replicated, ordered log every member can reach; no consensus of our own,
+no extra server. Topic ``__ktp_fleet_<name>``, one partition (every member reads every report, in one order),
+short retention (a report older than a quota window changes nothing). Each member publishes what
+``quotas.fleet.FleetLedger`` collected every ``fleet.sync_interval_ms`` and folds every other member's reports
+into its trackers (``QuotaManager.apply_remote``).
+
+Never in the clients' way: publishing and reading run as tasks on the event loop through aiokafka; when the
+topic is unreachable, the member keeps enforcing its own usage (the local charges never stopped), logs one
+WARNING per minute and counts the failures; usage that could not be published is dropped, not queued (late usage
+would throttle clients for traffic long gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from config.model import ProxyConfig
+from quotas.fleet import ReportError, UsageReport
+from quotas.manager import QuotaManager
+
+log = logging.getLogger(__name__)
+
+RETENTION_MS = 60_000
+#: A member not heard from for this long no longer counts in ``ktp_fleet_members``.
+MEMBER_SILENT_S = 10.0
+WARN_EVERY_S = 60.0
+#: An idle member still reports (empty) this often, so the others know it is there.
+HEARTBEAT_S = 2.0
+
+
+def topic_name(fleet: str) -> str:
+    return f"__ktp_fleet_{fleet}"
+
+
+class FleetSync:
+    def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int]) -> None:
+        fc = config.fleet
+        assert fc.name is not None
+        self.topic = topic_name(fc.name)
+        self.member = fc.member or f"{socket.gethostname()}-{os.getpid()}"
+        self.interval_s = fc.sync_interval_ms / 1000
+        self.servers = fc.bootstrap_servers or config.upstream.bootstrap_servers
+        self.client = dict(fc.client)
+        self.manager = manager
+        self.now_ms = now_ms
+        self.sent = self.received = self.applied = self.errors = self.dropped = self.bad = 0
+        self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
+        self.connected = False
+        self._tasks: list[asyncio.Task] = []
+        self._last_warning = -WARN_EVERY_S
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._run(), name="fleet-sync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def members(self) -> int:
+        """Members heard from recently, this one included."""
+        now = time.monotonic()
+        return 1 + sum(1 for t in self.heard.values() if now - t < MEMBER_SILENT_S)
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        return {
+            "ktp_fleet_members": ("Fleet members heard from in the last 10 s, this one included", self.members()),
+            "ktp_fleet_connected": ("1 while the fleet topic is reachable (0: enforcing local usage only)",
+                                    float(self.connected)),
+            "ktp_fleet_reports_sent": ("Usage reports this member published", self.sent),
+            "ktp_fleet_reports_received": ("Usage reports from other members folded in", self.received),
+            "ktp_fleet_usage_applied": ("Bucket usages from other members recorded here", self.applied),
+            "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
+            "ktp_fleet_usage_dropped": ("Own usage reports dropped because the topic was unreachable", self.dropped),
+            "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
+        }
+
+    def _warn(self, what: str, exc: BaseException) -> None:
+        self.errors += 1
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_EVERY_S:
+            self._last_warning = now
+            log.warning("fleet %s: %s (%s: %s); enforcing this member's own usage only until it recovers "
+                        "(%d failures so far)", self.topic, what, type(exc).__name__, exc, self.errors)
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+        backoff = 1.0
+        while True:
+            producer = consumer = None
+            try:
+                await self._ensure_topic()
+                producer = AIOKafkaProducer(bootstrap_servers=self.servers, acks=1, linger_ms=0,
+                                            request_timeout_ms=5_000, client_id=f"ktp-fleet-{self.member}",
+                                            **self.client)
+                consumer = AIOKafkaConsumer(bootstrap_servers=self.servers, enable_auto_commit=False,
+                                            group_id=None, client_id=f"ktp-fleet-{self.member}",
+                                            fetch_max_wait_ms=100, **self.client)
+                await producer.start()
+                await consumer.start()
+                tp = TopicPartition(self.topic, 0)
+                consumer.assign([tp])
+                await consumer.seek_to_end(tp)  # history is usage of windows gone by
+                self.connected = True
+                backoff = 1.0
+                log.info("fleet %s: member %s publishing every %d ms", self.topic, self.member,
+                         round(self.interval_s * 1000))
+                await asyncio.gather(self._publish(producer), self._read(consumer))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of the channel: local enforcement, retry
+                self._warn("unreachable", exc)
+            finally:
+                self.connected = False
+                for client in (producer, consumer):
+                    if client is not None:
+                        with contextlib.suppress(Exception):  # closing a broken client
+                            await client.stop()
+            if self.manager.ledger is not None:  # what piled up while disconnected is stale: drop it
+                self.manager.ledger.drain(self.member, self.now_ms())
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    async def _ensure_topic(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.errors import TopicAlreadyExistsError
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.servers, request_timeout_ms=10_000, **self.client)
+        await admin.start()
+        try:
+            if self.topic in await admin.list_topics():
+                return
+            brokers = len((await admin.describe_cluster())["brokers"])
+            topic = NewTopic(self.topic, num_partitions=1, replication_factor=min(3, max(1, brokers)),
+                             topic_configs={"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"})
+            with contextlib.suppress(TopicAlreadyExistsError):  # another member created it meanwhile
+                await admin.create_topics([topic])
+        finally:
+            await admin.close()
+
+    async def _publish(self, producer) -> None:
+        ledger = self.manager.ledger
+        last_sent = 0.0
+        while True:
+            await asyncio.sleep(self.interval_s)
+            reports = ledger.drain(self.member, self.now_ms()) if ledger is not None else []
+            if not reports and time.monotonic() - last_sent >= HEARTBEAT_S:
+                reports = [UsageReport(self.member, self.now_ms())]  # empty: "still here", for ktp_fleet_members
+            for report in reports:
+                try:
+                    await producer.send_and_wait(self.topic, report.encode())
+                    self.sent += 1
+                    last_sent = time.monotonic()
+                except Exception:
+                    self.dropped += 1
+                    raise
+
+    async def _read(self, consumer) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=500)
+            for records in batches.values():
+                for record in records:
+                    self._fold(record.value)
+
+    def _fold(self, value: bytes | None) -> None:
+        try:
+            report = UsageReport.decode(value or b"")
+        except ReportError as exc:
+            self.bad += 1
+            if self.bad == 1 or self.bad % 1000 == 0:
+                log.warning("fleet %s: %s (%d refused so far)", self.topic, exc, self.bad)
+            return
+        if report.member == self.member:
+            return
+        self.heard[report.member] = time.monotonic()
+        if len(self.heard) > 10_000:  # bounded: anyone who can write the topic could invent members
+            oldest = min(self.heard, key=self.heard.__getitem__)
+            del self.heard[oldest]
+        self.received += 1
+        now = self.now_ms()
+        for usage in report.usage:
+            if self.manager.apply_remote(usage, now):
+                self.applied += 1

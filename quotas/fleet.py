@@ -1,0 +1,113 @@
+"""Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage.
+
+Pure policy, no I/O (``proxy/fleet.py`` carries the messages over a Kafka topic). Each member records its own
+charges as before and, besides, adds them to a :class:`FleetLedger`: usage per bucket since the last sync. A few
+times a second the member drains the ledger into one :class:`UsageReport` and publishes it; every member folds
+the reports of the others into its own trackers (``QuotaManager.apply_remote``), so the rate or token bucket it
+compares against the quota holds the whole fleet's usage, a sync interval late.
+
+Why deltas and not rates: a delta is what a tracker records anyway (bytes, percent-seconds, partitions, new
+producer ids), it adds up across any number of members, and a lost report loses only its own usage (the error
+is bounded by what one report carries) instead of corrupting a shared state.
+
+A report names each bucket by the quota key, one (user, client id) that was charged to it and the amount: the
+receiver resolves that pair against its own quotas, so members agree on buckets exactly when they agree on
+quotas (the shared quota configuration makes sure of that).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from quotas.kinds import BY_KEY
+
+#: Entries per report at most; more buckets than this in one interval go out in several reports.
+MAX_ENTRIES = 2_000
+#: Largest accepted report (bytes): a member (or anyone writing to the topic) cannot make the others parse more.
+MAX_REPORT_BYTES = 1 << 20
+
+
+class ReportError(ValueError):
+    """A fleet report that is not one: malformed, oversized, or naming an unknown quota key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    key: str
+    user: str
+    client_id: str
+    amount: float
+
+
+@dataclass(slots=True)
+class UsageReport:
+    member: str
+    ts_ms: int
+    usage: list[Usage] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": 1, "m": self.member, "t": self.ts_ms,
+                           "u": [[u.key, u.user, u.client_id, u.amount] for u in self.usage]},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> UsageReport:
+        if len(data) > MAX_REPORT_BYTES:
+            raise ReportError(f"fleet report of {len(data)} bytes is over {MAX_REPORT_BYTES}")
+        try:
+            doc = json.loads(data)
+            if doc.get("v") != 1:
+                raise ReportError(f"fleet report version {doc.get('v')!r} is not 1")
+            usage = []
+            for key, user, client_id, amount in doc["u"]:
+                if key not in BY_KEY:
+                    raise ReportError(f"fleet report names unknown quota key {key!r}")
+                amount = float(amount)
+                if not 0 <= amount < float("inf"):
+                    raise ReportError(f"fleet report amount {amount!r} for {key} is not a finite amount >= 0")
+                usage.append(Usage(key, str(user), str(client_id), amount))
+            return cls(str(doc["m"]), int(doc["t"]), usage)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if isinstance(exc, ReportError):
+                raise
+            raise ReportError(f"fleet report is malformed ({type(exc).__name__}: {exc})") from None
+
+
+class FleetLedger:
+    """A member's own usage per bucket since the last drain (the tracker key stands for the bucket)."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple, list] = {}
+
+    def add(self, tracker_key: tuple, key: str, user: str, client_id: str, amount: float) -> None:
+        entry = self._pending.get(tracker_key)
+        if entry is None:
+            self._pending[tracker_key] = [key, user, client_id, amount]
+        else:
+            entry[3] += amount
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def drain(self, member: str, now_ms: int) -> list[UsageReport]:
+        """Everything added since the last drain, as reports of at most :data:`MAX_ENTRIES` entries."""
+        if not self._pending:
+            return []
+        reports: list[UsageReport] = []
+        current, size = UsageReport(member, now_ms), 0
+        for k, u, c, a in self._pending.values():
+            if a <= 0:
+                continue
+            cost = len(k) + len(u.encode()) * 6 + len(c.encode()) * 6 + 40  # JSON escapes at most 6x
+            if current.usage and (len(current.usage) >= MAX_ENTRIES or size + cost > MAX_REPORT_BYTES // 2):
+                reports.append(current)
+                current, size = UsageReport(member, now_ms), 0
+            current.usage.append(Usage(k, u, c, a))
+            size += cost
+        if current.usage:
+            reports.append(current)
+        self._pending = {}
+        return reports

@@ -1,0 +1,72 @@
+"""Quota scope ``fleet`` against the real cluster (issue 16, item 2): members share usage through a topic.
+
+Three proxies of one fleet in front of the cluster, three Java producers with the same client id, each
+bootstrapped at a different member: together they are held to the one quota. The rate is measured where the
+bytes land (the partition's log on the leader's disk, ``bench.quota_fidelity``), never from the clients.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+from bench.quota_fidelity import MIB, RECORD, Sampler, create_topic, java_produce, log_bytes, steady_rate, topic_dirs
+from tests.harness.cluster import free_port
+from tests.support import wait_until
+
+pytestmark = pytest.mark.cluster
+
+QUOTA = 2 * MIB
+MEMBERS = 3
+STEADY_S = 60
+TOLERANCE = 0.05
+
+
+def _gauge(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy):
+    fleet = f"t{uuid.uuid4().hex[:8]}"
+    client_id = f"fleet-{fleet}"
+    ports = [free_port() for _ in range(MEMBERS)]
+    members = [fresh_proxy(**{
+        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", "fleet.sync_interval_ms": 250,
+        "metrics.port": ports[i],
+        "quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"producer_byte_rate": QUOTA}}],
+    }) for i in range(MEMBERS)]
+    wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60,
+               what="every member connected to the fleet topic")
+    topic = f"fleet-{fleet}"
+    create_topic(cluster, topic, [1])
+    dirs = topic_dirs(cluster, topic)
+    # the fleet's burst (10 s of quota), settling, the steady minute and a margin, shared by three producers
+    n = int((10 + 3 + STEADY_S + 5) * QUOTA / (RECORD + 10) / MEMBERS)
+    results: list[dict] = [{} for _ in range(MEMBERS)]
+
+    def produce(i: int) -> None:
+        results[i] = java_produce(cluster, members[i].bootstrap, topic, n, client_id)
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(MEMBERS)]
+    with Sampler(lambda: log_bytes(dirs)) as s:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    for res in results:
+        assert res.get("sent") == n and not res["errors"], (res.get("errors") or [])[:5]
+    rate = steady_rate(s.samples, QUOTA)
+    heard = [_gauge(p, "ktp_fleet_members") for p in ports]
+    applied = [_gauge(p, "ktp_fleet_usage_applied") for p in ports]
+    print(f"fleet of {MEMBERS}: {rate.rate / MIB:.3f} MiB/s over {rate.seconds:.1f} s (quota {QUOTA / MIB:.0f} "
+          f"MiB/s), members heard {heard}, remote usages applied {applied}")
+    assert all(h == MEMBERS for h in heard), heard
+    assert rate.seconds >= STEADY_S * 0.75, f"only {rate.seconds:.1f} s steady"
+    assert abs(rate.rate / QUOTA - 1) <= TOLERANCE, f"{rate.rate / MIB:.3f} MiB/s against {QUOTA / MIB} MiB/s"
