@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from config.load import ConfigError
@@ -56,6 +56,8 @@ class QuotaSources:
         self.file: Quotas = {}
         self.api: ApiLayer = {}
         self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the state file as last read or written
+        self.on_alter: Callable[[QuotaEntity, dict[str, float | None]], None] | None = None
+        """Told of every entity's new API layer after an alter here (the fleet publishes it to its members)."""
         if self.state_file is not None and self.state_file.exists():
             self.api = self._read_state(self.state_file)
             self._seen = self._stamp()
@@ -82,6 +84,24 @@ class QuotaSources:
                 self._seen = self._stamp()
             self.api = new_api
         self._apply()
+        if self.on_alter is not None:
+            self.on_alter(entity, dict(self.api[entity]))
+
+    def set_api_entity(self, entity: QuotaEntity, layer: Mapping[str, float | None]) -> bool:
+        """An entity's API layer as another fleet member altered it (the fleet's compacted topic holds the last
+        one per entity, in one order for every member). Persisted like a local alter; True when it changed."""
+        layer = dict(layer)
+        if self.api.get(entity) == layer:
+            return False
+        new_api = dict(self.api)
+        new_api[entity] = layer
+        if self.state_file is not None:
+            with self._locked():
+                self._write_state(self.state_file, new_api)
+                self._seen = self._stamp()
+        self.api = new_api
+        self._apply()
+        return True
 
     @staticmethod
     def _altered(api: ApiLayer, entity: QuotaEntity, ops: Mapping[str, float | None]) -> ApiLayer:

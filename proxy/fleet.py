@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 
 from config.model import ProxyConfig
-from quotas.fleet import ReportError, UsageReport
+from config.quota_sources import QuotaSources
+from quotas.entities import QuotaEntity
+from quotas.fleet import ReportError, UsageReport, decode_quota_record, encode_quota_record
 from quotas.manager import QuotaManager
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,8 @@ MEMBER_SILENT_S = 10.0
 WARN_EVERY_S = 60.0
 #: An idle member still reports (empty) this often, so the others know it is there.
 HEARTBEAT_S = 2.0
+#: Quota alters kept for publishing while the topic is unreachable.
+MAX_PENDING_ALTERS = 10_000
 
 
 def topic_name(fleet: str) -> str:
@@ -41,10 +45,17 @@ def topic_name(fleet: str) -> str:
 
 
 class FleetSync:
-    def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int]) -> None:
+    def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int],
+                 sources: QuotaSources | None = None) -> None:
         fc = config.fleet
         assert fc.name is not None
         self.topic = topic_name(fc.name)
+        self.quota_topic = self.topic + "_quotas"
+        self.sources = sources
+        self.alters: asyncio.Queue[tuple[QuotaEntity, dict]] = asyncio.Queue(maxsize=MAX_PENDING_ALTERS)
+        self.alters_published = self.alters_taken_in = 0
+        if sources is not None:
+            sources.on_alter = self._altered_here
         self.member = fc.member or f"{socket.gethostname()}-{os.getpid()}"
         self.interval_s = fc.sync_interval_ms / 1000
         self.servers = fc.bootstrap_servers or config.upstream.bootstrap_servers
@@ -84,7 +95,19 @@ class FleetSync:
             "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
             "ktp_fleet_usage_dropped": ("Own usage reports dropped because the topic was unreachable", self.dropped),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
+            "ktp_fleet_quota_alters_published": ("Quota alters made here and published to the fleet",
+                                                 self.alters_published),
+            "ktp_fleet_quota_alters_taken_in": ("Quota alters of other members taken in", self.alters_taken_in),
         }
+
+    def _altered_here(self, entity: QuotaEntity, layer: dict) -> None:
+        """QuotaSources' hook, on the event loop: queue the entity's new layer for every member. Kept while the
+        topic is unreachable (a quota change must not be lost, unlike usage), up to a bound."""
+        try:
+            self.alters.put_nowait((entity, layer))
+        except asyncio.QueueFull:
+            log.warning("fleet %s: %d quota alters waiting for the topic; the alter of %s stays local to this "
+                        "member", self.quota_topic, self.alters.qsize(), entity)
 
     def _warn(self, what: str, exc: BaseException) -> None:
         self.errors += 1
@@ -112,14 +135,15 @@ class FleetSync:
                                             fetch_max_wait_ms=100, **self.client)
                 await producer.start()
                 await consumer.start()
-                tp = TopicPartition(self.topic, 0)
-                consumer.assign([tp])
+                tp, qtp = TopicPartition(self.topic, 0), TopicPartition(self.quota_topic, 0)
+                consumer.assign([tp, qtp])
                 await consumer.seek_to_end(tp)  # history is usage of windows gone by
+                await consumer.seek_to_beginning(qtp)  # compacted: the last alter of every entity
                 self.connected = True
                 backoff = 1.0
                 log.info("fleet %s: member %s publishing every %d ms", self.topic, self.member,
                          round(self.interval_s * 1000))
-                await asyncio.gather(self._publish(producer), self._read(consumer))
+                await asyncio.gather(self._publish(producer), self._read(consumer), self._publish_alters(producer))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure of the channel: local enforcement, retry
@@ -142,15 +166,29 @@ class FleetSync:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.servers, request_timeout_ms=10_000, **self.client)
         await admin.start()
         try:
-            if self.topic in await admin.list_topics():
+            existing = set(await admin.list_topics())
+            if {self.topic, self.quota_topic} <= existing:
                 return
-            brokers = len((await admin.describe_cluster())["brokers"])
-            topic = NewTopic(self.topic, num_partitions=1, replication_factor=min(3, max(1, brokers)),
-                             topic_configs={"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"})
-            with contextlib.suppress(TopicAlreadyExistsError):  # another member created it meanwhile
-                await admin.create_topics([topic])
+            rf = min(3, max(1, len((await admin.describe_cluster())["brokers"])))
+            wanted = {self.topic: {"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"},
+                      self.quota_topic: {"cleanup.policy": "compact"}}
+            for name, configs in wanted.items():
+                if name not in existing:
+                    with contextlib.suppress(TopicAlreadyExistsError):  # another member created it meanwhile
+                        await admin.create_topics([NewTopic(name, 1, rf, topic_configs=configs)])
         finally:
             await admin.close()
+
+    async def _publish_alters(self, producer) -> None:
+        while True:
+            entity, layer = await self.alters.get()
+            key, value = encode_quota_record(entity, layer)
+            try:
+                await producer.send_and_wait(self.quota_topic, value, key=key)
+            except Exception:
+                self._altered_here(entity, layer)  # again after the reconnect
+                raise
+            self.alters_published += 1
 
     async def _publish(self, producer) -> None:
         ledger = self.manager.ledger
@@ -172,9 +210,24 @@ class FleetSync:
     async def _read(self, consumer) -> None:
         while True:
             batches = await consumer.getmany(timeout_ms=1000, max_records=500)
-            for records in batches.values():
+            for tp, records in batches.items():
                 for record in records:
-                    self._fold(record.value)
+                    if tp.topic == self.topic:
+                        self._fold(record.value)
+                    else:
+                        self._take_alter(record.key, record.value)
+
+    def _take_alter(self, key: bytes | None, value: bytes | None) -> None:
+        """Another member's (or this one's, echoed) alter, in the topic's order: the same on every member."""
+        try:
+            entity, layer = decode_quota_record(key, value)
+        except ReportError as exc:
+            self.bad += 1
+            log.warning("fleet %s: %s", self.quota_topic, exc)
+            return
+        if self.sources is not None and self.sources.set_api_entity(entity, layer):
+            self.alters_taken_in += 1
+            log.info("fleet %s: quotas of %s now %s", self.quota_topic, entity, layer)
 
     def _fold(self, value: bytes | None) -> None:
         try:

@@ -108,7 +108,7 @@ class Proxy:
                         "the cluster answers", ",".join(self.config.upstream.bootstrap_servers))
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.scope == "fleet":
-            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms)
+            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources)
             self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from quotas.entities import DEFAULT, QuotaEntity, validate_quota
 from quotas.kinds import BY_KEY
 
 #: Entries per report at most; more buckets than this in one interval go out in several reports.
@@ -111,3 +112,52 @@ class FleetLedger:
             reports.append(current)
         self._pending = {}
         return reports
+
+
+# ------------------------------------------------------------------------------------------ shared quota config
+
+
+def _name_out(name) -> str | None:
+    return None if name is None else ("<default>" if name is DEFAULT else str(name))
+
+
+def _name_in(name) -> object:
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise ReportError(f"quota record entity name {name!r} is not a string")
+    return DEFAULT if name == "<default>" else name
+
+
+def encode_quota_record(entity: QuotaEntity, layer: dict[str, float | None]) -> tuple[bytes, bytes]:
+    """One entity's admin-set quotas (``None`` = removed, a tombstone that hides file and cluster values) as the
+    key and value of a record on the fleet's compacted quota topic: the key is the entity, so compaction keeps
+    the last alter of each entity."""
+    key = json.dumps([_name_out(entity.user), _name_out(entity.client_id)], separators=(",", ":")).encode()
+    value = json.dumps({"v": 1, "quotas": layer}, separators=(",", ":")).encode()
+    return key, value
+
+
+def decode_quota_record(key: bytes | None, value: bytes | None) -> tuple[QuotaEntity, dict[str, float | None]]:
+    """The inverse of :func:`encode_quota_record`, checking every value as an alter through the API would."""
+    if key is None or value is None or len(key) + len(value) > MAX_REPORT_BYTES:
+        raise ReportError("quota record without key or value, or too large")
+    try:
+        user, client_id = json.loads(key)
+        entity = QuotaEntity(_name_in(user), _name_in(client_id))
+        doc = json.loads(value)
+        if doc.get("v") != 1:
+            raise ReportError(f"quota record version {doc.get('v')!r} is not 1")
+        layer: dict[str, float | None] = {}
+        for k, v in doc["quotas"].items():
+            if v is not None:
+                v = float(v)
+                validate_quota(entity, k, v)
+            elif k not in BY_KEY:
+                raise ReportError(f"quota record names unknown quota key {k!r}")
+            layer[str(k)] = v
+        return entity, layer
+    except ReportError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # QuotaValueError/QuotaEntityError included
+        raise ReportError(f"quota record is malformed ({type(exc).__name__}: {exc})") from None

@@ -7,7 +7,10 @@ bytes land (the partition's log on the leader's disk, ``bench.quota_fidelity``),
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 import urllib.request
 import uuid
 
@@ -70,3 +73,35 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy):
     assert all(h == MEMBERS for h in heard), heard
     assert rate.seconds >= STEADY_S * 0.75, f"only {rate.seconds:.1f} s steady"
     assert abs(rate.rate / QUOTA - 1) <= TOLERANCE, f"{rate.rate / MIB:.3f} MiB/s against {QUOTA / MIB} MiB/s"
+
+
+def test_an_alter_through_one_member_is_in_force_on_another_within_two_seconds(cluster, fresh_proxy, tmp_path):
+    fleet = f"q{uuid.uuid4().hex[:8]}"
+    ports = [free_port() for _ in range(2)]
+    a, b = (fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+                           "metrics.port": ports[i], "quotas.admins": ["ANONYMOUS"],
+                           "quotas.state_file": str(tmp_path / f"state-{i}.json")}) for i in range(2))
+    wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60,
+               what="both members connected to the fleet topics")
+    user = f"u-{fleet}"
+
+    def quotas(proxy, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
+                               *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "producer_byte_rate" not in quotas(b, "describe", "--user", user)
+    quotas(a, "alter", "--user", user, "--add-config", "producer_byte_rate=1048576")
+    t0 = time.monotonic()  # the alter is in force on A once its answer arrived
+    wait_until(lambda: _gauge(ports[1], "ktp_fleet_quota_alters_taken_in") >= 1, 10, interval=0.05,
+               what="the other member taking in the alter")
+    took = time.monotonic() - t0
+    print(f"alter through one member in force on the other {took:.2f} s after the alter's answer")
+    assert took <= 2.0
+    assert "producer_byte_rate=1048576" in quotas(b, "describe", "--user", user).replace(" ", "")
+    # and a delete travels the same way, and survives in the other member's state file
+    quotas(a, "delete", "--user", user)
+    wait_until(lambda: "producer_byte_rate" not in quotas(b, "describe", "--user", user), 10,
+               what="the delete in force on the other member")
+    assert user in (tmp_path / "state-1.json").read_text()

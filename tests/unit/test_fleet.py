@@ -111,3 +111,33 @@ def test_reports_are_split_by_entries_and_by_size():
 def test_bad_reports_are_refused_with_a_reason(data, why):
     with pytest.raises(ReportError, match=why):
         UsageReport.decode(data)
+
+
+def test_quota_records_round_trip_and_are_checked_like_an_alter():
+    from quotas.entities import DEFAULT
+    from quotas.fleet import decode_quota_record, encode_quota_record
+
+    entity = QuotaEntity(user="alice", client_id=DEFAULT)
+    layer = {"producer_byte_rate": 1048576.0, "consumer_byte_rate": None}
+    assert decode_quota_record(*encode_quota_record(entity, layer)) == (entity, layer)
+    key, _ = encode_quota_record(entity, layer)
+    for bad in (b'{"v":1,"quotas":{"producer_byte_rate":-1}}', b'{"v":1,"quotas":{"nope":5}}',
+                b'{"v":1,"quotas":{"nope":null}}', b'{"v":9,"quotas":{}}', b"[]"):
+        with pytest.raises(ReportError):
+            decode_quota_record(key, bad)
+    with pytest.raises(ReportError):
+        decode_quota_record(None, b"{}")
+
+
+def test_a_member_takes_in_another_members_alter(tmp_path):
+    from config.quota_sources import QuotaSources
+
+    published = []
+    a, b = QuotaSources(QuotaStore(), tmp_path / "a.json"), QuotaSources(QuotaStore())
+    a.on_alter = lambda entity, layer: published.append((entity, layer))
+    alice = QuotaEntity(user="alice")
+    a.alter(alice, {"producer_byte_rate": 2e6})
+    assert published == [(alice, {"producer_byte_rate": 2e6})]
+    assert b.set_api_entity(*published[0]) is True
+    assert b.store.entities() == {alice: {"producer_byte_rate": 2e6}}
+    assert b.set_api_entity(*published[0]) is False  # the same record again (an echo, a replay): no change
