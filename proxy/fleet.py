@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
+from proxy.workers import worker_index
 from quotas.entities import QuotaEntity
 from quotas.fleet import ReportError, UsageReport, decode_quota_record, encode_quota_record
 from quotas.manager import QuotaManager
@@ -56,7 +57,9 @@ class FleetSync:
         self.alters_published = self.alters_taken_in = 0
         if sources is not None:
             sources.on_alter = self._altered_here
-        self.member = fc.member or f"{socket.gethostname()}-{os.getpid()}"
+        worker = worker_index()  # workers of one host are members of their own: each needs its own id
+        self.member = (fc.member + (f"-w{worker}" if worker is not None else "") if fc.member
+                       else f"{socket.gethostname()}-{os.getpid()}")
         self.interval_s = fc.sync_interval_ms / 1000
         self.servers = fc.bootstrap_servers or config.upstream.bootstrap_servers
         self.client = dict(fc.client)
