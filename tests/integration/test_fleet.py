@@ -105,3 +105,61 @@ def test_an_alter_through_one_member_is_in_force_on_another_within_two_seconds(c
     wait_until(lambda: "producer_byte_rate" not in quotas(b, "describe", "--user", user), 10,
                what="the delete in force on the other member")
     assert user in (tmp_path / "state-1.json").read_text()
+
+
+def _create_loop(bootstrap: str, client_id: str, prefix: str, seconds: float, partitions: int) -> int:
+    """Create topics of ``partitions`` partitions one request at a time for ``seconds``; partitions admitted."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import NodeNotReadyError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=30_000)
+    admitted, i, end = 0, 0, time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            try:
+                resp = admin.create_topics([NewTopic(f"{prefix}-{i}", partitions, 1)], raise_errors=False,
+                                           wait_for_metadata=False)
+            except NodeNotReadyError:  # kafka-python pauses a throttled node and refuses until it may send
+                time.sleep(0.02)
+                continue
+            i += 1
+            if resp["topics"][0]["error_code"] == 0:
+                admitted += partitions
+    finally:
+        admin.close()
+    return admitted
+
+
+@pytest.mark.parametrize("scope", ["fleet", "cluster"])
+def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
+    """Three admin clients of one user, each at a different member, creating topics as fast as they are let:
+    KIP-599's bucket (R = 4 partitions/s, burst B = R x 11 s) for the fleet's sum, or for each member alone."""
+    fleet = f"c{uuid.uuid4().hex[:8]}"
+    ports = [free_port() for _ in range(MEMBERS)]
+    rate, seconds, size = 4.0, 20.0, 4
+    members = [fresh_proxy(**{
+        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}"} if scope == "fleet" else {}),
+        "metrics.port": ports[i],
+        "quotas.entities": [{"entity": {"client-id": f"adm-{fleet}"}, "quotas": {"controller_mutation_rate": rate}}],
+    }) for i in range(MEMBERS)]
+    if scope == "fleet":
+        wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
+    admitted = [0] * MEMBERS
+
+    def run(i: int) -> None:
+        admitted[i] = _create_loop(members[i].bootstrap, f"adm-{fleet}", f"fm-{fleet}-{i}", seconds, size)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(MEMBERS)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    elapsed = time.monotonic() - t0
+    bound = rate * 11 + rate * elapsed  # B + R x T for one bucket
+    print(f"scope {scope}: {sum(admitted)} partitions admitted in {elapsed:.1f} s by {admitted}; one bucket allows "
+          f"{bound:.0f} (+ one request per member in flight)")
+    if scope == "fleet":
+        assert sum(admitted) <= bound + MEMBERS * size
+    else:
+        assert sum(admitted) > 1.5 * bound  # each member its own bucket: about 3x
