@@ -163,3 +163,38 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
         assert sum(admitted) <= bound + MEMBERS * size
     else:
         assert sum(admitted) > 1.5 * bound  # each member its own bucket: about 3x
+
+
+def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(cluster, fresh_proxy):
+    """Kill the member an idempotent producer is using: it bootstraps again from its list (the other members)
+    and every record arrives once, in order (read back straight from the cluster)."""
+    from bench.quota_fidelity import check_sequence, rdkafka_produce
+
+    fleet = f"f{uuid.uuid4().hex[:8]}"
+    ports = [free_port() for _ in range(MEMBERS)]
+    members = [fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+                              "metrics.port": ports[i],
+                              "quotas.entities": [{"entity": {"client-id": "<default>"},
+                                                   "quotas": {"producer_byte_rate": 1e9}}]}) for i in range(MEMBERS)]
+    topic = f"failover-{fleet}"
+    create_topic(cluster, topic, [1])
+    result: dict = {}
+    producer = threading.Thread(target=lambda: result.update(rdkafka_produce(
+        ",".join(m.bootstrap for m in members), topic, f"fo-{fleet}", 25.0, outstanding=2_000,
+        **{"enable.idempotence": True, "queue.buffering.max.kbytes": 4096, "message.timeout.ms": 120_000})))
+    producer.start()
+    in_use = wait_until(lambda: [i for i, p in enumerate(ports) if _gauge(p, "ktp_connections") > 0] or None, 30,
+                        what="the member the producer uses")
+    time.sleep(5)
+    victim = in_use[0]
+    members[victim].proc.kill()
+    members[victim].proc.wait()
+    producer.join(300)
+    assert not producer.is_alive()
+    survivors = [i for i in range(MEMBERS) if i != victim]
+    assert any(_gauge(ports[i], "ktp_connections") > 0 or _gauge(ports[i], "ktp_connections_accepted_total") > 0
+               for i in survivors)
+    print(f"failover: killed member {victim} (producer on {in_use}); produced {result['produced']}, delivered "
+          f"{result['delivered']}, errors {result['errors'][:3]}")
+    assert result["undelivered"] == 0 and result["delivered"] == result["produced"], result["errors"][:5]
+    assert check_sequence(cluster.bootstrap, topic, 0, result["produced"], timeout=120) == []
