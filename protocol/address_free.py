@@ -130,3 +130,11 @@ def address_free(api_key: int, version: int) -> bool:
     """Whether the response to ``api_key`` at ``version`` is known to carry no broker address."""
     checked = ADDRESS_FREE.get(api_key)
     return checked is not None and version <= checked
+
+
+def offered_caps(decoded: Mapping[int, int]) -> dict[int, int]:
+    """The highest version of each API clients may use through the proxy (what ApiVersions advertises and what a
+    request may carry): the APIs the proxy decodes up to the schemas it decodes them with (``decoded``), every
+    other one up to the version vouched for here. A version a newer Kafka adds, which might start naming
+    brokers (as DescribeQuorum v2 did), is then never negotiated through the proxy until someone has read it."""
+    return {**ADDRESS_FREE, **decoded}

@@ -10,6 +10,7 @@ import time
 
 from config.load import ConfigError
 from config.model import ProxyConfig
+from protocol.address_free import offered_caps
 from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
@@ -56,7 +57,7 @@ class Proxy:
         self.topic_ids = TopicIds()
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
-        self.version_caps = decode_caps(ADDRESS_APIS | DECODED_APIS)
+        self.version_caps = offered_caps(decode_caps(ADDRESS_APIS | DECODED_APIS))
         self.policy = Policy(config, self.stats)
         # TLS: towards clients (and how a client certificate becomes a principal) and towards the cluster.
         self.listen_ssl = server_context(listen.tls) if listen.tls else None
