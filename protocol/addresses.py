@@ -2,9 +2,12 @@
 
 Any address left as the broker's own would let a client bypass the proxy, so every response that
 can carry one is handled here: Metadata, FindCoordinator (one coordinator up to v3, a list from v4),
-DescribeCluster, and the KIP-951 ``node_endpoints`` tagged field of Produce (v10+) and Fetch (v16+).
-Produce and Fetch are only skimmed (see ``protocol.skim``); they are decoded and re-encoded only in
-the rare case that the broker actually sent ``node_endpoints`` (after a leadership change).
+DescribeCluster, the KIP-951 ``node_endpoints`` tagged field of Produce (v10+) and Fetch (v16+), and
+the ``node_endpoints`` field of ShareFetch and ShareAcknowledge (KIP-932, every version; a regular
+field there, last before the tagged fields, usually an empty array).
+Produce, Fetch, ShareFetch and ShareAcknowledge are only skimmed (see ``protocol.skim``); they are
+decoded and re-encoded only in the rare case that the broker actually sent endpoints (after a
+leadership change).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
 
 from kafka.protocol.api_message import ApiMessage
 
@@ -22,11 +26,15 @@ from protocol.varint import TruncatedError, read_uvarint
 
 _NODE_ENDPOINTS_TAG = 0
 _NODE_ENDPOINTS_SINCE = {Api.PRODUCE: 10, Api.FETCH: 16}
+_NODE_ENDPOINTS = "node_endpoints"
+SHARE_ADDRESS_APIS = frozenset({Api.SHARE_FETCH, Api.SHARE_ACKNOWLEDGE})
+"""Responses whose ``node_endpoints`` is a regular top-level field (the last one), in every version."""
 _FILLER_TAGS = (10_000, 127)
-"""Tags no Produce or Fetch response defines: clients skip unknown tagged fields, so one of these,
-holding zero bytes, pads a rewritten tagged section back to the length already announced."""
+"""Tags no Produce, Fetch, ShareFetch or ShareAcknowledge response defines: clients skip unknown tagged
+fields, so one of these, holding zero bytes, pads a rewritten tagged section back to the length already
+announced."""
 ADDRESS_APIS = frozenset(
-    {Api.METADATA, Api.FIND_COORDINATOR, Api.DESCRIBE_CLUSTER, Api.PRODUCE, Api.FETCH}
+    {Api.METADATA, Api.FIND_COORDINATOR, Api.DESCRIBE_CLUSTER, Api.PRODUCE, Api.FETCH} | SHARE_ADDRESS_APIS
 )
 
 
@@ -90,6 +98,10 @@ def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedRespon
             return None
         if _NODE_ENDPOINTS_TAG not in layout(cls, version, body).tags:
             return None
+    elif api_key in SHARE_ADDRESS_APIS:
+        start, end = layout(cls, version, body).fields[_NODE_ENDPOINTS]
+        if end - start == 1 and body[start] == 1:  # compact array of length 0: the usual case
+            return None
     return AddressedResponse(api_key, version, decode_body(cls, body, version))
 
 
@@ -116,27 +128,75 @@ def _entries(api_key: int, msg: ApiMessage):
                     yield c.node_id, c.host, c.port, None, setter_for(c)
         elif msg.node_id is not None and msg.node_id >= 0 and msg.error_code == 0:
             yield msg.node_id, msg.host, msg.port, None, setter_for(msg)
-    elif api_key in (Api.PRODUCE, Api.FETCH):
+    elif api_key in (Api.PRODUCE, Api.FETCH) or api_key in SHARE_ADDRESS_APIS:
         for e in msg.node_endpoints or ():
             yield e.node_id, e.host, e.port, e.rack, setter_for(e)
 
 
-
 def carries_endpoints_tail(api_key: int, version: int) -> bool:
-    """Whether the only addresses a response can carry are in its top-level ``node_endpoints``
-    tagged field (Produce v10+, Fetch v16+): such a response may stream through with
-    ``protocol.tail_watch`` and have just its tagged section rewritten at the end."""
+    """Whether the only addresses a response can carry are in its ``node_endpoints``, at its end: the
+    top-level tagged field of Produce v10+ and Fetch v16+, the last regular field of ShareFetch and
+    ShareAcknowledge. Such a response may stream through with ``protocol.tail_watch`` and have just
+    that tail (``tail_watch_class``) rewritten at the end."""
+    if api_key in SHARE_ADDRESS_APIS:
+        return True
     since = _NODE_ENDPOINTS_SINCE.get(api_key)
     return since is not None and version >= since
 
 
+class _FieldsBefore:
+    """A stand-in message class with only the top-level fields of ``cls`` that come before ``stop``.
+
+    Why: ``protocol.tail_watch.TailWatch`` walks a message's top-level fields and stops where its
+    tagged section begins. Given this stand-in, the same walk stops where ``node_endpoints`` begins,
+    so a ShareFetch response streams through up to there, and only its tail (``node_endpoints`` and
+    the tagged section, usually 2 bytes) is held back, exactly as Fetch's tagged section is.
+    It offers what the walk reads: ``name``, ``_struct.fields`` and ``flexible_version_q``.
+    """
+
+    __slots__ = ("name", "_struct", "_cls")
+
+    def __init__(self, cls, stop: str) -> None:
+        fields = {}
+        for name, field in cls._struct.fields.items():
+            if name == stop:
+                break
+            fields[name] = field
+        else:
+            raise ValueError(f"{cls.name} has no field {stop}")
+        self._cls = cls
+        self.name = f"{cls.name} up to {stop}"
+        self._struct = SimpleNamespace(fields=fields)
+
+    def flexible_version_q(self, version: int) -> bool:
+        return bool(self._cls.flexible_version_q(version))
+
+
+@lru_cache(maxsize=16)  # one per API: the stand-ins are keys of skim's plan cache, so they must be reused
+def _share_head(api_key: int) -> _FieldsBefore:
+    return _FieldsBefore(response_class(api_key), _NODE_ENDPOINTS)
+
+
+def tail_watch_class(api_key: int):
+    """The message class a ``TailWatch`` follows so that it stops where the endpoints tail begins: the
+    response class itself (Produce, Fetch: the tagged section) or, for ShareFetch and ShareAcknowledge,
+    a stand-in that ends before ``node_endpoints``."""
+    if api_key in SHARE_ADDRESS_APIS:
+        return _share_head(api_key)
+    return response_class(api_key)
+
+
 @lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
 def _empty_prefix(api_key: int, version: int) -> bytes:
-    """The non-tagged fields of an empty response: put before a tagged section, it makes a body
-    kafka-python can decode, so the section is read with the schema, not by hand."""
+    """The fields before the endpoints tail of an empty response (all non-tagged fields; for
+    ShareFetch and ShareAcknowledge those before ``node_endpoints``): put before a tail, it makes a
+    body kafka-python can decode, so the tail is read with the schema, not by hand."""
     cls = response_class(api_key)
     body = cls().encode(version=version)
-    return bytes(body[: layout(cls, version, body).tags_offset])
+    plan = layout(cls, version, body)
+    if api_key in SHARE_ADDRESS_APIS:
+        return bytes(body[: plan.fields[_NODE_ENDPOINTS][0]])
+    return bytes(body[: plan.tags_offset])
 
 
 def _tag_entries(section: bytes) -> list[tuple[int, bytes]]:
@@ -206,7 +266,12 @@ def rewrite_endpoints_tail(
     address of the client does what KIP-951 prescribes: it refreshes its metadata (which the proxy
     rewrites in full).
     Raises ValueError for a section that does not parse.
+
+    For ShareFetch and ShareAcknowledge ``section`` is the tail from ``node_endpoints`` (a regular
+    field) to the end, and the same rules apply to it.
     """
+    if api_key in SHARE_ADDRESS_APIS:
+        return _rewrite_share_tail(api_key, version, section, mapping)
     entries = _tag_entries(section)
     if all(tag != _NODE_ENDPOINTS_TAG for tag, _ in entries):
         return None
@@ -230,3 +295,42 @@ def rewrite_endpoints_tail(
     if rewritten is None:  # unreachable: node_endpoints takes at least 3 bytes, a filler 2
         raise ValueError(f"cannot fit node_endpoints into {len(section)} bytes")
     return rewritten, endpoints
+
+
+def _rewrite_share_tail(
+    api_key: int,
+    version: int,
+    section: bytes,
+    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
+) -> tuple[bytes, list[BrokerEndpoint]] | None:
+    """``rewrite_endpoints_tail`` for a ShareFetch/ShareAcknowledge tail: ``node_endpoints`` (a compact
+    array) followed by the top-level tagged section. The rewritten array is followed by the broker's
+    own tagged fields (none is known at the top level, so they are kept byte for byte), padded with
+    an unknown one to the tail's length; endpoints that do not fit are left out, last first."""
+    cls = response_class(api_key)
+    prefix = _empty_prefix(api_key, version)
+    body = prefix + section
+    plan = layout(cls, version, body)
+    if plan.end != len(body):
+        raise TruncatedError(f"{len(body) - plan.end} bytes after the tagged fields of a {cls.name} tail")
+    start, end = plan.fields[_NODE_ENDPOINTS]
+    if end - start == 1 and body[start] == 1:  # an empty array: nothing to rewrite
+        return None
+    tags = _tag_entries(body[plan.tags_offset :])
+    msg = decode_body(cls, body, version)
+    endpoints = AddressedResponse(api_key, version, msg).endpoints()
+    kept = []
+    for ep in msg.node_endpoints:
+        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
+        if mapped is not None:
+            ep.host, ep.port = mapped
+            kept.append(ep)
+    for n in range(len(kept), -1, -1):  # down to none: 1 byte, and a filler takes 2, so this ends
+        msg.node_endpoints = kept[:n]
+        encoded = bytes(msg.encode())
+        a, b = layout(cls, version, encoded).fields[_NODE_ENDPOINTS]
+        array = encoded[a:b]
+        rewritten = _padded(tags, len(section) - len(array))
+        if rewritten is not None:
+            return array + rewritten, endpoints
+    raise ValueError(f"cannot fit node_endpoints into {len(section)} bytes")  # unreachable, see above

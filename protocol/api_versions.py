@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 
 from protocol.apis import Api, decode_body, response_class
 
-# Responses carry broker addresses (KIP-951 node_endpoints) and kafka-python has no schema for them.
-WITHDRAWN = frozenset({Api.SHARE_FETCH, Api.SHARE_ACKNOWLEDGE})
+# APIs never offered to clients. ShareFetch/ShareAcknowledge used to be here (their responses carry broker
+# addresses and kafka-python has no schema for them); protocol/share_messages.py now supplies the schemas, so
+# they are rewritten like Fetch's and capped like every API the proxy decodes (``decode_caps``).
+WITHDRAWN: frozenset[int] = frozenset()
 
 
 def decode_caps(api_keys: Iterable[int]) -> dict[int, int]:

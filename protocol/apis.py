@@ -1,7 +1,8 @@
 """Which Kafka APIs the proxy knows, taken from kafka-python's JSON-schema message classes.
 
-Everything the proxy decodes, it decodes with these classes; an API they lack is still forwarded,
-as opaque bytes, because nothing in the proxy needs to look inside it.
+The share-group APIs (KIP-932), which kafka-python lacks, come from this project's own specs through the same
+machinery (``protocol.share_messages``). Everything the proxy decodes, it decodes with these classes; an API
+they lack is still forwarded, as opaque bytes, because nothing in the proxy needs to look inside it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import kafka.protocol.producer  # noqa: F401
 import kafka.protocol.sasl  # noqa: F401
 from kafka.protocol.api_message import ApiMessage
 
+import protocol.share_messages  # noqa: F401  (the KIP-932 share-group APIs kafka-python lacks)
 from protocol.errors import ProtocolError
 
 
@@ -43,6 +45,8 @@ class Api(IntEnum):
     DESCRIBE_CLIENT_QUOTAS = 48
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_CLUSTER = 60
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
 

@@ -18,9 +18,10 @@ from protocol.addresses import (
     decode_addressed,
     may_carry_addresses,
     rewrite_endpoints_tail,
+    tail_watch_class,
 )
 from protocol.api_versions import cap_api_versions
-from protocol.apis import Api, response_class
+from protocol.apis import Api
 from protocol.headers import response_body_offset
 from protocol.inflight import Pending
 from protocol.tail_watch import TailWatch
@@ -56,10 +57,10 @@ class AddressEdit:
 
 def needs_whole_body(api_key: int, api_version: int) -> bool:
     """Whether ``inspect_response`` may rewrite the response to this request anywhere but in its
-    closing tagged section, so it must be assembled before any of it is forwarded. Everything else
-    (the bulk: Fetch and Produce) can be streamed through; its leading bytes are still seen first
-    (``protocol.frames.HEAD_BYTES``), and from Fetch v16 / Produce v10 its last bytes are held back
-    and rewritten by a ``StreamedTail``."""
+    closing endpoints tail, so it must be assembled before any of it is forwarded. Everything else
+    (the bulk: Fetch, Produce and ShareFetch) can be streamed through; its leading bytes are still
+    seen first (``protocol.frames.HEAD_BYTES``), and from Fetch v16 / Produce v10, and in every
+    ShareFetch / ShareAcknowledge, its last bytes are held back and rewritten by a ``StreamedTail``."""
     if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
         return True
     return may_carry_addresses(api_key, api_version) and not carries_endpoints_tail(api_key, api_version)
@@ -70,7 +71,9 @@ class StreamedTail:
 
     Pieces are forwarded as they come, up to the tagged section, which ``TailWatch`` finds on the
     way; that section (one byte when empty) is held until the frame is complete and then released,
-    rewritten to the proxy's addresses at the same length if it names brokers. An endpoint of a
+    rewritten to the proxy's addresses at the same length if it names brokers. In ShareFetch and
+    ShareAcknowledge responses ``node_endpoints`` is a regular field just before the tagged section,
+    so the held tail starts there instead (two bytes when empty; see ``tail_watch_class``). An endpoint of a
     broker that has no listener yet is left out (``missing`` lists it, so the caller can start one):
     the stream cannot wait, and the client refreshes its metadata for a leader it was not told of.
     """
@@ -81,7 +84,7 @@ class StreamedTail:
         self._key = api_key
         self._version = version
         self._skip = body_start  # frame bytes before the body: size prefix and response header
-        self._watch = TailWatch(response_class(api_key), version)
+        self._watch = TailWatch(tail_watch_class(api_key), version)
         self._held: list[bytes] | None = None
         self._directory = directory
         self.missing: list[BrokerEndpoint] = []

@@ -13,7 +13,7 @@ filter. Pure data and arithmetic: every layer may read this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Final, Literal
 
@@ -60,7 +60,8 @@ class QuotaKind:
     cluster_wide: bool = False
     """One bucket per entity for the whole cluster even in ``broker`` scope (KRaft's controller holds it)."""
     exempt_replicas: bool = False
-    """Requests brokers send each other (replica fetches) are not charged."""
+    """Requests brokers send each other (replica fetches) are not charged. Only Fetch has replica requests:
+    :func:`charged_at` clears the flag for every other API (a ShareFetch's first bytes are no ``replica_id``)."""
 
 
 PRODUCER_BYTE_RATE: Final = "producer_byte_rate"
@@ -73,9 +74,11 @@ KINDS: Final[tuple[QuotaKind, ...]] = (
     QuotaKind(PRODUCER_BYTE_RATE, "produce", group="Produce", metric="byte-rate", unit="B/s", window="rate",
               throttle="bytes", apis=frozenset({PRODUCE}), at="request", measure="request_bytes", logged="bytes_in",
               integral=True),
+    # ShareFetch (KIP-932) too: Kafka's broker records a ShareFetch response's size on the same Fetch quota sensor
+    # (KafkaApis.processShareFetchResponse: quotas.fetch.maybeRecordAndGetThrottleTimeMs).
     QuotaKind(CONSUMER_BYTE_RATE, "fetch", group="Fetch", metric="byte-rate", unit="B/s", window="rate",
-              throttle="bytes", apis=frozenset({FETCH}), at="response", measure="response_bytes", logged="bytes_out",
-              integral=True,
+              throttle="bytes", apis=frozenset({FETCH, SHARE_FETCH}), at="response", measure="response_bytes",
+              logged="bytes_out", integral=True,
               exempt_replicas=True),
     QuotaKind(REQUEST_PERCENTAGE, "request", group="Request", metric="request-time", unit="% of a thread",
               window="rate", throttle="request", apis=frozenset(), at="response", measure="service_time",
@@ -108,6 +111,9 @@ WAITING_APIS: Final = frozenset({PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_
 """APIs whose upstream time is a wait the client asked for (Produce acks=all replication, Fetch max_wait,
 JoinGroup/SyncGroup rebalances, ...): charged no service time to ``request_percentage``."""
 
+REPLICA_APIS: Final = frozenset({FETCH})
+"""The APIs brokers send each other as replicas (and that ``exempt_replicas`` kinds leave uncharged)."""
+
 MUTATION_APIS: Final = BY_KEY[CONTROLLER_MUTATION_RATE].apis
 MUTATION_STRICT_SINCE: Final = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 """KIP-599: the first version whose clients understand THROTTLING_QUOTA_EXCEEDED (error 89) per topic; older
@@ -125,8 +131,13 @@ def charged_at(key: int, at: str, active: frozenset[str]) -> tuple[QuotaKind, ..
     """The generic kinds among ``active`` keys that charge API ``key`` at ``at`` ("request" or "response")."""
     if key in NEVER_CHARGED_APIS:
         return ()
-    return tuple(k for k in KINDS if k.measure is not None and k.at == at and k.key in active
-                 and (not k.apis or key in k.apis))
+    kinds = (k for k in KINDS if k.measure is not None and k.at == at and k.key in active
+             and (not k.apis or key in k.apis))
+    if key in REPLICA_APIS:
+        return tuple(kinds)
+    # Why: the policy reads a replica id from the request of any API charged to an exempting kind; ShareFetch
+    # (charged to consumer_byte_rate) starts with a group id, which would read as a broker's id and be exempted.
+    return tuple(replace(k, exempt_replicas=False) if k.exempt_replicas else k for k in kinds)
 
 
 def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes: int = 0,

@@ -146,14 +146,14 @@ def test_fetch_node_endpoints_rewritten_only_when_present():
     assert [(e.node_id, e.host, e.port) for e in out.node_endpoints] == [(2, "proxy", 20002)]
 
 
-def test_api_versions_capped_and_share_withdrawn():
+def test_api_versions_capped():
     K = ApiVersionsResponse.ApiVersion
     msg = ApiVersionsResponse(error_code=0, api_keys=[K(api_key=3, min_version=0, max_version=99),
                                                       K(api_key=78, min_version=1, max_version=1),
                                                       K(api_key=12, min_version=0, max_version=4)],
                               throttle_time_ms=0, version=3)
     out = ApiVersionsResponse.decode(cap_api_versions(msg.encode(), 3, {3: 13}), version=3)
-    assert [(k.api_key, k.max_version) for k in out.api_keys] == [(3, 13), (12, 4)]
+    assert [(k.api_key, k.max_version) for k in out.api_keys] == [(3, 13), (78, 1), (12, 4)]  # ShareFetch offered
     unchanged = ApiVersionsResponse(error_code=0, api_keys=[K(api_key=12, min_version=0, max_version=4)],
                                     throttle_time_ms=0, version=3)
     assert cap_api_versions(unchanged.encode(), 3, {3: 13}) is None

@@ -1,0 +1,58 @@
+"""Message classes for the KIP-932 share-group APIs, compiled from this project's own JSON specs.
+
+Why: kafka-python 3.x has no schemas for ShareGroupHeartbeat (76), ShareGroupDescribe (77), ShareFetch (78)
+and ShareAcknowledge (79), yet ShareFetch and ShareAcknowledge responses carry broker addresses
+(``node_endpoints``) that the proxy must rewrite, and ShareFetch responses carry records the proxy must skim and
+stream like Fetch's. The specs in ``protocol/share_schemas/`` are in apache/kafka's message-spec format, so
+kafka-python's own metaclass loads them (its ``load_json`` class keyword names the package to read from) and
+the classes are indistinguishable from its built-in ones: ``protocol.apis`` collects them with the rest, and
+``protocol.skim`` / ``protocol.tail_watch`` / ``protocol.throttle_field`` compile their layouts the same way.
+
+Versions: Apache Kafka 4.1 made version 1 of each the first one brokers speak (version 0 was early access);
+4.4 brokers speak ShareFetch and ShareAcknowledge v1–v2 and the group APIs v1. kafka-python widens every
+message's range down to 0, which is harmless: brokers never accept v0.
+"""
+
+from __future__ import annotations
+
+from kafka.protocol.api_message import ApiMessage
+
+SCHEMA_PACKAGE = "protocol.share_schemas"
+
+
+class ShareGroupHeartbeatRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareGroupHeartbeatResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareGroupDescribeRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareGroupDescribeResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareFetchRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareFetchResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareAcknowledgeRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+class ShareAcknowledgeResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
+    pass
+
+
+SHARE_MESSAGES: tuple[type[ApiMessage], ...] = (
+    ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse, ShareGroupDescribeRequest, ShareGroupDescribeResponse,
+    ShareFetchRequest, ShareFetchResponse, ShareAcknowledgeRequest, ShareAcknowledgeResponse,
+)
