@@ -245,7 +245,14 @@ class DecisionLogConfig(_Strict):
     summary_seconds: float = Field(default=10.0, gt=0)
     """How often each connection's traffic that met no quota decision is summarised in one event."""
     instance: str | None = None
-    """This proxy's name in the log (default: host name and process id)."""
+    """This proxy's name in the log (default: the fleet member id, else host name and process id)."""
+    topic: str | None = None
+    """Also (or, without ``directory``, only) write the events to this Kafka topic, one JSON object per record
+    keyed by the member: one place for a fleet's logs (``python -m spark_analysis kafka://HOST:PORT/TOPIC``)."""
+    bootstrap_servers: list[str] | None = None
+    """Where ``topic`` lives; unset = upstream.bootstrap_servers."""
+    client: dict[str, str | int | bool] = {}
+    """Extra kafka-python producer settings for ``topic`` (security_protocol, sasl_mechanism, ...)."""
 
 
 class FleetConfig(_Strict):

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from proxy.decision_topic import TopicSink
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION, arrow_schema, column_names
 
 __all__ = [
@@ -97,9 +98,10 @@ class DecisionLog:
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | None,
         instance: str,
         *,
+        topic: TopicSink | None = None,
         max_queue: int = 100_000,
         rotate_seconds: float = 60.0,
         rotate_bytes: int = 128 * 1024 * 1024,
@@ -114,7 +116,10 @@ class DecisionLog:
             raise ValueError("max_queue must be >= 1")
         if not rotate_seconds > 0 or rotate_bytes < 1 or not flush_interval > 0 or row_group_rows < 1:
             raise ValueError("rotate_seconds, rotate_bytes, flush_interval and row_group_rows must be > 0")
-        self.directory = Path(directory)
+        if directory is None and topic is None:
+            raise ValueError("a decision log needs a directory, a topic, or both")
+        self.directory = Path(directory) if directory is not None else None
+        self.topic = topic
         self.instance = instance
         self.fmt = fmt
         self.max_queue = max_queue
@@ -124,10 +129,11 @@ class DecisionLog:
         self.row_group_rows = int(row_group_rows)
         self.compression = compression
         self._schema = arrow_schema() if fmt == "parquet" else None  # fail at startup if pyarrow is missing
-        # Fail at startup, not on the writer thread, when the directory cannot be created.
-        self.directory.mkdir(parents=True, exist_ok=True)
         self._file_prefix = "decisions-" + (_SAFE_NAME.sub("_", instance) or "proxy")
-        self._clean_stale_temp_files()
+        if self.directory is not None:
+            # Fail at startup, not on the writer thread, when the directory cannot be created.
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._clean_stale_temp_files()
 
         self.written = 0
         self.dropped = 0
@@ -184,8 +190,12 @@ class DecisionLog:
 
     def stats(self) -> dict[str, int]:
         """All counters at once, for metrics export."""
-        return {"written": self.written, "dropped": self.dropped, "failed": self.failed, "files": self.files,
-                "errors": self.errors, "queued": len(self._queue)}
+        out = {"written": self.written, "dropped": self.dropped, "failed": self.failed, "files": self.files,
+               "errors": self.errors, "queued": len(self._queue)}
+        if self.topic is not None:
+            out["topic_sent"] = self.topic.sent
+            out["topic_failed"] = self.topic.failed
+        return out
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -223,6 +233,11 @@ class DecisionLog:
             self._finish_file()
         except Exception as exc:  # pragma: no cover
             self._error("decision log: final file not completed", exc)
+        if self.topic is not None:
+            try:
+                self.topic.close()
+            except Exception as exc:  # noqa: BLE001
+                self._error(f"decision log: topic {self.topic.topic} not flushed at close", exc)
 
     def _drain(self) -> None:
         q = self._queue
@@ -255,6 +270,17 @@ class DecisionLog:
             return
         first_seq = self._seq
         self._seq += len(batch)
+        if self.topic is not None:
+            try:
+                lost = self.topic.send(batch, first_seq)
+                if lost:
+                    self._error(f"decision log: topic {self.topic.topic} took {len(batch) - lost} of {len(batch)} "
+                                "events (producer buffer full or cluster unreachable)", RuntimeError("lost"))
+            except Exception as exc:
+                self.topic.failed += len(batch)
+                self._error(f"decision log: topic {self.topic.topic} unavailable, {len(batch)} events not sent", exc)
+        if self.directory is None:
+            return
         rows_before = self._file_rows
         try:
             if self.fmt == "parquet":

@@ -102,8 +102,9 @@ class _Collector:
                                     value=dl["pid_cache_bytes"])
         if "written" in dl:
             c = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome", labels=["outcome"])
-            for outcome in ("written", "dropped", "failed"):
-                c.add_metric([outcome], dl.get(outcome, 0))
+            for outcome in ("written", "dropped", "failed", "topic_sent", "topic_failed"):
+                if outcome in dl or not outcome.startswith("topic"):  # the topic's only when it is on
+                    c.add_metric([outcome], dl.get(outcome, 0))
             yield c
             yield GaugeMetricFamily("ktp_decision_log_queued", "Decision-log events waiting for the writer",
                                     value=dl.get("queued", 0))

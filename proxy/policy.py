@@ -252,6 +252,9 @@ class Policy:
         if plan is None:
             return None
         d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
+        if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
+            conn.sum_requests = max(0, conn.sum_requests - 1)
+            conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
         now_ms = round(now * 1000)
         d.charged_ms = now_ms
         for kind in plan.at_request:
@@ -468,6 +471,10 @@ class Policy:
             decisions[(key, action, shadow)] += 1
         if self.decision_log is None:
             return
+        # This request has its own event: the connection's next summary covers only the traffic that met no
+        # decision, so summing any column over all events counts each request once.
+        # (the request's own share was taken out of the summary sums when it was decided, in _decide)
+        conn.sum_bytes_out = max(0, conn.sum_bytes_out - bytes_out - (4 if bytes_out else 0))
         off = self._epoch_offset_ms
         self.decision_log.emit(request_event(
             ts_ms=now_ms + off, req_ts_ms=d.charged_ms + off, conn=conn.id, user=d.user, client_id=d.client_id,
@@ -499,14 +506,19 @@ class Policy:
 
 def _open_decision_log(config: ProxyConfig):
     dc = config.decision_log
-    if dc.directory is None:
+    if dc.directory is None and dc.topic is None:
         return None
     from proxy.decision_log import DecisionLog  # pyarrow is loaded only when the log is on
+    from proxy.decision_topic import TopicSink
 
-    instance = dc.instance or f"{socket.gethostname()}-{os.getpid()}"
+    member = config.fleet.member if config.fleet.name else None
+    instance = dc.instance or member or f"{socket.gethostname()}-{os.getpid()}"
+    topic = None
+    if dc.topic is not None:
+        topic = TopicSink(dc.topic, dc.bootstrap_servers or config.upstream.bootstrap_servers, instance, dc.client)
     try:
-        return DecisionLog(dc.directory, instance, max_queue=dc.max_queue, rotate_seconds=dc.rotate_seconds,
-                           rotate_bytes=dc.rotate_bytes, fmt=dc.format)
+        return DecisionLog(dc.directory, instance, topic=topic, max_queue=dc.max_queue,
+                           rotate_seconds=dc.rotate_seconds, rotate_bytes=dc.rotate_bytes, fmt=dc.format)
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"decision_log.directory {dc.directory}: cannot write the decision log there "
                           f"({type(exc).__name__}: {exc})") from None

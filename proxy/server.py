@@ -198,6 +198,14 @@ class Proxy:
                 last[0], last[1] = now, 0
         return refusal
 
+    def _forget(self, conn: Connection) -> None:
+        """A closed connection: its last summary (traffic since the previous one would be lost otherwise)."""
+        self.connections.discard(conn)
+        try:
+            self.policy.summarise(conn)
+        except Exception:  # noqa: BLE001 - a log event must never take the server down
+            log.exception("%s: final decision-log summary failed", conn.peer)
+
     def _gauges(self) -> dict[str, tuple[str, float]]:
         pool = self.request_pool
         gauges = {
@@ -244,7 +252,7 @@ class Proxy:
         self.stats.connections_total += 1
         conn = Connection(self.services, candidates, label)
         self.connections.add(conn)
-        conn.done.add_done_callback(lambda _f: self.connections.discard(conn))
+        conn.done.add_done_callback(lambda _f: self._forget(conn))
         if self._closing:
             conn.drain()
         return conn.client

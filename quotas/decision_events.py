@@ -95,7 +95,8 @@ def request_event(*, ts_ms: int, req_ts_ms: int, conn: str, user: str, client_id
 
 def summary_event(*, ts_ms: int, conn: str, user: str, client_id: str, requests: int, bytes_in: int,
                   bytes_out: int, shadow: bool, scope: str) -> dict[str, Any]:
-    """A connection's traffic since its last summary, decided or not (``api_key`` -1)."""
+    """A connection's traffic since its last summary that met no quota decision (``api_key`` -1): decided requests
+    have their own events, so a column summed over all events counts every request once."""
     return {
         "event": "summary", "ts_ms": ts_ms, "conn": conn, "user": user, "client_id": client_id, "api_key": -1,
         "api_version": -1, "requests": requests, "bytes_in": bytes_in, "bytes_out": bytes_out, "mutations": 0,

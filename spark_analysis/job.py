@@ -86,7 +86,8 @@ class JobResult:
 
 
 def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuffle_partitions: int | None = None,
-                ui: bool = False, app_name: str = "kafka-throttle-proxy decision log") -> SparkSession:
+                ui: bool = False, app_name: str = "kafka-throttle-proxy decision log",
+                packages: list[str] | None = None) -> SparkSession:
     """A SparkSession tuned for this job (AQE on, Arrow for pandas, few shuffle partitions on a small master).
 
     Under ``spark-submit`` (``master`` None) the master and memory come from spark-submit's flags.
@@ -110,6 +111,8 @@ def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuf
         builder = builder.master(master)
     if local:
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+    if packages:  # fetched by Spark (Ivy) from Maven Central, for the driver and every executor
+        builder = builder.config("spark.jars.packages", ",".join(packages))
     spark = (
         builder.appName(app_name)
         .config("spark.driver.memory", driver_memory)
@@ -197,8 +200,14 @@ def overview(events: DataFrame) -> dict[str, Any]:
         F.sum(F.when(F.col("shadow"), 1).otherwise(0)).alias("shadow_events"),
     ).first()
     ov = row.asDict() if row is not None else {}
+    # per member of a fleet (or instance): its traffic and throttles, and the events its log is missing
     proxies = (events.groupBy("proxy")
-               .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"))
+               .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
+                    F.sum("requests").alias("requests"), F.sum("bytes_in").alias("bytes_in"),
+                    F.sum("bytes_out").alias("bytes_out"),
+                    F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+                    F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
+                    F.sum(F.when(F.col("action") == "reject", 1).otherwise(0)).alias("rejects"))
                .withColumn("missing", F.greatest(F.lit(0), F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")))
                .orderBy("proxy").limit(1000).toPandas())
     ov["proxies"] = proxies
@@ -531,6 +540,9 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
             ov = overview(events)
             log.info("  %s events (%s requests) from %s users / %s (user, client-id) pairs; %s missing (seq gaps)",
                      ov.get("events"), ov.get("requests"), ov.get("users"), ov.get("entities"), ov["missing_events"])
+            if len(ov["proxies"]):  # per member: what each proxy of a fleet carried and throttled
+                spark.createDataFrame(ov["proxies"]).coalesce(1).write.mode("overwrite").parquet(f"{out}/proxies")
+                tables["proxies"] = f"{out}/proxies"
         with prog.stage("usage per entity per second"):
             _write(usage_per_second(events), out, "usage_1s", tables)
             usage_1s = spark.read.parquet(tables["usage_1s"])
@@ -548,9 +560,10 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
         with prog.stage("recommendations"):
             rec_raw = recommendations(windows, opts.percentile, opts.headroom).toPandas()
             rec = finish_recommendations(rec_raw, opts.percentile, opts.headroom, opts.budgets)
-            spark.createDataFrame(rec.astype({"budget_share": "float64"})).coalesce(1).write.mode("overwrite") \
-                .parquet(f"{out}/recommendations")
-            tables["recommendations"] = f"{out}/recommendations"
+            if len(rec):  # a short log can have no window to recommend from (Spark cannot type an empty frame)
+                spark.createDataFrame(rec.astype({"budget_share": "float64"})).coalesce(1).write.mode("overwrite") \
+                    .parquet(f"{out}/recommendations")
+                tables["recommendations"] = f"{out}/recommendations"
         with prog.stage("plot data"):
             from spark_analysis import report as report_mod
 

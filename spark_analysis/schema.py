@@ -41,11 +41,35 @@ def _looks_like_json(path: str) -> bool:
     return False
 
 
+KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+"""Spark's own Kafka source, for ``kafka://`` input. 4.2.0 although pyspark is 4.3: the 4.3.0 connector is not
+on Maven Central (checked 2026-11-25), and 4.2.0's reads the decision-log topic on Spark 4.3 (tested)."""
+
+
+def kafka_input(path: str) -> tuple[str, str] | None:
+    """``kafka://host:port[,host:port]/topic`` -> (bootstrap servers, topic); None for a file path."""
+    if not path.startswith("kafka://"):
+        return None
+    servers, _, topic = path[len("kafka://"):].partition("/")
+    if not servers or not topic or "/" in topic:
+        raise ValueError(f"{path!r}: a topic input is kafka://HOST:PORT[,HOST:PORT...]/TOPIC")
+    return servers, topic
+
+
 def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
-    """Read a decision log (a file, a directory tree with ``date=`` partitions, a glob; local, hdfs://, s3a://).
+    """Read a decision log (a file, a directory tree with ``date=`` partitions, a glob; local, hdfs://, s3a://;
+    or ``kafka://host:port/topic``, the topic members write with ``decision_log.topic``, through Spark's Kafka
+    source: needs :data:`KAFKA_CONNECTOR` in ``spark.jars.packages``, which ``build_spark`` is given).
 
     Columns missing from older files read as null; rows of another schema version are left out.
     """
+    topic = kafka_input(path)
+    if topic is not None:
+        raw = (spark.read.format("kafka").option("kafka.bootstrap.servers", topic[0]).option("subscribe", topic[1])
+               .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+        df = raw.select(F.from_json(F.col("value").cast("string"), event_schema()).alias("e")).select("e.*")
+        df = df.select(*[n for n, _ in COLUMNS])
+        return df.where(F.col("schema").isNull() | (F.col("schema") == SCHEMA_VERSION))
     if fmt == "auto":
         fmt = "json" if _looks_like_json(path) else "parquet"
     reader = spark.read.schema(event_schema())

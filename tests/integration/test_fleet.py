@@ -198,3 +198,42 @@ def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(clus
           f"{result['delivered']}, errors {result['errors'][:3]}")
     assert result["undelivered"] == 0 and result["delivered"] == result["produced"], result["errors"][:5]
     assert check_sequence(cluster.bootstrap, topic, 0, result["produced"], timeout=120) == []
+
+
+def test_members_log_decisions_to_a_topic_and_spark_reports_each_member(cluster, fresh_proxy, tmp_path):
+    """Every member writes its decision log to one topic (no files); the Spark job reads the topic through Spark's
+    Kafka connector and tells the members apart: their traffic and throttles, by member id."""
+    import pyarrow.parquet as pq
+    from kafka import KafkaProducer
+
+    fleet = f"d{uuid.uuid4().hex[:8]}"
+    topic = f"__ktp_decisions_{fleet}"
+    members = [fresh_proxy(**{
+        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+        "decision_log.topic": topic, "decision_log.summary_seconds": 1, "quotas.window_size_seconds": 0.1,
+        "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 64 * 1024}}],
+    }) for i in range(2)]
+    data = f"dl-{fleet}"
+    sent = {}
+    for i, member in enumerate(members):
+        producer = KafkaProducer(bootstrap_servers=member.bootstrap, client_id=f"dl-{i}", acks=1)
+        for _ in range(40 * (i + 1)):  # m1 carries twice m0's records, past the quota's first burst
+            producer.send(data, bytes(8192))
+        producer.flush(60)
+        producer.close(10)
+        sent[f"m{i}"] = 40 * (i + 1)
+    for member in members:
+        member.terminate()  # closing the log flushes its producer
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "spark_analysis", f"kafka://{cluster.bootstrap}/{topic}",
+                           "--out", str(out), "--master", "local[2]", "--driver-memory", "1g",
+                           "--shuffle-partitions", "4"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    proxies = pq.read_table(out / "proxies").to_pandas().set_index("proxy")
+    print(proxies[["events", "requests", "bytes_in", "throttled", "throttle_ms", "missing"]])
+    assert set(proxies.index) == {"m0", "m1"}
+    assert (proxies["missing"] == 0).all()
+    assert proxies.loc["m1", "bytes_in"] > 1.5 * proxies.loc["m0", "bytes_in"] > 0
+    assert proxies["throttled"].sum() > 0  # 64 KiB/s is far below what they sent: throttles are in the log
+    report = (out / "report.html").read_text()
+    assert "m0" in report and "m1" in report
