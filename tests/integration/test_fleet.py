@@ -7,6 +7,7 @@ bytes land (the partition's log on the leader's disk, ``bench.quota_fidelity``),
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -237,3 +238,52 @@ def test_members_log_decisions_to_a_topic_and_spark_reports_each_member(cluster,
     assert proxies["throttled"].sum() > 0  # 64 KiB/s is far below what they sent: throttles are in the log
     report = (out / "report.html").read_text()
     assert "m0" in report and "m1" in report
+
+
+def _pid_metric(port: int, name: str, user: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf'^{name}{{[^}}]*user="{user}"[^}}]*}} (\S+)$', text, re.M))
+
+
+@pytest.mark.parametrize("scope", ["fleet", "cluster"])
+def test_new_producer_ids_are_counted_for_the_fleet(cluster, fresh_proxy, scope):
+    """KIP-936 in a fleet: alice starts 6 new idempotent producers at each of three members. Each member alone
+    sees 6 new ids, under a quota of 10 per window; the fleet sees 18, over it, so with scope fleet the members
+    throttle alice, and with scope cluster none does."""
+    from confluent_kafka import Producer
+
+    fleet = f"p{uuid.uuid4().hex[:8]}"
+    ports = [free_port() for _ in range(MEMBERS)]
+    members = [fresh_proxy(sasl=True, **{
+        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}",  # the topic on the plain listener
+                                   "fleet.bootstrap_servers": cluster.bootstrap.split(",")}
+                                  if scope == "fleet" else {}),
+        "metrics.port": ports[i], "quotas.producer_id_window_num": 2, "quotas.producer_id_window_size_seconds": 30,
+        "quotas.producer_id_hold_max_ms": 3000,
+        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10}}],
+    }) for i in range(MEMBERS)]
+    if scope == "fleet":
+        wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
+    topic = f"pids-{fleet}"
+
+    def run(i: int) -> None:
+        for n in range(6):
+            p = Producer({**cluster.client_config("alice", "SCRAM-SHA-512"), "bootstrap.servers": members[i].bootstrap,
+                          "enable.idempotence": True, "acks": "all"})
+            p.produce(topic, value=f"{i}-{n}".encode())
+            assert p.flush(60) == 0
+            time.sleep(0.3)  # let the members hear of each other's ids between producers
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(MEMBERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    recorded = [_pid_metric(p, "ktp_producerids_recorded_total", "alice") for p in ports]
+    throttled = [_pid_metric(p, "ktp_producerids_throttle_time_total", "alice") for p in ports]
+    print(f"scope {scope}: new ids recorded per member {recorded}, throttle ms per member {throttled}")
+    assert sum(recorded) >= 18 - MEMBERS  # about 6 each (a producer may be charged at a member it did not start on)
+    if scope == "fleet":
+        assert sum(1 for t in throttled if t > 0) >= 2, throttled
+    else:
+        assert sum(throttled) == 0, throttled
