@@ -2,8 +2,8 @@
 
 Why Java: Kafka's own client is the reference implementation of share groups (ShareGroupHeartbeat,
 ShareFetch, ShareAcknowledge); librdkafka and kafka-python do not speak them. ``java/ShareProbe.java``
-is compiled here with ``javac`` against the broker release's kafka-clients jar (``ensure_kafka()``),
-cached by source + jar, and run with the broker's ``libs/`` on the classpath. See the Java file for
+is compiled (``txn_probe.compile_app``) against the broker release's jars (``ensure_kafka()``),
+cached by source + jars, and run with the broker's ``libs/`` on the classpath. See the Java file for
 its arguments and the JSON lines it prints.
 
 Usage::
@@ -16,35 +16,19 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kafka_dist import KafkaDist, _locked, cache_root, ensure_kafka, java_executable
+from .kafka_dist import KafkaDist, ensure_kafka
+from .txn_probe import JavaApp, compile_app
 
 SOURCE = Path(__file__).with_name("java") / "ShareProbe.java"
-JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-_LOG4J2 = """\
-status = warn
-appender.err.type = Console
-appender.err.name = ERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.err.ref = ERR
-"""
-
-
 class ShareProbeError(RuntimeError):
     """The probe JVM failed to compile, crashed, timed out or printed something that is not JSON."""
 
@@ -72,43 +56,9 @@ class ShareProbeResult:
         return [r["failure"] for r in self.rows if "failure" in r]
 
 
-def _libs(dist: KafkaDist | None) -> Path:
-    return (dist or ensure_kafka()).libs_dir
-
-
-def compile_probe(dist: KafkaDist | None = None) -> tuple[Path, Path]:
-    """(probe jar, libs dir): ``ShareProbe`` compiled against the release's kafka-clients (cached)."""
-    libs = _libs(dist)
-    jars = sorted(libs.glob("kafka-clients-*.jar"))
-    if not jars:
-        raise ShareProbeError(f"no kafka-clients jar in {libs}")
-    jar = jars[-1]
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(f"{jar.name}:{jar.stat().st_size}".encode())
-    base = cache_root() / "share-probe" / h.hexdigest()[:16]
-    probe_jar = base / "share-probe.jar"
-    if probe_jar.exists():
-        return probe_jar, libs
-    with _locked(base.with_name(base.name + ".lock")):
-        if probe_jar.exists():
-            return probe_jar, libs
-        base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="classes.", dir=base))
-        javac = shutil.which("javac") or str(Path(java_executable()).with_name("javac"))
-        cmd = [javac, "-nowarn", "-encoding", "UTF-8", "-d", str(tmp), "-cp", str(jar), str(SOURCE)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            if proc.returncode != 0:
-                raise ShareProbeError(f"javac failed against {jar.name}:\n{proc.stdout}{proc.stderr}")
-            part = tmp / "share-probe.jar.part"
-            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
-                for f in sorted(tmp.glob("*.class")):
-                    z.write(f, f.name)
-            os.replace(part, probe_jar)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        (base / "log4j2.properties").write_text(_LOG4J2)
-    return probe_jar, libs
+def compile_probe(dist: KafkaDist | None = None) -> JavaApp:
+    """``ShareProbe`` compiled against the release's jars (cached by source and jars; ``txn_probe.compile_app``)."""
+    return compile_app("ShareProbe", [SOURCE], [(dist or ensure_kafka()).libs_dir], cache_name="share-probe")
 
 
 def share_probe_popen(
@@ -125,19 +75,14 @@ def share_probe_popen(
     dist: KafkaDist | None = None,
 ) -> subprocess.Popen[str]:
     """Start the probe (own process group) and return the process; ``share_probe_result`` collects it."""
-    probe_jar, libs = compile_probe(dist)
-    log4j = probe_jar.with_name("log4j2.properties")
-    if not log4j.exists():
-        log4j.write_text(_LOG4J2)
+    app = compile_probe(dist)
     args = ["--bootstrap", bootstrap, "--topic", topic, "--group", group, "--members", str(members),
             "--timeout-ms", str(timeout_ms), "--client-id", client_id, "--ack", ack]
     if expect is not None:
         args += ["--expect", str(expect)]
     for k, v in (props or {}).items():
         args += ["--property", f"{k}={v}"]
-    cmd = [java_executable(), *JVM_OPTS, f"-Dlog4j2.configurationFile={log4j}",
-           "-cp", os.pathsep.join([str(probe_jar), str(libs / "*")]), "ShareProbe", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    return subprocess.Popen(app.command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, start_new_session=True)
 
 

@@ -34,21 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from .admin_probe import AdminProbeError, BackgroundProbe, ProbeResults
+from .cluster import _LOG4J_TOOLS
 from .kafka_dist import CdsDump, _jdk_key, _locked, cache_root, cds_enabled, ensure_kafka, java_executable
 
 JAVA_DIR = Path(__file__).with_name("java")
 JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
-_LOG4J2 = """\
-status = warn
-appender.err.type = Console
-appender.err.name = ERR
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.err.ref = ERR
-"""
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,7 @@ class JavaApp:
             cds = [f"-XX:SharedArchiveFile={self.cds_archive}"]
         log4j = self.jar.with_name("log4j2.properties")
         if not log4j.exists():
-            log4j.write_text(_LOG4J2)
+            log4j.write_text(_LOG4J_TOOLS)
         props = {"log4j2.configurationFile": str(log4j), **(sys_props or {})}
         cp = os.pathsep.join([str(self.jar), *(str(d / "*") for d in self.libs)])
         return [
