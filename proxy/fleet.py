@@ -96,7 +96,9 @@ class FleetSync:
             "ktp_fleet_reports_received": ("Usage reports from other members folded in", self.received),
             "ktp_fleet_usage_applied": ("Bucket usages from other members recorded here", self.applied),
             "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
-            "ktp_fleet_usage_dropped": ("Own usage reports dropped because the topic was unreachable", self.dropped),
+            "ktp_fleet_usage_dropped": ("Own usage not published: reports the topic refused, bucket usages over the "
+                                        "ledger's bound", self.dropped + (self.manager.ledger.dropped
+                                                                          if self.manager.ledger else 0)),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
             "ktp_fleet_quota_alters_published": ("Quota alters made here and published to the fleet",
                                                  self.alters_published),

@@ -25,6 +25,8 @@ from quotas.kinds import BY_KEY
 
 #: Entries per report at most; more buckets than this in one interval go out in several reports.
 MAX_ENTRIES = 2_000
+#: Buckets with usage waiting for the next report, at most.
+MAX_PENDING = 100_000
 #: Largest accepted report (bytes): a member (or anyone writing to the topic) cannot make the others parse more.
 MAX_REPORT_BYTES = 1 << 20
 
@@ -78,17 +80,22 @@ class UsageReport:
 class FleetLedger:
     """A member's own usage per bucket since the last drain (the tracker key stands for the bucket)."""
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_pending", "dropped")
 
     def __init__(self) -> None:
         self._pending: dict[tuple, list] = {}
+        self.dropped = 0
+        """Usages not kept because :data:`MAX_PENDING` buckets were already waiting (client ids are the client's
+        choice, and while the topic is down nothing drains)."""
 
     def add(self, tracker_key: tuple, key: str, user: str, client_id: str, amount: float) -> None:
         entry = self._pending.get(tracker_key)
-        if entry is None:
+        if entry is not None:
+            entry[3] += amount
+        elif len(self._pending) < MAX_PENDING:
             self._pending[tracker_key] = [key, user, client_id, amount]
         else:
-            entry[3] += amount
+            self.dropped += 1
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -141,3 +141,15 @@ def test_a_member_takes_in_another_members_alter(tmp_path):
     assert b.set_api_entity(*published[0]) is True
     assert b.store.entities() == {alice: {"producer_byte_rate": 2e6}}
     assert b.set_api_entity(*published[0]) is False  # the same record again (an echo, a replay): no change
+
+
+def test_the_ledger_is_bounded_whatever_client_ids_arrive(monkeypatch):
+    import quotas.fleet as fleet
+
+    monkeypatch.setattr(fleet, "MAX_PENDING", 10)
+    ledger = FleetLedger()
+    for i in range(25):
+        ledger.add(("k", i), "controller_mutation_rate", "u", f"client-{i}", 1.0)
+    ledger.add(("k", 3), "controller_mutation_rate", "u", "client-3", 1.0)  # a known bucket still adds up
+    assert len(ledger) == 10 and ledger.dropped == 15
+    assert sum(u.amount for r in ledger.drain("m", 0) for u in r.usage) == 11
