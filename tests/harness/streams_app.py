@@ -106,6 +106,7 @@ def start(
     output: str,
     state_dir: Path,
     record_delay_ms: int = 0,
+    count_delay_ms: int = 0,
     props: Mapping[str, Any] | None = None,
     write_cds: bool = True,
 ) -> StreamsRun:
@@ -114,7 +115,8 @@ def start(
     stop_file = state_dir.with_name(f"{state_dir.name}.stop")
     stop_file.unlink(missing_ok=True)
     args = ["--bootstrap", bootstrap, "--application-id", application_id, "--input", input, "--output", output,
-            "--state-dir", str(state_dir), "--stop-file", str(stop_file), "--record-delay-ms", str(record_delay_ms)]
+            "--state-dir", str(state_dir), "--stop-file", str(stop_file), "--record-delay-ms", str(record_delay_ms),
+            "--count-delay-ms", str(count_delay_ms)]
     for k, v in (props or {}).items():
         args += ["--property", f"{k}={v}"]
     return StreamsRun(streams_app().start(args, write_cds=write_cds), stop_file)

@@ -8,10 +8,12 @@
 // counts 1, 2, ..., n in order, however the run is cut into transactions or restarted.
 //
 // Usage: StreamsApp --bootstrap H:P --application-id A --input T --output T --state-dir DIR
-//                   --stop-file PATH [--record-delay-ms N] [--property k=v]...
+//                   --stop-file PATH [--record-delay-ms N] [--count-delay-ms N] [--property k=v]...
 //   --stop-file: when this file appears, the app closes cleanly (committing its last transaction)
 //                and exits 0.  --record-delay-ms: sleep per input line, to make a run last long
-//                enough to be killed in the middle.  --property: any StreamsConfig / client setting.
+//                enough to be killed in the middle.  --count-delay-ms: sleep per output update (in the
+//                count sub-topology), so output is still being written long after the first commit.
+//                --property: any StreamsConfig / client setting.
 // stdout, one JSON object a line: {"state": S} on every state change, {"restored": store,
 // "partition": p, "records": n} when a store partition was restored from its changelog, {"closed": true} at the end,
 // {"error": class, "message": m} on an uncaught exception (exit 1).
@@ -56,6 +58,7 @@ public final class StreamsApp {
         String input = need(o, "input"), output = need(o, "output");
         Path stopFile = Path.of(need(o, "stop-file"));
         long delayMs = Long.parseLong(o.getOrDefault("record-delay-ms", "0"));
+        long countDelayMs = Long.parseLong(o.getOrDefault("count-delay-ms", "0"));
 
         p.putIfAbsent(StreamsConfig.APPLICATION_ID_CONFIG, need(o, "application-id"));
         p.putIfAbsent(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, need(o, "bootstrap"));
@@ -74,6 +77,7 @@ public final class StreamsApp {
                 .groupBy((k, word) -> word, Grouped.with("words", Serdes.String(), Serdes.String()))
                 .count(Materialized.as("counts"))
                 .toStream()
+                .peek((k, v) -> pause(countDelayMs))
                 .to(output, Produced.with(Serdes.String(), Serdes.Long()));
 
         KafkaStreams streams = new KafkaStreams(b.build(), p);
