@@ -69,7 +69,8 @@ class SampledRate:
     entity, and there may be many). Not thread-safe; the proxy runs on one event loop.
     """
 
-    __slots__ = ("_current", "_last", "_min_last", "_samples", "_size", "_starts", "_values", "_window_ms")
+    __slots__ = ("_current", "_last", "_min_last", "_oldest", "_samples", "_size", "_starts", "_total", "_values",
+                 "_window_ms")
 
     def __init__(self, samples: int = 11, window_ms: float = 1000) -> None:
         if samples < 1:
@@ -85,6 +86,11 @@ class SampledRate:
         self._size = 0  # slots in use so far (Kafka's growing sample list)
         self._current = 0
         self._min_last = -math.inf  # no slot's last event is older: while it is recent, nothing can expire
+        self._total = 0.0
+        """Sum of the live slots: kept so a charge reads it instead of summing every slot (re-summed exactly
+        whenever a slot is reset, so additions cannot drift for longer than one sample window)."""
+        self._oldest = 0.0
+        """Earliest start among the live slots (the rate's window begins there); updated when a slot is reset."""
 
     @property
     def samples(self) -> int:
@@ -97,17 +103,22 @@ class SampledRate:
         return self._window_ms
 
     def _reset(self, i: int, now_ms: float) -> None:
+        """Empty slot ``i`` (which must be below ``_size``) to start at ``now_ms``; rare (a new sample, an
+        expiry), so the running total and the oldest start are recomputed here rather than kept incrementally."""
         self._values[i] = 0.0
         self._starts[i] = now_ms
         self._last[i] = now_ms
         if now_ms < self._min_last:  # a clock that went backwards: keep _min_last a lower bound
             self._min_last = now_ms
+        size = self._size
+        self._total = math.fsum(self._values[:size])
+        self._oldest = min(self._starts[:size])
 
     def _ensure_one(self, now_ms: float) -> None:
         if self._size == 0:
-            self._reset(0, now_ms)
             self._size = 1
             self._current = 0
+            self._reset(0, now_ms)
 
     def record(self, value: float, now_ms: float) -> None:
         """Add ``value`` (bytes, percent-seconds, producer ids...) at ``now_ms``. Record first, then check.
@@ -115,9 +126,10 @@ class SampledRate:
         Negative values (Kafka's "unrecord") are refused: the proxy never takes back what it delivered, and a
         negative total would make the rate meaningless.
         """
-        if not value >= 0 or math.isinf(value):
+        if not 0.0 <= value < math.inf:  # also refuses NaN
             raise ValueError(f"value must be >= 0 and finite, got {value}")
-        self._ensure_one(now_ms)
+        if self._size == 0:
+            self._ensure_one(now_ms)
         i = self._current
         if now_ms - self._starts[i] >= self._window_ms:
             i = (i + 1) % (self._samples + 1)
@@ -126,6 +138,7 @@ class SampledRate:
                 self._size = i + 1
             self._reset(i, now_ms)
         self._values[i] += value
+        self._total += value
         self._last[i] = now_ms
         if now_ms < self._min_last:  # see _reset
             self._min_last = now_ms
@@ -148,7 +161,7 @@ class SampledRate:
     def total(self, now_ms: float) -> float:
         """Sum of the live samples at ``now_ms`` (after purging expired ones)."""
         self._purge(now_ms)
-        return math.fsum(self._values[: self._size])
+        return self._total
 
     def window_ms(self, now_ms: float) -> float:
         """The window the rate divides by at ``now_ms`` (Kafka's ``Rate.windowSize``), in ms, at least 1.
@@ -162,7 +175,7 @@ class SampledRate:
 
     def _window(self, now_ms: float) -> float:
         """:meth:`window_ms` once purged, with at least one sample."""
-        elapsed = now_ms - min(self._starts[: self._size])
+        elapsed = now_ms - self._oldest
         if elapsed < 0:  # a clock that went backwards: treat as no time elapsed
             elapsed = 0
         w = self._window_ms
@@ -183,7 +196,7 @@ class SampledRate:
         if now_ms - self._min_last >= self._samples * self._window_ms:  # _purge's own shortcut, without a call
             self._purge(now_ms)
         window = self._window(now_ms)
-        return math.fsum(self._values[: self._size]) / (window / 1000.0), window
+        return self._total / (window / 1000.0), window
 
     def measure_and_window(self, now_ms: float) -> tuple[float, float]:
         """``(measure(now_ms), window_ms(now_ms))`` in one pass: the quota check needs both on every charge."""
