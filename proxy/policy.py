@@ -59,7 +59,7 @@ from quotas.kinds import (
     amount,
     charged_at,
 )
-from quotas.manager import QuotaManager, Windows
+from quotas.manager import Bound, QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
 from quotas.throttle import MAX_THROTTLE_MS, combine
 
@@ -89,6 +89,44 @@ class _Plan(NamedTuple):
     """Some kind charged at response exempts replica fetches: read the request's replica id."""
 
 
+class _Bound:
+    """One API's :class:`_Plan` bound to one connection's user, client id and scope: the quota handles its
+    requests are charged through (see :class:`quotas.manager.Bound`), kept until the manager's stamp moves."""
+
+    __slots__ = ("at_request", "client_id", "later", "later_replica", "pids", "plan")
+
+    def __init__(self, plan: _Plan, client_id: str, at_request: tuple, later: tuple, pids: Bound | None) -> None:
+        self.plan = plan
+        self.client_id = client_id
+        self.at_request = at_request
+        """(kind, handle) for every kind charged when the request arrives and applying to this client."""
+        self.later = later
+        """(kind, handle) charged when the response arrives."""
+        self.later_replica = tuple(kb for kb in later if not kb[0].exempt_replicas)
+        """``later`` for a replica fetch."""
+        self.pids = pids
+
+
+class _ConnState:
+    """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
+
+    __slots__ = ("bound", "pid_memo", "scope", "stamp", "user")
+
+    def __init__(self) -> None:
+        self.stamp = -1
+        self.user = ""
+        self.scope = ""
+        self.bound: dict[int, _Bound | None] = {}
+        """API key -> its bound plan; valid while ``stamp`` and ``user`` are the policy's and the plan's
+        client id is the request's."""
+        self.pid_memo: tuple | None = None
+        """(tracker, owner, producer id, until): the last producer id seen and until when the filters know it."""
+
+
+_MAX_BOUND_APIS = 64
+"""Bound plans kept per connection: API keys come from the client, so the memo is bounded."""
+
+
 class Decision:
     """What the policy decided for one request, carried to its response."""
 
@@ -107,8 +145,8 @@ class Decision:
         """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
         self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
-        self.later: tuple[QuotaKind, ...] = ()
-        """Kinds charged when the response arrives (response bytes, service time)."""
+        self.later: tuple[tuple[QuotaKind, Bound], ...] = ()
+        """(kind, handle) charged when the response arrives (response bytes, service time)."""
         self.merge = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
@@ -246,25 +284,65 @@ class Policy:
         plans[key] = plan
         return plan
 
+    def _bind(self, conn: PolicyConnection, key: int, client_id: str, now_ms: int) -> _Bound | None:
+        """The connection's bound plan for API ``key`` (None: nothing charges it), binding it when the quotas,
+        the principal or the client id changed since it was kept."""
+        st: _ConnState | None = conn.policy_state
+        stamp = self.quotas.stamp()
+        user = conn.identity.principal
+        if st is None:
+            st = conn.policy_state = _ConnState()
+        if st.stamp != stamp or st.user != user:
+            st.bound.clear()
+            st.stamp, st.user, st.scope = stamp, user, self._scope(conn)
+        else:
+            try:
+                b = st.bound[key]
+            except KeyError:
+                pass
+            else:
+                if b is None or b.client_id == client_id:
+                    return b
+        plan = self._plan(key)
+        b = None
+        if plan is not None:
+            q, scope = self.quotas, st.scope
+            at_request = tuple((k, h) for k in plan.at_request
+                               if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
+            later = tuple((k, h) for k in plan.at_response
+                          if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
+            pids = q.bind(PRODUCER_IDS_RATE, user, client_id, scope, now_ms) if plan.pids else None
+            b = _Bound(plan, client_id, at_request, later, pids)
+            st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
+        if len(st.bound) >= _MAX_BOUND_APIS:
+            st.bound.clear()
+        st.bound[key] = b
+        return b
+
     def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
-        plan = self._plan(key)
-        if plan is None:
+        now_ms = round(now * 1000)
+        client_id = header.client_id or ""
+        b = self._bind(conn, key, client_id, now_ms)
+        if b is None:
             return None
-        d = Decision(conn.identity.principal, header.client_id or "", self._scope(conn), header, len(body))
+        plan = b.plan
+        st: _ConnState = conn.policy_state
+        d = Decision(st.user, client_id, st.scope, header, len(body))
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
             conn.sum_requests = max(0, conn.sum_requests - 1)
             conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
-        now_ms = round(now * 1000)
         d.charged_ms = now_ms
-        for kind in plan.at_request:
-            self._charge(d, kind.key, amount(kind, key, request_bytes=len(body)), now_ms)
-        later = plan.at_response
-        if plan.exempt_replicas and _is_replica_fetch(body, header):
-            later = tuple(k for k in later if not k.exempt_replicas)
+        charge = self.quotas.charge
+        for kind, h in b.at_request:
+            a = len(body) if kind.measure == "request_bytes" else amount(kind, key, request_bytes=len(body))
+            d.note(kind.key, a, h.limit, charge(h, a, now_ms))
+        later = b.later
+        if plan.exempt_replicas and later and _is_replica_fetch(body, header):
+            later = b.later_replica
         d.later = later
-        if plan.pids:
-            self._charge_producer_ids(conn, d, header, body, now_ms)
+        if b.pids is not None:
+            self._charge_producer_ids(conn, d, b.pids, header, body, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
@@ -274,17 +352,10 @@ class Policy:
             return None
         return d
 
-    def _charge(self, d: Decision, key: str, amount: float, now_ms: int) -> None:
-        charge = self.quotas.charge_rate(key, d.user, d.client_id, d.scope, amount, now_ms)
-        if charge is not None:
-            d.note(key, amount, charge.limit, charge.throttle_ms)
-
-    def _charge_producer_ids(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview,
-                             now_ms: int) -> None:
+    def _charge_producer_ids(self, conn: PolicyConnection, d: Decision, h: Bound, header: RequestHeader,
+                             body: memoryview, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
-        if self.store.resolve(d.user, d.client_id, PRODUCER_IDS_RATE) is None:
-            return
         try:
             pids = producer_ids(body, header.api_version, header.body_offset)
         except RecordBatchError as exc:
@@ -292,20 +363,21 @@ class Policy:
         if not pids:
             return
         tracker, owner = self.producer_ids, (d.user, d.scope)
+        st: _ConnState = conn.policy_state
         if len(pids) == 1:  # the usual producer: one id, request after request, on one connection
             (pid,) = pids
-            seen = conn.policy_state
+            seen = st.pid_memo
             if seen is not None and seen[0] is tracker and seen[1] == owner and seen[2] == pid and now_ms < seen[3]:
                 return  # known to the user's filters until seen[3]: asking again would change nothing
             new, until = tracker.observe_until(owner, pid, now_ms)
-            conn.policy_state = (tracker, owner, pid, until)
+            st.pid_memo = (tracker, owner, pid, until)
             d.new_pids = int(new)
         else:
             d.new_pids = tracker.observe_many(owner, pids, now_ms)
         if not d.new_pids:
             return
-        self._charge(d, PRODUCER_IDS_RATE, d.new_pids, now_ms)
-        throttle = d.values[PRODUCER_IDS_RATE][2] if PRODUCER_IDS_RATE in d.values else 0
+        throttle = self.quotas.charge(h, d.new_pids, now_ms)
+        d.note(PRODUCER_IDS_RATE, d.new_pids, h.limit, throttle)
         if throttle > 0:
             # Muting one connection does not stop the KIP's misbehaving pattern (a new producer, on new
             # connections, per batch), so the user's next Produce / InitProducerId on ANY connection waits too,
@@ -421,9 +493,10 @@ class Policy:
         if d.later:
             # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
             service_ms = max(now - max(pending.sent_at, conn.last_response_at), 0.0) * 1000
-            for kind in d.later:
-                self._charge(d, kind.key, amount(kind, header.api_key, response_bytes=size, service_ms=service_ms),
-                             now_ms)
+            charge = self.quotas.charge
+            for kind, h in d.later:
+                a = amount(kind, header.api_key, response_bytes=size, service_ms=service_ms)
+                d.note(kind.key, a, h.limit, charge(h, a, now_ms))
         conn.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
         view = memoryview(frame)

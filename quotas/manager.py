@@ -127,10 +127,33 @@ class Tracker:
         self.throttle_ms_total += max(throttle_ms, 0)
 
 
+class Bound:
+    """One quota key resolved for one (user, client id, scope) to its tracker: a handle the caller may keep and
+    charge through :meth:`QuotaManager.charge` while :meth:`QuotaManager.stamp` is unchanged.
+
+    Why: resolving the entity and finding the tracker cost more than the charge itself, and they give the same
+    answer request after request on one connection. A connection keeps its handles; any change that could make
+    one wrong (quotas altered, a tracker dropped, new windows) changes the stamp, and it binds again.
+    """
+
+    __slots__ = ("bucket", "client_id", "formula", "key", "limit", "tracker", "user")
+
+    def __init__(self, key: str, r: Resolved, user: str, client_id: str, tracker: Tracker) -> None:
+        self.key = key
+        self.bucket = r.bucket
+        self.limit = r.limit
+        self.user = user
+        self.client_id = client_id
+        self.tracker = tracker
+        self.formula = BY_KEY[key].throttle
+
+
 class QuotaManager:
     def __init__(self, store: QuotaStore, windows: Windows = Windows(), idle_ms: int = 3_600_000,
                  max_trackers: int = 20_000) -> None:
         self.store = store
+        self._epoch = 0
+        """Bumped whenever a tracker is dropped or the windows change: a kept :class:`Bound` may be stale."""
         self.windows = windows
         self.idle_ms = idle_ms
         self.max_trackers = max_trackers
@@ -144,6 +167,7 @@ class QuotaManager:
         """New window settings drop all state (Kafka needs a restart for these; the proxy starts afresh)."""
         if windows != self.windows:
             self._trackers.clear()
+        self._epoch += 1  # also for a reload that keeps them: it may change how callers scope their charges
         self.windows = windows
         self.idle_ms = idle_ms
         if max_trackers is not None:
@@ -151,6 +175,12 @@ class QuotaManager:
 
     def __len__(self) -> int:
         return len(self._trackers)
+
+    def stamp(self) -> int:
+        """Changes whenever a :class:`Bound` made before may be stale: quotas altered (the store's generation)
+        or a tracker dropped or the windows changed (this manager's epoch). Both only grow, so their sum
+        changes whenever either does."""
+        return self._epoch + self.store.generation
 
     # ------------------------------------------------------------------------------------------ trackers
 
@@ -179,21 +209,38 @@ class QuotaManager:
 
     # ------------------------------------------------------------------------------------------ rates
 
+    def bind(self, key: str, user: str, client_id: str, scope: str, now_ms: int) -> Bound | None:
+        """The handle to charge rate quota ``key`` for this client through, or None when no quota applies."""
+        r = self.store.resolve(user, client_id, key)
+        if r is None:
+            return None
+        return Bound(key, r, user, client_id, self._tracker(r, scope, now_ms))
+
     def charge_rate(self, key: str, user: str, client_id: str, scope: str, amount: float,
                     now_ms: int) -> Charge | None:
         """Record ``amount`` against the rate quota ``key`` (bytes, percent-seconds, new producer ids), then
         check (Kafka records first: a violating request is already counted). None when no quota applies."""
-        r = self.store.resolve(user, client_id, key)
-        if r is None:
+        b = self.bind(key, user, client_id, scope, now_ms)
+        if b is None:
             return None
-        t = self._tracker(r, scope, now_ms)
+        observed, throttle = self._charge(b, amount, now_ms)
+        return Charge(key, b.bucket, b.limit, amount, observed, throttle)
+
+    def charge(self, b: Bound, amount: float, now_ms: int) -> int:
+        """:meth:`charge_rate` through a kept handle (valid while :meth:`stamp` is unchanged): the throttle."""
+        return self._charge(b, amount, now_ms)[1]
+
+    def _charge(self, b: Bound, amount: float, now_ms: int) -> tuple[float, int]:
+        """Record, then check: (the observed rate, in the limit's unit; the throttle in ms)."""
+        t = b.tracker
+        t.last_used_ms = now_ms
         stat: SampledRate = t.stat
         observed, window = stat.record_and_measure(amount, now_ms)
         t.recorded_total += amount
         if self.ledger is not None:
-            self.ledger.add((key, r.bucket), key, user, client_id, amount)
-        limit = r.limit
-        formula = BY_KEY[key].throttle
+            self.ledger.add((b.key, b.bucket), b.key, b.user, b.client_id, amount)
+        limit = b.limit
+        formula = b.formula
         if formula == "per_window":
             # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
             # second is that over the window size; the throttle is capped at one window, by when the oldest
@@ -209,8 +256,10 @@ class QuotaManager:
             throttle = request_throttle_ms(observed, limit, window, self.windows.rate.size_ms)
         else:
             throttle = byte_rate_throttle_ms(observed, limit, window)
-        t.note_throttle(throttle)
-        return Charge(key, r.bucket, r.limit, amount, observed, throttle)
+        t.last_throttle_ms = throttle  # Tracker.note_throttle, inlined: every charge
+        if throttle > 0:
+            t.throttle_ms_total += throttle
+        return observed, throttle
 
     # ------------------------------------------------------------------------------------------ mutations
 
@@ -263,6 +312,8 @@ class QuotaManager:
         dead = [k for k, t in self._trackers.items() if now_ms - t.last_used_ms >= self.idle_ms]
         for k in dead:
             del self._trackers[k]
+        if dead:
+            self._epoch += 1
         return len(dead)
 
     def _evict(self) -> None:
@@ -271,6 +322,7 @@ class QuotaManager:
         for k, _t in heapq.nsmallest(n, self._trackers.items(), key=lambda kv: kv[1].last_used_ms):
             del self._trackers[k]
         self.evicted += n
+        self._epoch += 1
 
     def samples(self, now_ms: int, top: int | None = None) -> Iterator[tuple[str, str, str, str, str, float]]:
         """Kafka-named metric samples: (group, name, user, client id, scope, value).

@@ -8,6 +8,7 @@ merging. The KIP-936 holds are tests/unit/test_policy_holds.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 import uuid
 
@@ -24,6 +25,7 @@ from protocol.inflight import Pending
 from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
 from proxy.verdicts import Defer, Replace
+from quotas.entities import QuotaEntity
 from quotas.kinds import CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 
 _SIZE = struct.Struct(">i")
@@ -147,7 +149,7 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
     conn = FakeConn()
     header, body = _fetch()
     d = policy.on_request(conn, header, body, clock())
-    assert d.values == {} and [k.key for k in d.later] == [CONSUMER_BYTE_RATE]
+    assert d.values == {} and [k.key for k, _handle in d.later] == [CONSUMER_BYTE_RATE]
     fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
     frame = _response_frame(header, fetch_body)
     pieces = policy.on_response(conn, Pending(header, clock(), d), frame)
@@ -279,3 +281,52 @@ def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filte
         want.append(int(reference.observe(("alice", "broker 1"), pid, round(clock() * 1000))))
     assert got == want
     assert sum(got) > 2  # the id expired and was charged again, more than once
+
+
+def _charged(policy: Policy, key: str) -> float:
+    """What every bucket of ``key`` has recorded so far (the manager's exact totals)."""
+    return sum(t.recorded_total for (k, _scope, _bucket), t in policy.quotas._trackers.items() if k == key)
+
+
+def test_a_connections_kept_quota_handles_follow_every_change():
+    """A connection charges through handles bound once (quotas.manager.Bound); each way they can go stale must
+    send the next request to the right bucket with the right limit: a quota altered, a client id changed on
+    the connection, the principal changed (SASL), the bucket's tracker dropped (idle expiry, the cap)."""
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=10**9)
+    conn = FakeConn()
+    header, body = _produce(1000)
+    d = policy.on_request(conn, header, body, clock())
+    assert d.values[PRODUCER_BYTE_RATE][1] == 10**9
+    # Altered: the new limit applies at once, and the bucket keeps its history (Kafka's sensor does).
+    policy.sources.set_file({QuotaEntity(user="alice"): {"producer_byte_rate": 500}})
+    d = policy.on_request(conn, header, body, clock())
+    assert d.values[PRODUCER_BYTE_RATE][1] == 500 and d.throttle_ms > 0
+    assert _charged(policy, PRODUCER_BYTE_RATE) == 2 * len(body)
+    # The tracker idles out and is dropped: the next charge lands in a live one, not in the dropped one.
+    clock.now += 4000
+    policy.upkeep()
+    assert len(policy.quotas) == 0
+    d = policy.on_request(conn, header, body, clock())
+    assert d.throttle_ms > 0 and len(policy.quotas) == 1 and _charged(policy, PRODUCER_BYTE_RATE) == len(body)
+    # Another principal on the same connection (SASL re-authentication): bob has no quota.
+    conn.identity.principal = "bob"
+    assert policy.on_request(conn, header, body, clock()) is None
+    conn.identity.principal = "alice"
+    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 500
+
+
+def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
+    clock = Clock()
+    policy = Policy(ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+        "quotas": {"entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 10**9}},
+                                {"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
+    }), Stats(), clock=clock)
+    conn = FakeConn()
+    header, body = _produce(1000)
+    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    d = policy.on_request(conn, dataclasses.replace(header, client_id="slow"), body, clock())
+    assert d.values[PRODUCER_BYTE_RATE][1] == 100 and d.client_id == "slow"
+    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    assert len(policy.quotas) == 2
