@@ -56,7 +56,8 @@ from quotas.kinds import (
     NEVER_CHARGED_APIS,
     PRODUCER_IDS_RATE,
     QuotaKind,
-    amount,
+    amount_from,
+    basis,
     charged_at,
 )
 from quotas.manager import Bound, QuotaManager, Windows
@@ -99,10 +100,11 @@ class _Bound:
         self.plan = plan
         self.client_id = client_id
         self.at_request = at_request
-        """(kind, handle) for every kind charged when the request arrives and applying to this client."""
+        """(kind, handle, basis) for every kind charged when the request arrives and applying to this client
+        (the basis: what the request is charged from, :func:`quotas.kinds.basis`)."""
         self.later = later
-        """(kind, handle) charged when the response arrives."""
-        self.later_replica = tuple(kb for kb in later if not kb[0].exempt_replicas)
+        """(kind, handle, basis) charged when the response arrives."""
+        self.later_replica = tuple(khb for khb in later if not khb[0].exempt_replicas)
         """``later`` for a replica fetch."""
         self.pids = pids
 
@@ -145,8 +147,8 @@ class Decision:
         """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
         self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
-        self.later: tuple[tuple[QuotaKind, Bound], ...] = ()
-        """(kind, handle) charged when the response arrives (response bytes, service time)."""
+        self.later: tuple[tuple[QuotaKind, Bound, str], ...] = ()
+        """(kind, handle, basis) charged when the response arrives (response bytes, service time)."""
         self.merge = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
@@ -307,9 +309,9 @@ class Policy:
         b = None
         if plan is not None:
             q, scope = self.quotas, st.scope
-            at_request = tuple((k, h) for k in plan.at_request
+            at_request = tuple((k, h, basis(k, key)) for k in plan.at_request
                                if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
-            later = tuple((k, h) for k in plan.at_response
+            later = tuple((k, h, basis(k, key)) for k in plan.at_response
                           if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
             pids = q.bind(PRODUCER_IDS_RATE, user, client_id, scope, now_ms) if plan.pids else None
             b = _Bound(plan, client_id, at_request, later, pids)
@@ -334,8 +336,8 @@ class Policy:
             conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
         d.charged_ms = now_ms
         charge = self.quotas.charge
-        for kind, h in b.at_request:
-            a = len(body) if kind.measure == "request_bytes" else amount(kind, key, request_bytes=len(body))
+        for kind, h, how in b.at_request:
+            a = len(body) if how == "request_bytes" else amount_from(how, request_bytes=len(body))
             d.note(kind.key, a, h.limit, charge(h, a, now_ms))
         later = b.later
         if plan.exempt_replicas and later and _is_replica_fetch(body, header):
@@ -486,19 +488,30 @@ class Policy:
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
         d: Decision = pending.decision
-        header = pending.header
         now = self._clock()
         now_ms = round(now * 1000)
         size = (total if total is not None else len(frame)) - 4
         if d.later:
             # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
-            service_ms = max(now - max(pending.sent_at, conn.last_response_at), 0.0) * 1000
+            started = pending.sent_at if pending.sent_at > conn.last_response_at else conn.last_response_at
             charge = self.quotas.charge
-            for kind, h in d.later:
-                a = amount(kind, header.api_key, response_bytes=size, service_ms=service_ms)
+            for kind, h, how in d.later:
+                if how == "response_bytes":
+                    a: float = size
+                elif how == "nothing":
+                    a = 0.0
+                else:
+                    a = amount_from(how, response_bytes=size, service_ms=max(now - started, 0.0) * 1000)
                 d.note(kind.key, a, h.limit, charge(h, a, now_ms))
         conn.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
+        throttle = d.throttle_ms
+        if d.merge is None and (throttle <= 0 or not self.enforce):  # the usual answer: nothing to rewrite
+            if d.holds:
+                conn.mute.served(throttle / 1000 if self.enforce else 0)
+            self._record(conn, d, size, upstream_ms, now_ms)
+            return None
+        header = pending.header
         view = memoryview(frame)
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
         pieces = None
@@ -506,7 +519,6 @@ class Policy:
             merged = bytes(view[4:body_start]) + d.merge(view[body_start:])
             view = memoryview(_SIZE.pack(len(merged)) + merged)
             pieces = [view]
-        throttle = d.throttle_ms
         if throttle > 0 and self.enforce:
             offset = throttle_field.throttle_offset(header.api_key, header.api_version, view[body_start:])
             if offset is not None:

@@ -140,16 +140,35 @@ def charged_at(key: int, at: str, active: frozenset[str]) -> tuple[QuotaKind, ..
     return tuple(replace(k, exempt_replicas=False) if k.exempt_replicas else k for k in kinds)
 
 
+Basis = Literal["request_bytes", "response_bytes", "service_time", "requests", "nothing"]
+
+
+def basis(kind: QuotaKind, api_key: int) -> Basis:
+    """What a request of API ``api_key`` is charged to generic ``kind`` from: the kind's measure, except that a
+    wait the client asked for is no load (``service_time`` of a :data:`WAITING_APIS` request is ``nothing``).
+    Fixed per (kind, API), so the policy works it out once and :func:`amount` applies it per request."""
+    measure = kind.measure
+    if measure is None:
+        raise ValueError(f"{kind.key} is not a generic kind: it has a manager of its own")
+    if measure == "service_time" and api_key in WAITING_APIS:
+        return "nothing"
+    return measure
+
+
 def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes: int = 0,
            service_ms: float = 0.0) -> float:
     """What one request of API ``api_key`` charges a generic ``kind``: the same figure live and in replay."""
-    measure = kind.measure
-    if measure == "request_bytes":
+    return amount_from(basis(kind, api_key), request_bytes, response_bytes, service_ms)
+
+
+def amount_from(b: Basis, request_bytes: int = 0, response_bytes: int = 0, service_ms: float = 0.0) -> float:
+    """:func:`amount` for a :func:`basis` already worked out."""
+    if b == "request_bytes":
         return request_bytes
-    if measure == "response_bytes":
+    if b == "response_bytes":
         return response_bytes
-    if measure == "requests":
+    if b == "requests":
         return 1
-    # service_time: waits the client asked for are not load; Kafka records request time as a percentage of one
-    # thread.
-    return 0.0 if api_key in WAITING_APIS else request_time_to_percent(service_ms)
+    if b == "nothing":
+        return 0.0
+    return request_time_to_percent(service_ms)  # Kafka records request time as a percentage of one thread

@@ -149,7 +149,7 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
     conn = FakeConn()
     header, body = _fetch()
     d = policy.on_request(conn, header, body, clock())
-    assert d.values == {} and [k.key for k, _handle in d.later] == [CONSUMER_BYTE_RATE]
+    assert d.values == {} and [k.key for k, _handle, _basis in d.later] == [CONSUMER_BYTE_RATE]
     fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
     frame = _response_frame(header, fetch_body)
     pieces = policy.on_response(conn, Pending(header, clock(), d), frame)
