@@ -35,8 +35,8 @@ from functools import cache
 
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
-from protocol.skim import FIXED, TAGS, merge_ops, present, skip, struct_ops
-from protocol.varint import TruncatedError, read_length
+from protocol.skim import FIXED, STR, TAGS, merge_ops, present, skip, struct_ops
+from protocol.varint import TruncatedError, read_length, read_uvarint
 
 NO_PRODUCER_ID = -1
 
@@ -48,6 +48,7 @@ _LEN_MAGIC = struct.Struct(">8xi4xb")  # batchLength at 8, magic at 16
 _LOG_OVERHEAD = 12  # baseOffset + batchLength: what batchLength does not count
 _MAGIC_END = 17  # bytes needed to read the magic
 _PID_OFFSET = 43
+_V2_HEADER = 61  # a magic-2 batch header, log overhead included
 # Smallest batchLength per magic: v0 message = crc4 magic1 attributes1 key4 value4, v1 adds timestamp8,
 # v2 batch header is 61 bytes of which 12 are the log overhead.
 _MIN_LENGTH = (14, 22, 49)
@@ -94,6 +95,11 @@ class _Plan:
     part_post: tuple
     topic_post: tuple
     top_post: tuple
+    top_pre_after_str: int | None
+    """When the fields before ``topics`` are one string then fixed-size ones (transactional_id, acks,
+    timeout_ms: every version but v0-2): the byte count after the string, so the walk needs no ``skip`` call."""
+    topic_pre_str: bool
+    """The fields before ``partitions`` are one string (the topic name, v0-12)."""
 
 
 @cache
@@ -109,8 +115,26 @@ def _plan(version: int) -> _Plan:
     topic_pre, partitions, topic_post = _split(topics.fields.values(), version, flexible, _has_records)
     part_pre, _records, part_post = _split(partitions.fields.values(), version, flexible,
                                            lambda f: f.type_str == "records")
+    top_pre_after_str = None
+    if len(top_pre) == 2 and top_pre[0] == (STR, flexible) and top_pre[1][0] == FIXED:
+        top_pre_after_str = top_pre[1][1]
     return _Plan(flexible, top_pre, topic_pre, _fixed_total(topic_pre), part_pre, _fixed_total(part_pre),
-                 part_post, topic_post, top_post)
+                 part_post, topic_post, top_post, top_pre_after_str, topic_pre == ((STR, flexible),))
+
+
+def _str_end(buf: memoryview, pos: int, flexible: bool) -> int:
+    """Where the (nullable) string at ``pos`` ends: ``skim.skip`` of one string op, for the walk's inlined cases."""
+    if flexible:
+        n = buf[pos]
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = read_uvarint(buf, pos)
+        n -= 1
+    else:
+        (n,) = _I16.unpack_from(buf, pos)
+        pos += 2
+    return pos + n if n > 0 else pos
 
 
 # --- walking ----------------------------------------------------------------------------------------------
@@ -126,12 +150,21 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
     part_post_tags = part_post == ((TAGS,),)
     topic = part = -1
     try:
-        pos = skip(plan.top_pre, buf, offset, end)
+        if plan.top_pre_after_str is not None:
+            pos = _str_end(buf, offset, flexible) + plan.top_pre_after_str
+        else:
+            pos = skip(plan.top_pre, buf, offset, end)
         ntopics, pos = read_length(buf, pos, flexible)
+        topic_pre_str = plan.topic_pre_str
         for topic in range(ntopics):  # noqa: B007 - read by _where() in the error message
             part = -1
-            pos = pos + plan.topic_pre_fixed if plan.topic_pre_fixed is not None else skip(
-                plan.topic_pre, buf, pos, end)
+            if topic_pre_str:
+                pos = _str_end(buf, pos, flexible)
+                if pos > end:
+                    raise RecordBatchError(f"the topic name runs past the end of the body ({end} bytes)")
+            else:
+                pos = pos + plan.topic_pre_fixed if plan.topic_pre_fixed is not None else skip(
+                    plan.topic_pre, buf, pos, end)
             nparts, pos = read_length(buf, pos, flexible)
             for part in range(nparts):  # noqa: B007 - read by _where() in the error message
                 pos = pos + plan.part_pre_fixed if plan.part_pre_fixed is not None else skip(
@@ -169,9 +202,15 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                 elif part_post:
                     pos = skip(part_post, buf, pos, end)
             if plan.topic_post:
-                pos = skip(plan.topic_post, buf, pos, end)
+                if flexible and buf[pos] == 0 and plan.topic_post == ((TAGS,),):
+                    pos += 1  # no tagged fields: the usual case
+                else:
+                    pos = skip(plan.topic_post, buf, pos, end)
         if plan.top_post:
-            pos = skip(plan.top_post, buf, pos, end)
+            if flexible and buf[pos] == 0 and plan.top_post == ((TAGS,),):
+                pos += 1
+            else:
+                pos = skip(plan.top_post, buf, pos, end)
         if pos > end:
             raise RecordBatchError(f"the body ends at byte {end}, before its last field (byte {pos})")
     except RecordBatchError as exc:
@@ -248,6 +287,13 @@ def producer_ids(body: bytes | bytearray | memoryview, version: int, offset: int
     buf = memoryview(body)
     out: set[int] = set()
     for start, stop in _record_spans(buf, version, offset):
+        if stop - start >= _V2_HEADER:  # the usual field, one magic-2 batch that fills it: read it here
+            length, magic = _LEN_MAGIC.unpack_from(buf, start)
+            if magic == 2 and start + _LOG_OVERHEAD + length == stop:  # then length >= the v2 minimum too
+                (pid,) = _I64.unpack_from(buf, start + _PID_OFFSET)
+                if pid != NO_PRODUCER_ID:
+                    out.add(pid)
+                continue
         try:
             _scan_batches(buf, start, stop, out, None)
         except RecordBatchError as exc:
