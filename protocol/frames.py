@@ -196,6 +196,7 @@ class FrameReader:
         """The frames handed out so far have been passed on: give their reservations back."""
         if self._done_reserved:
             n, self._done_reserved = self._done_reserved, 0
+            assert self._pool is not None  # only a pooled reader reserves
             self._pool.release(n)
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from protocol.varint import read_length
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
-_LONG_WAITS_MS = {
+_LONG_WAITS_MS: dict[int, int] = {
     Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
     Api.CREATE_TOPICS: 120_000, Api.DELETE_TOPICS: 120_000, Api.DELETE_RECORDS: 120_000,
     Api.CREATE_PARTITIONS: 120_000, Api.ELECT_LEADERS: 120_000, Api.ALTER_PARTITION_REASSIGNMENTS: 120_000,
@@ -82,7 +82,7 @@ class InFlight:
         return len(self._queue)
 
 
-def _skip_leading_string(frame: bytes | memoryview, pos: int, flexible: bool) -> int:
+def _skip_leading_string(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> int:
     n, pos = read_length(frame, pos, flexible, 2)
     return pos + max(n, 0)
 

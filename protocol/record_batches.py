@@ -32,6 +32,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
@@ -61,7 +62,7 @@ class RecordBatchError(ProtocolError):
 # --- plan compilation (once per version) -------------------------------------------------------------------
 
 
-def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, object, tuple]:
+def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, Any, tuple]:
     """Ops before the one present field satisfying ``is_target``, that field, ops after it (incl. tags)."""
     on_wire = [f for f in fields if present(f, version)]
     hits = [i for i, f in enumerate(on_wire) if is_target(f)]
@@ -215,8 +216,8 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
             raise RecordBatchError(f"the body ends at byte {end}, before its last field (byte {pos})")
     except RecordBatchError as exc:
         raise RecordBatchError(f"Produce v{version} {_where(topic, part)}: {exc}") from None
-    except (struct.error, IndexError, TruncatedError) as exc:
-        raise RecordBatchError(f"Produce v{version} {_where(topic, part)}: truncated ({exc})") from None
+    except (struct.error, IndexError, TruncatedError) as err:  # not `exc`: mypyc types a name by its first except
+        raise RecordBatchError(f"Produce v{version} {_where(topic, part)}: truncated ({err})") from None
     return spans
 
 

@@ -62,7 +62,7 @@ class Request:
     header: RequestHeader
     frame: Any
     """The whole frame, size prefix included (a view into the receive buffer: copy it to keep it)."""
-    body: memoryview
+    body: Any  # a memoryview (Any: mypyc cannot put builtins.memoryview in a dataclass's __annotations__)
     """The frame after its size prefix: request header, then body (``header.body_offset``)."""
     answered: bool
     """False for Produce acks=0: no response will come."""
@@ -199,6 +199,7 @@ class Session:
     def streamed(self) -> Pending:
         """The head of a streamed response arrived (``may_stream`` said yes): its request, removed."""
         pending = self.inflight.head()
+        assert pending is not None  # may_stream said yes: a request is waiting
         self.inflight.pop(pending.header.correlation_id)
         self.identity.on_other_response()
         return pending

@@ -11,7 +11,7 @@ class TruncatedError(ProtocolError):
     """A field runs past the end of its frame."""
 
 
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     value = 0
     shift = 0
     n = len(buf)
@@ -28,7 +28,7 @@ def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
-def read_tagged_fields(buf: bytes | memoryview, pos: int) -> tuple[list[tuple[int, int, int]], int]:
+def read_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> tuple[list[tuple[int, int, int]], int]:
     """The tagged-field section at ``pos``: ``(tag, value start, value end)`` per field, and the position after
     the section. The varints are bounds-checked, the values are not (callers check the end against their own)."""
     count, pos = read_uvarint(buf, pos)
@@ -41,7 +41,7 @@ def read_tagged_fields(buf: bytes | memoryview, pos: int) -> tuple[list[tuple[in
     return fields, pos
 
 
-def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
     if pos < len(buf) and buf[pos] == 0:  # no tagged fields: nearly every header and struct
         return pos + 1
     _fields, pos = read_tagged_fields(buf, pos)
@@ -54,7 +54,7 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
-def read_length(buf: bytes | memoryview, pos: int, compact: bool, width: int = 4) -> tuple[int, int]:
+def read_length(buf: bytes | bytearray | memoryview, pos: int, compact: bool, width: int = 4) -> tuple[int, int]:
     """A length prefix (string, bytes or array count; -1 is null): compact (flexible versions) a uvarint of
     length + 1, else a big-endian int16 (``width`` 2: strings) or int32. Returns (length, position after)."""
     if compact:

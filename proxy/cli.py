@@ -12,7 +12,7 @@ import sys
 
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
-from proxy import quota_cli, workers
+from proxy import build_info, quota_cli, workers
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +93,12 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
     from proxy.server import Proxy
 
     worker = workers.worker_index()
+    if not worker:  # one line per host, not per worker
+        log.info("%s", build_info.describe())
+        stale = build_info.stale_modules()
+        if stale:
+            log.warning("compiled modules older than their source, running the old code: %s (run scripts/setup)",
+                        ", ".join(stale))
     proxy = Proxy(config, worker=worker)
     await proxy.start()
     stop = asyncio.Event()

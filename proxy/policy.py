@@ -55,6 +55,7 @@ from quotas.kinds import (
     MUTATION_APIS,
     NEVER_CHARGED_APIS,
     PRODUCER_IDS_RATE,
+    Basis,
     QuotaKind,
     amount_from,
     basis,
@@ -147,9 +148,9 @@ class Decision:
         """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
         self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
-        self.later: tuple[tuple[QuotaKind, Bound, str], ...] = ()
+        self.later: tuple[tuple[QuotaKind, Bound, Basis], ...] = ()
         """(kind, handle, basis) charged when the response arrives (response bytes, service time)."""
-        self.merge = None
+        self.merge: Callable[[memoryview], bytes] | None = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
         self.holds = False
@@ -178,7 +179,7 @@ class Policy:
         self._keys_generation = -1
         self._plans: dict[int, _Plan | None] = {}
         self._plans_generation = -1
-        self.producer_ids: ProducerIdTracker | None = None
+        self.producer_ids: ProducerIdTracker  # set by reload()
         self.decision_log = _open_decision_log(config)
         self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
         self._pid_holds = KeyedHolds()
@@ -359,6 +360,7 @@ class Policy:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
         try:
+            assert header.body_offset is not None  # a Produce header always has its body located
             pids = producer_ids(body, header.api_version, header.body_offset)
         except RecordBatchError as exc:
             raise ProtocolViolation(f"malformed Produce v{header.api_version} record batch: {exc}") from None
@@ -497,7 +499,7 @@ class Policy:
             charge = self.quotas.charge
             for kind, h, how in d.later:
                 if how == "response_bytes":
-                    a: float = size
+                    a: int | float = size
                 elif how == "nothing":
                     a = 0.0
                 else:
@@ -514,7 +516,7 @@ class Policy:
         header = pending.header
         view = memoryview(frame)
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
-        pieces = None
+        pieces: list[memoryview | bytes] | None = None
         if d.merge is not None:  # only set when enforcing: the broker saw a smaller request
             merged = bytes(view[4:body_start]) + d.merge(view[body_start:])
             view = memoryview(_SIZE.pack(len(merged)) + merged)

@@ -41,9 +41,11 @@ def bucket_scope(key: str, scope: str) -> str:
     return "" if key in CLUSTER_WIDE_KEYS else scope
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One window family: how many samples, each how long (Kafka's ``*.window.num`` / ``*.window.size``)."""
+class Window(NamedTuple):
+    """One window family: how many samples, each how long (Kafka's ``*.window.num`` / ``*.window.size``).
+
+    Tuples, not frozen dataclasses: the Spark job pickles them to its executors, and a frozen dataclass compiled
+    by mypyc cannot be unpickled."""
 
     samples: int
     size_ms: int
@@ -53,8 +55,7 @@ _SETTING_PREFIX = {"rate": "", "controller": "controller_", "pids": "producer_id
 """Window family (``QuotaKind.window``) -> prefix of its ``window_num`` / ``window_size_seconds`` settings."""
 
 
-@dataclass(frozen=True, slots=True)
-class Windows:
+class Windows(NamedTuple):
     """The window of each family a quota kind samples with (``QuotaKind.window`` names the field)."""
 
     rate: Window = Window(11, 1000)
@@ -73,6 +74,9 @@ class Windows:
                                       round(float(settings.get(prefix + "window_size_seconds", d.size_ms / 1000))
                                             * 1000))
         return cls(**families)
+
+
+DEFAULT_WINDOWS = Windows()
 
 
 class Charge(NamedTuple):
@@ -149,7 +153,7 @@ class Bound:
 
 
 class QuotaManager:
-    def __init__(self, store: QuotaStore, windows: Windows = Windows(), idle_ms: int = 3_600_000,
+    def __init__(self, store: QuotaStore, windows: Windows = DEFAULT_WINDOWS, idle_ms: int = 3_600_000,
                  max_trackers: int = 20_000) -> None:
         self.store = store
         self._epoch = 0
@@ -191,6 +195,7 @@ class QuotaManager:
         w = self.windows
         if t is None:
             mutations = None
+            stat: TokenBucket | SampledRate
             window: Window = getattr(w, BY_KEY[r.key].window)
             if BY_KEY[r.key].throttle == "bucket":
                 stat = TokenBucket(r.limit, window.samples, window.size_ms / 1000, now_ms)
@@ -282,6 +287,7 @@ class QuotaManager:
         admission = admit(tracker.stat, counts, now_ms, strict=strict)
         tracker.note_throttle(admission.throttle_ms)
         admitted = sum(c for c, ok in zip(counts, admission.admitted, strict=True) if ok)
+        assert tracker.mutations is not None  # a bucket tracker has its mutation rate
         tracker.mutations.record(admitted, now_ms)
         tracker.recorded_total += admitted
         if self.ledger is not None and admitted:
@@ -363,6 +369,7 @@ class QuotaManager:
             if kind.throttle == "bucket":
                 bucket_stat: TokenBucket = t.stat
                 yield group, "tokens", bucket.user, bucket.client_id, scope, bucket_stat.tokens(now_ms)
+                assert t.mutations is not None
                 yield group, "mutation-rate", bucket.user, bucket.client_id, scope, t.mutations.measure(now_ms)
             else:
                 name = kind.metric

@@ -50,6 +50,8 @@ from __future__ import annotations
 import math
 from array import array
 
+from mypy_extensions import mypyc_attr
+
 from quotas.throttle import java_round
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
 ]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests subclass it (a reference without the purge shortcut)
 class SampledRate:
     """Kafka's ``Rate`` over a ``SampledTotal``: units per second over ``samples`` windows of ``window_ms``.
 
@@ -177,7 +180,7 @@ class SampledRate:
         """:meth:`window_ms` once purged, with at least one sample."""
         elapsed = now_ms - self._oldest
         if elapsed < 0:  # a clock that went backwards: treat as no time elapsed
-            elapsed = 0
+            elapsed = 0.0
         w = self._window_ms
         full = int(elapsed // w)
         wanted = self._samples - 1
