@@ -495,14 +495,11 @@ class QuotaStore:
         self._entities: dict[_EntityKey, QuotaEntity] = {}
         self._cache: dict[tuple[str, str, str], Resolved | None] = {}
         self._cache_max = cache_max_entries
-        self._generation = 0
+        self.generation = 0
+        """Bumped on every effective change; a changed generation means cached resolutions are stale. A plain
+        attribute, not a property: the policy reads it on every request (through QuotaManager.stamp)."""
 
     # ----------------------------------------------------------------------------------------- state
-
-    @property
-    def generation(self) -> int:
-        """Bumped on every effective change; a changed generation means cached resolutions are stale."""
-        return self._generation
 
     def __len__(self) -> int:
         return len(self._quotas)
@@ -519,7 +516,7 @@ class QuotaStore:
         return {self._entities[k]: dict(v) for k, v in self._quotas.items()}
 
     def _changed(self) -> None:
-        self._generation += 1
+        self.generation += 1
         self._cache.clear()
 
     # ----------------------------------------------------------------------------------------- mutation
