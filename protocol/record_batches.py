@@ -279,6 +279,95 @@ def batch_producer_ids(records: bytes | bytearray | memoryview) -> list[int]:
     return ids
 
 
+class Shape:
+    """The skeleton of a Produce request with one non-null records field: its bytes before that field's length
+    and after the field, and where the body starts. Kept per connection (a producer sends the same skeleton request
+    after request), it lets :func:`single_producer_id` read the id without walking the request again.
+
+    Why it is exact: a Produce request is parsed front to back, so equal bytes before the records length parse to
+    the same fields and end at the same place; the length then fixes the records field, and equal bytes after it
+    parse to the same fields and end with the body. Any byte that differs falls back to the full walk."""
+
+    __slots__ = ("flexible", "offset", "prefix", "tail", "version")
+
+    def __init__(self, version: int, offset: int, prefix: bytes, tail: bytes, flexible: bool) -> None:
+        self.version = version
+        self.offset = offset
+        self.prefix = prefix
+        self.tail = tail
+        self.flexible = flexible
+
+
+MAX_SHAPE_BYTES = 1024
+"""Skeletons longer than this are not kept (a long transactional id, many null partitions): the memo stays small."""
+
+
+def single_producer_id(body: memoryview, version: int, offset: int, shape: Shape) -> int | None:
+    """The producer id of a request shaped like ``shape`` whose records field is one magic-2 batch (−1 for a
+    producer without one); None when the request is not like that (then :func:`producer_ids_and_shape`)."""
+    if version != shape.version or offset != shape.offset:
+        return None
+    prefix = shape.prefix
+    pos = offset + len(prefix)
+    end = len(body)
+    if pos + 4 > end or body[offset:pos] != prefix:
+        return None
+    if shape.flexible:
+        n = 0
+        shift = 0
+        while True:
+            if pos >= end or shift > 28:
+                return None
+            b = body[pos]
+            pos += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        n -= 1
+    else:
+        (n,) = _I32.unpack_from(body, pos)
+        pos += 4
+    stop = pos + n
+    if n < _V2_HEADER or stop + len(shape.tail) != end or body[stop:] != shape.tail:
+        return None
+    length, magic = _LEN_MAGIC.unpack_from(body, pos)
+    if magic != 2 or pos + _LOG_OVERHEAD + length != stop:
+        return None
+    return _I64.unpack_from(body, pos + _PID_OFFSET)[0]
+
+
+def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
+                           offset: int = 0) -> tuple[set[int], Shape | None]:
+    """:func:`producer_ids`, and the request's :class:`Shape` when it has one non-null records field (None
+    otherwise, or when its skeleton exceeds :data:`MAX_SHAPE_BYTES`)."""
+    buf = memoryview(body)
+    spans = _record_spans(buf, version, offset)
+    ids = _ids_in(buf, spans, version, offset)
+    shape = None
+    if len(spans) == 1:
+        start, stop = spans[0]
+        flexible = _plan(version).flexible
+        width = 4
+        canonical = True
+        if flexible:  # where the length starts: only a canonical varint says (a padded one ends in a 0 byte)
+            encoded = _uvarint_bytes(stop - start + 1)
+            width = len(encoded)
+            canonical = buf[start - width:start] == encoded
+        if canonical and start - width - offset + len(buf) - stop <= MAX_SHAPE_BYTES:
+            shape = Shape(version, offset, bytes(buf[offset:start - width]), bytes(buf[stop:]), flexible)
+    return ids, shape
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def producer_ids(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> set[int]:
     """The distinct producer ids (−1 and legacy message sets left out) in a Produce ``body`` at ``version``.
 
@@ -286,8 +375,12 @@ def producer_ids(body: bytes | bytearray | memoryview, version: int, offset: int
     its batches is truncated or malformed; never reads or copies record payloads.
     """
     buf = memoryview(body)
+    return _ids_in(buf, _record_spans(buf, version, offset), version, offset)
+
+
+def _ids_in(buf: memoryview, spans: list[tuple[int, int]], version: int, offset: int) -> set[int]:
     out: set[int] = set()
-    for start, stop in _record_spans(buf, version, offset):
+    for start, stop in spans:
         if stop - start >= _V2_HEADER:  # the usual field, one magic-2 batch that fills it: read it here
             length, magic = _LEN_MAGIC.unpack_from(buf, start)
             if magic == 2 and start + _LOG_OVERHEAD + length == stop:  # then length >= the v2 minimum too

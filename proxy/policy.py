@@ -41,7 +41,13 @@ from protocol import mutations, throttle_field
 from protocol.apis import Api, decode_body, response_header_is_flexible
 from protocol.errors import ProtocolViolation
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
-from protocol.record_batches import RecordBatchError, producer_ids
+from protocol.record_batches import (
+    NO_PRODUCER_ID,
+    RecordBatchError,
+    Shape,
+    producer_ids_and_shape,
+    single_producer_id,
+)
 from protocol.text import printable
 from proxy import client_quota_api
 from proxy.metrics import Stats
@@ -113,7 +119,7 @@ class _Bound:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("bound", "pid_memo", "scope", "stamp", "user")
+    __slots__ = ("bound", "pid_memo", "produce_shape", "scope", "stamp", "user")
 
     def __init__(self) -> None:
         self.stamp = -1
@@ -124,6 +130,8 @@ class _ConnState:
         client id is the request's."""
         self.pid_memo: tuple | None = None
         """(tracker, owner, producer id, until): the last producer id seen and until when the filters know it."""
+        self.produce_shape: Shape | None = None
+        """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
 
 
 _MAX_BOUND_APIS = 64
@@ -359,17 +367,25 @@ class Policy:
                              body: memoryview, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
-        try:
-            assert header.body_offset is not None  # a Produce header always has its body located
-            pids = producer_ids(body, header.api_version, header.body_offset)
-        except RecordBatchError as exc:
-            raise ProtocolViolation(f"malformed Produce v{header.api_version} record batch: {exc}") from None
-        if not pids:
+        assert header.body_offset is not None  # a Produce header always has its body located
+        st: _ConnState = conn.policy_state
+        version, offset = header.api_version, header.body_offset
+        pid = None
+        if st.produce_shape is not None:  # the request skeleton the last one had: one read, no walk
+            pid = single_producer_id(body, version, offset, st.produce_shape)
+        if pid is None:
+            try:
+                pids, st.produce_shape = producer_ids_and_shape(body, version, offset)
+            except RecordBatchError as exc:
+                raise ProtocolViolation(f"malformed Produce v{version} record batch: {exc}") from None
+            if len(pids) == 1:
+                (pid,) = pids
+            elif not pids:
+                return
+        elif pid == NO_PRODUCER_ID:
             return
         tracker, owner = self.producer_ids, (d.user, d.scope)
-        st: _ConnState = conn.policy_state
-        if len(pids) == 1:  # the usual producer: one id, request after request, on one connection
-            (pid,) = pids
+        if pid is not None:  # the usual producer: one id, request after request, on one connection
             seen = st.pid_memo
             if seen is not None and seen[0] is tracker and seen[1] == owner and seen[2] == pid and now_ms < seen[3]:
                 return  # known to the user's filters until seen[3]: asking again would change nothing

@@ -14,6 +14,8 @@ from protocol.record_batches import (
     batch_producer_ids,
     iter_partition_records,
     producer_ids,
+    producer_ids_and_shape,
+    single_producer_id,
 )
 
 TD = ProduceRequest.TopicProduceData
@@ -37,7 +39,7 @@ def _records(pid: int = -1, magic: int = 2, count: int = 3, value_size: int = 50
 def _produce(version: int, topics: list[list[bytes | None]], txn: str | None = None) -> ProduceRequest:
     return ProduceRequest(
         transactional_id=txn, acks=-1, timeout_ms=30_000,
-        topic_data=[TD(name=f"topic-{t}", topic_id=uuid.uuid4(),
+        topic_data=[TD(name=f"topic-{t}", topic_id=uuid.UUID(int=t + 1),
                        partition_data=[PD(index=p, records=r) for p, r in enumerate(parts)])
                     for t, parts in enumerate(topics)],
         version=version)
@@ -189,3 +191,86 @@ def test_corrupted_bytes_only_raise_record_batch_error(version, topics, data):
     except RecordBatchError:
         return
     assert all(isinstance(p, int) and p != -1 for p in got)
+
+
+# ----------------------------------------------------------------------------- the per-connection skeleton memo
+
+
+def _one_field(topics) -> bytes | None:
+    """The only non-null records field of a request, or None when there are none or several."""
+    fields = [r for parts in topics for r in parts if r is not None]
+    return fields[0] if len(fields) == 1 else None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from(VERSIONS), first=_topics, second=_topics, data=st.data())
+def test_the_skeleton_memo_reads_what_the_full_walk_reads_or_declines(version, first, second, data):
+    """A shape taken from one request may be used on any other: it answers the id the full walk finds, or None.
+    The second request is often the first with other batches in the same places (a producer's next request),
+    sometimes corrupted in a byte (a hostile client)."""
+    body1 = bytes(_produce(version, first, txn="t").encode())
+    ids1, shape = producer_ids_and_shape(body1, version)
+    assert ids1 == _oracle(first)
+    assert (shape is not None) == (_one_field(first) is not None)
+    if shape is None:
+        return
+    if data.draw(st.booleans()):  # the same skeleton, new batches in the fields that had one
+        pid = data.draw(st.integers(0, 2**63 - 1))
+        second = [[None if r is None else _records(pid, count=data.draw(st.integers(1, 4))) for r in parts]
+                  for parts in first]
+    body2 = bytearray(_produce(version, second, txn="t").encode())
+    if data.draw(st.booleans()) and body2:
+        i = data.draw(st.integers(0, len(body2) - 1))
+        body2[i] = data.draw(st.integers(0, 255))
+    got = single_producer_id(memoryview(body2), version, 0, shape)
+    if got is None:
+        return
+    # It answered: the full walk must agree, and the request must be one batch in one field.
+    full = producer_ids(body2, version)
+    assert full == ({got} if got != -1 else set())
+
+
+def test_the_memo_answers_a_producers_next_request_without_a_walk():
+    for version in VERSIONS:
+        if version < 3:
+            continue
+        body1 = bytes(_produce(version, [[None, _records(7)]], txn="tx").encode())
+        _ids, shape = producer_ids_and_shape(body1, version)
+        assert shape is not None
+        body2 = bytes(_produce(version, [[None, _records(7, count=9, value_size=300)]], txn="tx").encode())
+        assert single_producer_id(memoryview(body2), version, 0, shape) == 7
+        body3 = bytes(_produce(version, [[None, _records(8)]], txn="ty").encode())  # another transactional id
+        assert single_producer_id(memoryview(body3), version, 0, shape) is None
+        assert single_producer_id(memoryview(body2), version, 1, shape) is None  # another header length
+
+
+def test_a_padded_records_length_is_never_memoised():
+    """A flexible request may encode the records length as a padded varint (0x85 0x80 0x00 for 5); the memo
+    would then mistake where the length starts, so no shape is taken from such a request."""
+    version = FLEXIBLE[-2] if len(FLEXIBLE) > 1 else FLEXIBLE[-1]
+    records = _records(9)
+    body = bytearray(_produce(version, [[records]]).encode())
+    n = len(records) + 1
+    canonical = bytearray()
+    v = n
+    while v >= 0x80:
+        canonical.append((v & 0x7F) | 0x80)
+        v >>= 7
+    canonical.append(v)
+    at = body.index(bytes(canonical) + records)
+    padded = bytes(canonical[:-1]) + bytes([canonical[-1] | 0x80, 0x00])
+    body[at:at + len(canonical)] = padded
+    ids, shape = producer_ids_and_shape(bytes(body), version)
+    assert ids == {9} and shape is None
+
+
+def test_the_memo_declines_a_request_that_differs_only_after_the_records():
+    """Same bytes up to the one records field, then a second topic with a batch where the first request had
+    none: only the tail tells them apart, and the full walk finds both ids."""
+    for version in VERSIONS:
+        body1 = bytes(_produce(version, [[_records(5)], [None]]).encode())
+        _ids, shape = producer_ids_and_shape(body1, version)
+        assert shape is not None
+        body2 = bytes(_produce(version, [[_records(5)], [_records(6)]]).encode())
+        assert single_producer_id(memoryview(body2), version, 0, shape) is None
+        assert producer_ids(body2, version) == {5, 6}
