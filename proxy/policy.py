@@ -101,11 +101,10 @@ class _Bound:
     """One API's :class:`_Plan` bound to one connection's user, client id and scope: the quota handles its
     requests are charged through (see :class:`quotas.manager.Bound`), kept until the manager's stamp moves."""
 
-    __slots__ = ("at_request", "client_id", "later", "later_replica", "pids", "plan")
+    __slots__ = ("at_request", "later", "later_replica", "pids", "plan")
 
-    def __init__(self, plan: _Plan, client_id: str, at_request: tuple, later: tuple, pids: Bound | None) -> None:
+    def __init__(self, plan: _Plan, at_request: tuple, later: tuple, pids: Bound | None) -> None:
         self.plan = plan
-        self.client_id = client_id
         self.at_request = at_request
         """(kind, handle, basis) for every kind charged when the request arrives and applying to this client
         (the basis: what the request is charged from, :func:`quotas.kinds.basis`)."""
@@ -125,9 +124,9 @@ class _ConnState:
         self.stamp = -1
         self.user = ""
         self.scope = ""
-        self.bound: dict[int, _Bound | None] = {}
-        """API key -> its bound plan; valid while ``stamp`` and ``user`` are the policy's and the plan's
-        client id is the request's."""
+        self.bound: dict[int, tuple[str, _Bound | None]] = {}
+        """API key -> (client id, its bound plan or None: no quota applies to that client); valid while
+        ``stamp`` and ``user`` are the policy's and the client id is the request's."""
         self.pid_memo: tuple | None = None
         """(tracker, owner, producer id, until): the last producer id seen and until when the filters know it."""
         self.produce_shape: Shape | None = None
@@ -295,7 +294,7 @@ class Policy:
         plans[key] = plan
         return plan
 
-    def _bind(self, conn: PolicyConnection, key: int, client_id: str, now_ms: int) -> _Bound | None:
+    def _bind(self, conn: PolicyConnection, plan: _Plan, key: int, client_id: str, now_ms: int) -> _Bound | None:
         """The connection's bound plan for API ``key`` (None: nothing charges it), binding it when the quotas,
         the principal or the client id changed since it was kept."""
         st: _ConnState | None = conn.policy_state
@@ -307,37 +306,34 @@ class Policy:
             st.bound.clear()
             st.stamp, st.user, st.scope = stamp, user, self._scope(conn)
         else:
-            try:
-                b = st.bound[key]
-            except KeyError:
-                pass
-            else:
-                if b is None or b.client_id == client_id:
-                    return b
-        plan = self._plan(key)
-        b = None
-        if plan is not None:
-            q, scope = self.quotas, st.scope
-            at_request = tuple((k, h, basis(k, key)) for k in plan.at_request
-                               if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
-            later = tuple((k, h, basis(k, key)) for k in plan.at_response
-                          if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
-            pids = q.bind(PRODUCER_IDS_RATE, user, client_id, scope, now_ms) if plan.pids else None
-            b = _Bound(plan, client_id, at_request, later, pids)
-            st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
+            kept = st.bound.get(key)
+            if kept is not None and kept[0] == client_id:
+                return kept[1]
+        q, scope = self.quotas, st.scope
+        at_request = tuple((k, h, basis(k, key)) for k in plan.at_request
+                           if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
+        later = tuple((k, h, basis(k, key)) for k in plan.at_response
+                      if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
+        pids = q.bind(PRODUCER_IDS_RATE, user, client_id, scope, now_ms) if plan.pids else None
+        b: _Bound | None = None
+        if at_request or later or pids is not None or plan.mutation:  # else no quota applies to this client
+            b = _Bound(plan, at_request, later, pids)
+        st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
         if len(st.bound) >= _MAX_BOUND_APIS:
             st.bound.clear()
-        st.bound[key] = b
+        st.bound[key] = (client_id, b)
         return b
 
     def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
         key = header.api_key
+        plan = self._plan(key)
+        if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
+            return None
         now_ms = round(now * 1000)
         client_id = header.client_id or ""
-        b = self._bind(conn, key, client_id, now_ms)
+        b = self._bind(conn, plan, key, client_id, now_ms)
         if b is None:
             return None
-        plan = b.plan
         st: _ConnState = conn.policy_state
         d = Decision(st.user, client_id, st.scope, header, len(body))
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)

@@ -330,3 +330,17 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
     assert d.values[PRODUCER_BYTE_RATE][1] == 100 and d.client_id == "slow"
     assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
     assert len(policy.quotas) == 2
+
+
+def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_connection():
+    clock = Clock()
+    policy = Policy(ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+        "quotas": {"entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
+    }), Stats(), clock=clock)
+    conn = FakeConn()
+    header, body = _produce(1000)
+    assert policy.on_request(conn, header, body, clock()) is None  # "app": no quota applies
+    d = policy.on_request(conn, dataclasses.replace(header, client_id="slow"), body, clock())
+    assert d is not None and d.values[PRODUCER_BYTE_RATE][1] == 100
+    assert policy.on_request(conn, header, body, clock()) is None
