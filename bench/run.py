@@ -14,6 +14,9 @@ Why it is built this way:
     round trips with sub-millisecond resolution.
   * The proxy's CPU (psutil cpu_times before/after each proxy run) shows how close it is to saturating
     its single event-loop thread, which is what limits a Python proxy.
+  * Peer proxies (``--kroxylicious``, ``--kafka-proxy``: Kroxylicious and grepplabs kafka-proxy, see
+    bench/peers.py) can run as further sides, started once like ours and measured the same way (CPU of
+    their process tree), so their CPU per GiB and per round trip stand beside ours.
   * Profiling (``--profile``) attaches py-spy to the same warm proxy only after all measurements, so the
     numbers in the table are never taken under a profiler.
 """
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.peers import PEER_ENV, PEER_NAMES, PEER_SIDES, PeerProcess, start_peers, tree_cpu, tree_peak_rss
 from tests.harness import KafkaCluster
 from tests.support import REPO, ProxyProcess
 
@@ -56,7 +60,8 @@ SIDES = ("direct", "proxy", "quotas")
 with every quota kind configured at a value no client reaches, so every request is charged and checked."""
 HUGE_QUOTAS = {"producer_byte_rate": 10**15, "consumer_byte_rate": 10**15, "request_percentage": 10**6,
                "controller_mutation_rate": 10**9}
-TARGETS = {"proxy": THROUGHPUT_TARGET, "quotas": QUOTAS_TARGET}
+TARGETS = {"proxy": THROUGHPUT_TARGET, "quotas": QUOTAS_TARGET}  # peers' sides (bench.peers) have none
+ALL_SIDES = (*SIDES, *PEER_SIDES)
 PROFILE_DIR = REPO / "bench" / "profiles"
 
 Metrics = dict[str, float]  # "_active_s": seconds of actual work in the run (for the proxy's % of a core)
@@ -153,11 +158,11 @@ class Workload:
     """Record payload one run moves (records x 1 KiB): the denominator of CPU seconds per GiB."""
     round_trips: int = 0
     """Sequential round trips one run makes (the probe): the denominator of CPU µs per round trip."""
-    samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in SIDES})
+    samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in ALL_SIDES})
     proxy_cpu: dict[str, list[tuple[float, float]]] = field(  # per proxy side: (CPU seconds, active seconds) per run
-        default_factory=lambda: {s: [] for s in SIDES[1:]})
+        default_factory=lambda: {s: [] for s in ALL_SIDES[1:]})
     machine: dict[str, list[tuple[float, float]]] = field(  # per side: (busy CPU s of the whole machine, wall s)
-        default_factory=lambda: {s: [] for s in SIDES})
+        default_factory=lambda: {s: [] for s in ALL_SIDES})
 
 
 # (workload, metric key, label, "tput" = higher is better and held to the throughput target, or "lat")
@@ -192,11 +197,15 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
 
 
-def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[str, list[str]]:
+def results_markdown(
+    wl: dict[str, Workload], sides: tuple[str, ...], peak_rss: dict[str, int] | None = None
+) -> tuple[str, list[str]]:
     """The comparison table, the proxy CPU table, and verdict lines on the targets.
 
     ``sides`` is "direct" plus the proxy sides measured; each proxy side gets its median and its ratio to
-    direct, held to its own target (:data:`TARGETS`)."""
+    direct, held to its own target (:data:`TARGETS`; the peers' sides have none). With a peer measured, a
+    table puts every proxy side's CPU per GiB and per round trip side by side, and ``peak_rss`` (bytes per
+    proxy side) gives a table of peak resident memory."""
     proxies = [s for s in sides if s != "direct"]
     head = ["metric", "direct"] + [x for s in proxies for x in (s, f"{s}/direct")] + [f"{s} range" for s in sides]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -210,7 +219,7 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
         for s in proxies:
             p = _med(w, s, key)
             ratio = p / d if d else float("nan")
-            flag = " ✗" if kind == "tput" and ratio < TARGETS[s] else ""
+            flag = " ✗" if kind == "tput" and s in TARGETS and ratio < TARGETS[s] else ""
             cells += [_fmt(p), f"{ratio:.3f}{flag}"]
             if flag:
                 misses.append(f"{label} ({s}): {ratio:.3f} < {TARGETS[s]}")
@@ -248,6 +257,11 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
             ratio = (statistics.median(c for c, _ in w.proxy_cpu["quotas"])
                      / statistics.median(c for c, _ in w.proxy_cpu["proxy"]))
             out.append(f"| {w.name} | quotas/proxy | {ratio:.2f}× | | | | |")
+    if peers := [s for s in proxies if s in PEER_SIDES]:
+        out += side_by_side(wl, proxies, peers)
+    if peak_rss:
+        out += ["", "| side | peak RSS MiB (VmHWM, process tree) |", "|---|---:|"]
+        out += [f"| {s} | {peak_rss[s] / 2**20:.0f} |" for s in proxies if s in peak_rss]
     out += ["", "| workload | side | machine CPU s per run (all processes) | wall s per run | machine busy, % of all "
             f"{os.cpu_count()} cores |", "|---|---|---:|---:|---:|"]
     for w in wl.values():
@@ -258,6 +272,22 @@ def results_markdown(wl: dict[str, Workload], sides: tuple[str, ...]) -> tuple[s
                 pct = statistics.median(100 * b / t / (os.cpu_count() or 1) for b, t in w.machine[s])
                 out.append(f"| {w.name} | {s} | {busy:.2f} | {wall:.2f} | {pct:.0f}% |")
     return "\n".join(out), misses
+
+
+def side_by_side(wl: dict[str, Workload], proxies: list[str], peers: list[str]) -> list[str]:
+    """Median CPU per unit of work for every proxy side in one row per workload, and each peer's ratio to ours."""
+    ours = "proxy" if "proxy" in proxies else proxies[0]
+    head = ["workload", "CPU per"] + proxies + [f"{p}/{ours}" for p in peers]
+    out = ["", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for w in wl.values():
+        units = ([("s per GiB of records", w.payload_bytes / 2**30, "{:.2f}")] if w.payload_bytes else []) + (
+            [("µs per round trip", w.round_trips / 1e6, "{:.0f}")] if w.round_trips else [])
+        for unit, per, fmt in units:
+            val = {s: statistics.median(c for c, _ in w.proxy_cpu[s]) / per for s in proxies if w.proxy_cpu[s]}
+            cells = [w.name, unit] + [fmt.format(val[s]) if s in val else "" for s in proxies]
+            cells += [f"{val[p] / val[ours]:.2f}×" if p in val and val.get(ours) else "" for p in peers]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def write_payload(path: Path, n: int) -> None:
@@ -417,7 +447,7 @@ def proxy_code_version() -> str:
     return f"commit {git.strip()}" + (" plus uncommitted changes in proxy/protocol/config" if dirty else "")
 
 
-def machine_info(cluster: KafkaCluster, code: str) -> list[str]:
+def machine_info(cluster: KafkaCluster, code: str, peers: dict[str, PeerProcess] | None = None) -> list[str]:
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = m.group(1).strip() if (m := re.search(r"model name\s*:\s*(.*)", cpuinfo)) else platform.processor()
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
@@ -434,6 +464,8 @@ def machine_info(cluster: KafkaCluster, code: str) -> list[str]:
         f"- Python {platform.python_version()} (proxy on uvloop); kcat with {kcat.group(0) if kcat else '?'}; "
         f"confluent-kafka {confluent_kafka.__version__} (librdkafka {confluent_kafka.libversion()[0]}).",
         f"- Proxy code: {code}.",
+        *(f"- Peer `{s}`: {PEER_NAMES[s]} {p.version} (`{p.cmd[0]}`), listening on {p.bootstrap}."
+          for s, p in (peers or {}).items()),
     ]
 
 
@@ -451,8 +483,18 @@ def main(argv: list[str] | None = None) -> int:
                          "of its own); writes no report unless --output")
     ap.add_argument("--no-quotas", action="store_true",
                     help="skip the third side (a proxy with every quota configured, none binding)")
+    ap.add_argument("--kroxylicious", default=os.environ.get(PEER_ENV["kroxy"]),
+                    help=f"peer side `kroxy`: Kroxylicious' bin/kroxylicious-start.sh (default ${PEER_ENV['kroxy']}; "
+                         "skipped if neither)")
+    ap.add_argument("--kafka-proxy", default=os.environ.get(PEER_ENV["goproxy"]),
+                    help=f"peer side `goproxy`: the grepplabs kafka-proxy binary (default ${PEER_ENV['goproxy']}; "
+                         "skipped if neither)")
     args = ap.parse_args(argv)
-    sides = SIDES[:2] if args.no_quotas else SIDES
+    given = {"kroxy": args.kroxylicious, "goproxy": args.kafka_proxy}
+    for side, path in given.items():
+        if path and not os.access(path, os.X_OK):
+            raise SystemExit(f"{PEER_NAMES[side]}: {path} is not an executable file")
+    sides = (*(SIDES[:2] if args.no_quotas else SIDES), *(s for s in PEER_SIDES if given[s]))
     n = args.records or (30_000 if args.quick else 300_000)
     repeats = args.repeats or (1 if args.quick else 3)
     rate, rate_s = 2000, (5 if args.quick else 12)
@@ -481,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
                     {"entity": {"user": "<default>"}, "quotas": {**HUGE_QUOTAS, "producer_ids_rate": 10**9}},
                     {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
                 ]}, name="quotas").start()  # fmt: skip
+            peers = start_peers(given, workdir, cluster)
+            proxies.update(peers)  # type: ignore[arg-type]  # same surface: bootstrap, proc, log(), terminate()
             proxy_ps = {s: psutil.Process(p.proc.pid) for s, p in proxies.items()}  # type: ignore[union-attr]
             if args.pin:  # every thread of each proxy onto the other CPU
                 for p in proxies.values():
@@ -511,31 +555,39 @@ def main(argv: list[str] | None = None) -> int:
                     for side in sides if r % 2 == 0 else sides[::-1]:
                         bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
                         ps = proxy_ps.get(side, proxy_ps["proxy"])
-                        cpu0, all0, t0 = ps.cpu_times(), _busy(), time.perf_counter()
+                        cpu0, all0, t0 = tree_cpu(ps), _busy(), time.perf_counter()
                         m = w.run(bs)
-                        cpu1, wall = ps.cpu_times(), time.perf_counter() - t0
+                        cpu1, wall = tree_cpu(ps), time.perf_counter() - t0
                         w.machine[side].append((_busy() - all0, wall))
-                        cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                        cpu = cpu1 - cpu0  # user+system of the process and its children (bench.peers.tree_cpu)
                         w.samples[side].append(m)
                         if side in proxies:
                             w.proxy_cpu[side].append((cpu, m["_active_s"]))
                         shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
-                        print(f"[{r + 1}/{repeats}] {w.name:13} {side:6} {shown}  "
+                        print(f"[{r + 1}/{repeats}] {w.name:13} {side:7} {shown}  "
                               f"(wall {wall:.1f}s, proxy cpu {cpu:.2f}s)", flush=True)  # fmt: skip
-            warnings = sum(" WARNING " in ln for p in proxies.values() for ln in p.log().splitlines())
-            table, misses = results_markdown(wl, sides)
+            ours = [p for s, p in proxies.items() if s not in peers]
+            warnings = sum(" WARNING " in ln for p in ours for ln in p.log().splitlines())
+            peer_warnings = {s: len(p.warnings()) for s, p in peers.items()}
+            for s, p in peers.items():
+                for ln in p.warnings()[:5]:
+                    print(f"{s} log: {ln[:300]}", flush=True)
+            peak_rss = {s: tree_peak_rss(ps) for s, ps in proxy_ps.items()}
+            table, misses = results_markdown(wl, sides, peak_rss)
             print("\n" + table + "\n")
             verdict = (["**All targets met.**"] if not misses else
                        ["**Targets not met:**", *(f"- {m}" for m in misses)])  # fmt: skip
             print("\n".join(verdict), flush=True)
             profile = run_profiles(cluster, proxy, n) if args.profile else ""
-            for p in proxies.values():
+            for s, p in proxies.items():
                 if p.terminate() != 0:
-                    raise RuntimeError(f"proxy exited badly:\n{p.log()[-3000:]}")
-            info = machine_info(cluster, code)
+                    raise RuntimeError(f"{s} exited badly:\n{p.log()[-3000:]}")
+            info = machine_info(cluster, code, peers)
         shutil.rmtree(workdir, ignore_errors=True)
     except BaseException:
         print(f"failed; kept {workdir} for the proxy and broker logs", file=sys.stderr)
+        for p in locals().get("peers", {}).values():  # ours die with their pipe; a peer would linger
+            p.terminate()
         raise
     minutes = (time.monotonic() - t_start) / 60
     print(f"total {minutes:.1f} min")
@@ -573,7 +625,14 @@ def main(argv: list[str] | None = None) -> int:
         *(["- **Pinned** (`--pin`): the benchmark process and everything it starts (the 3 brokers, every client) "
             "on CPU 0, each proxy (all its threads, `taskset -a`) on CPU 1: the proxy has a core of its own and the "
             "cluster and clients get the same single core on both sides."] if args.pin else []),
-        f"- Proxy log after the measured runs: {warnings} WARNING lines.", "",
+        *(["- Peers, configured as bench/peers.py says: Kroxylicious with no filter and `portIdentifiesNode` "
+           "networking (a bootstrap port, then one port per broker), JVM at its start script's defaults; grepplabs "
+           "kafka-proxy with one `--bootstrap-server-mapping` per broker, dynamic listeners and HTTP off, other "
+           "options at their defaults. Each started once before the warm-up; their CPU is user+system of the "
+           "process tree (for Kroxylicious the JVM: its script execs java), peak RSS is VmHWM; a peer has no "
+           "throughput target, the ✗ marks and verdict concern our sides only."] if peers else []),
+        f"- Proxy log after the measured runs: {warnings} WARNING lines"
+        + "".join(f"; {s} log: {k} warning/error lines" for s, k in peer_warnings.items()) + ".", "",
         "## Results", "", table, "", *verdict, "",
     ]  # fmt: skip
     if profile:
