@@ -339,7 +339,7 @@ def reject_all(request: MutationRequest, throttle_ms: int, message: str | None =
     _require_strict(request)
     ms = _clamp(throttle_ms)
     msg = _rejection_response(request, list(range(len(request.topics))), ms, message, error_code)
-    return msg.encode()
+    return bytes(msg.encode())  # kafka-python encodes into a bytearray; compiled callers hold us to "bytes"
 
 
 def merge_response(request: MutationRequest, broker_body: bytes | bytearray | memoryview, rejected: Iterable[int],

@@ -72,21 +72,21 @@ def describe(sources: QuotaSources, body, version: int, principal: str, describe
     """The response body for a DescribeClientQuotas request body, when ``principal`` may describe."""
     req = decode_body(DescribeClientQuotasRequest, body, version)
     if principal not in describers:
-        return DescribeClientQuotasResponse(
+        return bytes(DescribeClientQuotasResponse(
             throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED,
             error_message="not authorized to describe client quotas at this proxy", entries=None,
-        ).encode(version=version)
+        ).encode(version=version))
     components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in req.components or ()]
     try:
         found = sources.store.describe(components, strict=bool(req.strict))
     except UnsupportedEntityTypeError as exc:
-        return DescribeClientQuotasResponse(
+        return bytes(DescribeClientQuotasResponse(
             throttle_time_ms=0, error_code=UNSUPPORTED_VERSION, error_message=str(exc), entries=None
-        ).encode(version=version)
+        ).encode(version=version))
     except QuotaFilterError as exc:
-        return DescribeClientQuotasResponse(
+        return bytes(DescribeClientQuotasResponse(
             throttle_time_ms=0, error_code=INVALID_REQUEST, error_message=str(exc), entries=None
-        ).encode(version=version)
+        ).encode(version=version))
     entry_cls = DescribeClientQuotasResponse.EntryData
     entries = [
         entry_cls(
@@ -98,9 +98,9 @@ def describe(sources: QuotaSources, body, version: int, principal: str, describe
     entries += [entry_cls(entity=[entry_cls.EntityData(entity_type=ENTITY_IP, entity_name=n)],
                           values=[entry_cls.ValueData(key=CONNECTION_CREATION_RATE, value=r)])
                 for n, r in _ip_entries(ip_quotas, components, bool(req.strict))]
-    return DescribeClientQuotasResponse(
+    return bytes(DescribeClientQuotasResponse(
         throttle_time_ms=0, error_code=NONE, error_message=None, entries=entries
-    ).encode(version=version)
+    ).encode(version=version))
 
 
 def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
@@ -151,4 +151,4 @@ def alter(sources: QuotaSources, body, version: int, principal: str, admins: fro
             except (QuotaEntityError, QuotaValueError, IpQuotaError) as exc:
                 code, message = INVALID_REQUEST, str(exc)
         results.append(entry_cls(error_code=code, error_message=message, entity=wire_entity))
-    return AlterClientQuotasResponse(throttle_time_ms=0, entries=results).encode(version=version)
+    return bytes(AlterClientQuotasResponse(throttle_time_ms=0, entries=results).encode(version=version))

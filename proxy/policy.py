@@ -79,8 +79,9 @@ _METADATA_VERSION = 12
 _PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
 
 
-def local_frame(header: RequestHeader, body: bytes) -> bytes:
-    """A whole response frame (size prefix, response header, ``body``) answering ``header``."""
+def local_frame(header: RequestHeader, body: bytes | bytearray) -> bytes:
+    """A whole response frame (size prefix, response header, ``body``) answering ``header``. ``body`` may be a
+    bytearray (kafka-python encodes into one): compiled, a ``bytes`` parameter would refuse it."""
     head = encode_response_header(header.correlation_id,
                                   bool(response_header_is_flexible(header.api_key, header.api_version)))
     return _SIZE.pack(len(head) + len(body)) + head + body
@@ -157,7 +158,7 @@ class Decision:
         self.throttle_ms = 0
         self.later: tuple[tuple[QuotaKind, Bound, Basis], ...] = ()
         """(kind, handle, basis) charged when the response arrives (response bytes, service time)."""
-        self.merge: Callable[[memoryview], bytes] | None = None
+        self.merge: Callable[[memoryview], bytes | bytearray] | None = None
         self.values: dict[str, tuple[float, float, int]] = {}
         """quota key -> (amount recorded, limit, throttle)."""
         self.holds = False
@@ -530,7 +531,7 @@ class Policy:
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
         pieces: list[memoryview | bytes] | None = None
         if d.merge is not None:  # only set when enforcing: the broker saw a smaller request
-            merged = bytes(view[4:body_start]) + d.merge(view[body_start:])
+            merged = bytes(view[4:body_start]) + bytes(d.merge(view[body_start:]))
             view = memoryview(_SIZE.pack(len(merged)) + merged)
             pieces = [view]
         if throttle > 0 and self.enforce:

@@ -24,7 +24,7 @@ from protocol.headers import encode_response_header, parse_request_header
 from protocol.inflight import Pending
 from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
-from proxy.verdicts import Defer, Replace
+from proxy.verdicts import Answer, Defer, Replace
 from quotas.entities import QuotaEntity
 from quotas.kinds import CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 
@@ -344,3 +344,25 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
     d = policy.on_request(conn, dataclasses.replace(header, client_id="slow"), body, clock())
     assert d is not None and d.values[PRODUCER_BYTE_RATE][1] == 100
     assert policy.on_request(conn, header, body, clock()) is None
+
+
+def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
+    """The proxy's own answers (every topic rejected; DescribeClientQuotas) are encoded by kafka-python, which
+    hands back a bytearray: the compiled policy once refused it (``bytes`` parameter) and closed the connection."""
+    from kafka.protocol.admin import DescribeClientQuotasRequest, DescribeClientQuotasResponse
+
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=1)
+    conn = FakeConn()
+    header, body = _create_topics([3])
+    assert isinstance(asyncio.run(policy.on_request(conn, header, body, clock()).decide()), Decision)  # whole
+    header, body = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
+    answered = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    assert isinstance(answered, Answer)
+    answer = CreateTopicsResponse.decode(bytes(answered.frame[4 + 5:]), version=6)
+    assert [t.error_code for t in answer.topics] == [89, 89]
+    header, body = _request(DescribeClientQuotasRequest(components=[], strict=False, version=1))
+    described = policy.on_request(conn, header, body, clock())
+    assert isinstance(described, Answer)
+    reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5:]), version=1)  # flexible header
+    assert reply.error_code == 31  # alice is no describer here; the refusal is an answer of the proxy too
