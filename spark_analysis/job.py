@@ -150,6 +150,10 @@ def ship_code(spark: SparkSession) -> None:
         for pkg in ("quotas", "spark_analysis"):
             for p in (repo / pkg).rglob("*.py"):
                 z.write(p, p.relative_to(repo))
+        # quotas/rate.py's decorator for the mypyc build (the executors run the .py files): one pure file
+        import mypy_extensions
+
+        z.write(mypy_extensions.__file__, "mypy_extensions.py")
     spark.sparkContext.addPyFile(zpath)
 
     def executor_missing(_: object) -> list[str]:  # nested: pickled by value, so the check imports nothing first
