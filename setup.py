@@ -12,7 +12,7 @@ Which build is running: the proxy logs it at startup (``proxy.build_info``, whic
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,12 +22,12 @@ from setuptools.command.build_ext import build_ext
 
 
 def _compiled_modules() -> list[str]:
-    """proxy/build_info.py's COMPILED (the one list), read from its text: the package cannot be imported here."""
-    tree = ast.parse(Path(__file__).with_name("proxy").joinpath("build_info.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPILED" for t in node.targets):
-            return [name.replace(".", "/") + ".py" for name in ast.literal_eval(node.value)]
-    raise RuntimeError("proxy/build_info.py has no COMPILED tuple")
+    """proxy/build_info.py's COMPILED (the one list), loaded by path: the package's dependencies are not there yet."""
+    path = Path(__file__).with_name("proxy") / "build_info.py"
+    spec = importlib.util.spec_from_file_location("_ktp_build_info", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compiled_sources()
 
 
 MYPYC_MODULES = _compiled_modules()

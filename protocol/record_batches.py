@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
+
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
 from protocol.skim import FIXED, STR, TAGS, merge_ops, present, skip, struct_ops
-from protocol.varint import TruncatedError, read_length, read_uvarint
+from protocol.varint import TruncatedError, read_length
 
 NO_PRODUCER_ID = -1
 
@@ -125,16 +127,7 @@ def _plan(version: int) -> _Plan:
 
 def _str_end(buf: memoryview, pos: int, flexible: bool) -> int:
     """Where the (nullable) string at ``pos`` ends: ``skim.skip`` of one string op, for the walk's inlined cases."""
-    if flexible:
-        n = buf[pos]
-        if n < 0x80:
-            pos += 1
-        else:
-            n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        (n,) = _I16.unpack_from(buf, pos)
-        pos += 2
+    n, pos = read_length(buf, pos, flexible, 2)
     return pos + n if n > 0 else pos
 
 
@@ -312,22 +305,10 @@ def single_producer_id(body: memoryview, version: int, offset: int, shape: Shape
     end = len(body)
     if pos + 4 > end or body[offset:pos] != prefix:
         return None
-    if shape.flexible:
-        n = 0
-        shift = 0
-        while True:
-            if pos >= end or shift > 28:
-                return None
-            b = body[pos]
-            pos += 1
-            n |= (b & 0x7F) << shift
-            if b < 0x80:
-                break
-            shift += 7
-        n -= 1
-    else:
-        (n,) = _I32.unpack_from(body, pos)
-        pos += 4
+    try:
+        n, pos = read_length(body, pos, shape.flexible)
+    except TruncatedError:
+        return None
     stop = pos + n
     if n < _V2_HEADER or stop + len(shape.tail) != end or body[stop:] != shape.tail:
         return None
@@ -351,21 +332,12 @@ def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
         width = 4
         canonical = True
         if flexible:  # where the length starts: only a canonical varint says (a padded one ends in a 0 byte)
-            encoded = _uvarint_bytes(stop - start + 1)
+            encoded = UnsignedVarInt32.encode(stop - start + 1)
             width = len(encoded)
             canonical = buf[start - width:start] == encoded
         if canonical and start - width - offset + len(buf) - stop <= MAX_SHAPE_BYTES:
             shape = Shape(version, offset, bytes(buf[offset:start - width]), bytes(buf[stop:]), flexible)
     return ids, shape
-
-
-def _uvarint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def producer_ids(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> set[int]:

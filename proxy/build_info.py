@@ -5,7 +5,7 @@ request, see BENCHMARKS.md) and falls back to the same source, uncompiled, when 
 which one a proxy runs, and a developer must never test a compiled module older than its source (Python imports
 the extension module ahead of the ``.py`` beside it, so an edit would be silently ignored).
 
-``setup.py`` reads :data:`COMPILED` from this file's text (it cannot import the package), so it stays a literal.
+``setup.py`` and ``scripts/setup`` load this file before anything is installed: it imports the standard library only.
 
 Compiled, type annotations are checked at run time: a bytearray (what kafka-python's ``encode`` returns) passed
 or returned under a ``bytes`` annotation raises TypeError where the pure source would carry on. Keep annotations
@@ -41,6 +41,11 @@ COMPILED = (
 )
 
 _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def compiled_sources() -> list[str]:
+    """The source files of :data:`COMPILED`, relative to the repository (what setup.py hands mypyc)."""
+    return [name.replace(".", "/") + ".py" for name in COMPILED]
 
 
 def compiled_modules() -> list[str]:
