@@ -6,7 +6,6 @@ Hand-parsed because it runs for every frame and is four fixed fields; the body i
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from protocol.apis import request_is_flexible, response_header_is_flexible
 from protocol.errors import ProtocolError
@@ -20,14 +19,34 @@ class HeaderError(ProtocolError):
     """The frame is too short or inconsistent to hold a Kafka header."""
 
 
-@dataclass(slots=True, frozen=True)
 class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    body_offset: int | None
-    """Where the body starts; None when the API is unknown (its header version cannot be known)."""
+    """A request's header, read. A plain class, not a dataclass: compiled by mypyc, a dataclass's ``__init__`` stays
+    the interpreted one the decorator generates (≈7k instructions a header, measured with callgrind); this one is
+    native. Treat it as immutable."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body_offset")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
+                 body_offset: int | None) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.body_offset: int | None = body_offset
+        """Where the body starts; None when the API is unknown (its header version cannot be known)."""
+
+    def _key(self) -> tuple[int, int, int, str | None, int | None]:
+        return self.api_key, self.api_version, self.correlation_id, self.client_id, self.body_offset
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestHeader) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return ("RequestHeader(api_key={}, api_version={}, correlation_id={}, client_id={!r}, body_offset={})"
+                .format(*self._key()))
 
 
 def parse_request_header(frame: bytes | memoryview) -> RequestHeader:

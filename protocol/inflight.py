@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.apis import Api
@@ -33,7 +32,6 @@ class CorrelationError(ProtocolError):
     """A response arrived that does not answer the oldest outstanding request."""
 
 
-@dataclass(slots=True)
 class Pending:
     """One request the client is owed an answer to, in order.
 
@@ -41,18 +39,27 @@ class Pending:
     CreateTopics rejected, say): it is released as soon as everything before it has been answered, so the
     client still sees its answers in request order. ``internal`` marks a request the proxy asked on its own
     account (a Metadata lookup): its answer resolves the future and never reaches the client.
+
+    A plain class rather than a dataclass: compiled, a dataclass keeps its generated, interpreted ``__init__``.
     """
 
-    header: RequestHeader
-    sent_at: float
-    decision: Any = None
-    """The policy's state for this request (what to charge or rewrite when the answer comes)."""
-    local: bytes | None = None
-    internal: Any = None
-    wait_ms: int = 0
-    """How long the broker may take on purpose (see :func:`requested_wait_ms`): the hung-broker check adds it."""
-    whole: bool = False
-    """The response is rewritten past its leading bytes: it is assembled, never streamed."""
+    __slots__ = ("header", "sent_at", "decision", "local", "internal", "wait_ms", "whole")
+
+    def __init__(self, header: RequestHeader, sent_at: float, decision: Any = None, local: bytes | None = None,
+                 internal: Any = None, wait_ms: int = 0, whole: bool = False) -> None:
+        self.header = header
+        self.sent_at = sent_at
+        self.decision = decision
+        """The policy's state for this request (what to charge or rewrite when the answer comes)."""
+        self.local = local
+        self.internal = internal
+        self.wait_ms = wait_ms
+        """How long the broker may take on purpose (see :func:`requested_wait_ms`): the hung-broker check adds it."""
+        self.whole = whole
+        """The response is rewritten past its leading bytes: it is assembled, never streamed."""
+
+    def __repr__(self) -> str:
+        return f"Pending({self.header!r}, sent_at={self.sent_at}, decision={self.decision!r}, wait_ms={self.wait_ms})"
 
 
 class InFlight:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.api_versions import unsupported_version_body
@@ -55,17 +54,19 @@ _SIZE = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
 
-@dataclass(slots=True)
 class Request:
-    """A request frame, read: what the policy decides on."""
+    """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 
-    header: RequestHeader
-    frame: Any
-    """The whole frame, size prefix included (a view into the receive buffer: copy it to keep it)."""
-    body: Any  # a memoryview (Any: mypyc cannot put builtins.memoryview in a dataclass's __annotations__)
-    """The frame after its size prefix: request header, then body (``header.body_offset``)."""
-    answered: bool
-    """False for Produce acks=0: no response will come."""
+    __slots__ = ("header", "frame", "body", "answered")
+
+    def __init__(self, header: RequestHeader, frame: Any, body: Any, answered: bool) -> None:
+        self.header = header
+        self.frame = frame
+        """The whole frame, size prefix included (a view into the receive buffer: copy it to keep it)."""
+        self.body = body
+        """The frame after its size prefix: request header, then body (``header.body_offset``)."""
+        self.answered = answered
+        """False for Produce acks=0: no response will come."""
 
 
 class Session:
@@ -97,10 +98,9 @@ class Session:
             self.identity.on_raw_token_request(bytes(body))
             self.inflight.push(Pending(RAW, now))
             return frame
-        api = "?"
+        header: RequestHeader | None = None
         try:
             header = parse_request_header(body)
-            api = f"{api_name(header.api_key)} v{header.api_version}"
             cap = self.version_caps.get(header.api_key)
             if cap is not None and header.api_version > cap:
                 if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"
@@ -120,6 +120,7 @@ class Session:
         except (ValueError, struct.error) as exc:
             if isinstance(exc, SaslTokenError):
                 raise
+            api = "?" if header is None else f"{api_name(header.api_key)} v{header.api_version}"
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id

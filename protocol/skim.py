@@ -10,7 +10,6 @@ the proxy only needs the position of one or two top-level fields (``throttle_tim
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from functools import lru_cache
 
 from protocol.varint import TruncatedError, read_tagged_fields, read_uvarint, skip_tagged_fields
@@ -27,16 +26,23 @@ _I32 = struct.Struct(">i")
 FIXED, STR, BYTES, ARRAY, NSTRUCT, TAGS = range(6)
 
 
-@dataclass(slots=True, frozen=True)
 class Layout:
-    """Byte spans of a message's top-level fields, relative to the start of the body."""
+    """Byte spans of a message's top-level fields, relative to the start of the body. (A plain class, not a
+    dataclass: compiled, a dataclass keeps its generated, interpreted ``__init__``.)"""
 
-    fields: dict[str, tuple[int, int]]
-    tags: dict[int, tuple[int, int]]
-    """Spans of the *values* of top-level tagged fields, by tag (present only when sent)."""
-    tags_offset: int | None
-    """Start of the top-level tagged-field section (flexible versions only)."""
-    end: int
+    __slots__ = ("fields", "tags", "tags_offset", "end")
+
+    def __init__(self, fields: dict[str, tuple[int, int]], tags: dict[int, tuple[int, int]], tags_offset: int | None,
+                 end: int) -> None:
+        self.fields = fields
+        self.tags = tags
+        """Spans of the *values* of top-level tagged fields, by tag (present only when sent)."""
+        self.tags_offset = tags_offset
+        """Start of the top-level tagged-field section (flexible versions only)."""
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"Layout(fields={self.fields}, tags={self.tags}, tags_offset={self.tags_offset}, end={self.end})"
 
 
 def present(field, version: int) -> bool:

@@ -8,7 +8,6 @@ merging. The KIP-936 holds are tests/unit/test_policy_holds.py.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import struct
 import uuid
 
@@ -20,7 +19,7 @@ from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
-from protocol.headers import encode_response_header, parse_request_header
+from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending
 from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
@@ -67,6 +66,10 @@ class FakeConn:
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
         raise AssertionError("no cluster lookup expected in these tests")
+
+
+def _with_client_id(header: RequestHeader, client_id: str) -> RequestHeader:
+    return RequestHeader(header.api_key, header.api_version, header.correlation_id, client_id, header.body_offset)
 
 
 def _policy(clock: Clock, enforce: bool = True, **quotas) -> Policy:
@@ -326,7 +329,7 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
     conn = FakeConn()
     header, body = _produce(1000)
     assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
-    d = policy.on_request(conn, dataclasses.replace(header, client_id="slow"), body, clock())
+    d = policy.on_request(conn, _with_client_id(header, "slow"), body, clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 100 and d.client_id == "slow"
     assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
     assert len(policy.quotas) == 2
@@ -341,7 +344,7 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
     conn = FakeConn()
     header, body = _produce(1000)
     assert policy.on_request(conn, header, body, clock()) is None  # "app": no quota applies
-    d = policy.on_request(conn, dataclasses.replace(header, client_id="slow"), body, clock())
+    d = policy.on_request(conn, _with_client_id(header, "slow"), body, clock())
     assert d is not None and d.values[PRODUCER_BYTE_RATE][1] == 100
     assert policy.on_request(conn, header, body, clock()) is None
 
