@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from kafka.protocol.api_message import ApiMessage
 
 from protocol.apis import Api, decode_body, response_class
-from protocol.skim import layout
+from protocol.skim import layout, top_level_tags
 from protocol.varint import TruncatedError, read_uvarint
 
 _NODE_ENDPOINTS_TAG = 0
@@ -96,7 +96,7 @@ def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedRespon
     if since is not None:
         if version < since:
             return None
-        if _NODE_ENDPOINTS_TAG not in layout(cls, version, body).tags:
+        if _NODE_ENDPOINTS_TAG not in top_level_tags(cls, version, body):
             return None
     elif api_key in SHARE_ADDRESS_APIS:
         start, end = layout(cls, version, body).fields[_NODE_ENDPOINTS]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from protocol.errors import ProtocolError
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
-_SIZE = struct.Struct(">i")
+_SIZE: Final = struct.Struct(">i")
+_SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call by name is a lookup each time
 
 
 class FrameError(ProtocolError):
@@ -166,7 +168,7 @@ class FrameReader:
             self._done_reserved += self._reserved
             self._reserved = 0
         while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(data, pos)
+            (size,) = _SIZE_unpack(data, pos)
             check_frame_size(size, self._max)
             total = 4 + size
             if end - pos >= total:
@@ -219,20 +221,20 @@ class FrameReader:
         return (len(self._partial) if self._partial is not None else 0) + len(self._stash)
 
 
-HEAD_BYTES = 64
+HEAD_BYTES: Final = 64
 """Leading bytes of a frame (size prefix included) that are in hand before a frame may be streamed:
 enough for any response header plus the first fields of the body (e.g. ``throttle_time_ms``), which
 may thus still be read, and rewritten in place, before anything of the frame is forwarded."""
 
-RECEIVE_BYTES = 512 * 1024
+RECEIVE_BYTES: Final = 512 * 1024
 """Capacity a receive buffer grows to while reads fill it: large reads mean few syscalls for the megabyte Fetch
 responses."""
 
-INITIAL_RECEIVE_BYTES = 16 * 1024
+INITIAL_RECEIVE_BYTES: Final = 16 * 1024
 """Capacity a connection's receive buffer starts at (lazily, at its first read): an idle or chatty connection
 never costs the half megabyte a consumer's does."""
 
-MIN_ROOM = 64 * 1024
+MIN_ROOM: Final = 64 * 1024
 """Smallest free space handed to the socket for one read; below it the buffer is compacted or replaced."""
 
 
@@ -379,7 +381,7 @@ class FrameReceiver:
             yield StreamPiece(view[start - take : start], self._stream_left == 0)
         buf = self._buf
         while end - start >= 4:
-            (size,) = _SIZE.unpack_from(buf, start)
+            (size,) = _SIZE_unpack(buf, start)
             check_frame_size(size, self._max)
             total = 4 + size
             if end - start >= total:

@@ -6,13 +6,16 @@ Hand-parsed because it runs for every frame and is four fixed fields; the body i
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from protocol.apis import request_is_flexible, response_header_is_flexible
 from protocol.errors import ProtocolError
 from protocol.varint import skip_tagged_fields
 
-_REQ = struct.Struct(">hhih")
-_CORR = struct.Struct(">i")
+_REQ: Final = struct.Struct(">hhih")
+_REQ_unpack: Final = _REQ.unpack_from  # bound once: compiled, a method call by name is a lookup each time
+_CORR: Final = struct.Struct(">i")
+_CORR_unpack: Final = _CORR.unpack_from
 
 
 class HeaderError(ProtocolError):
@@ -52,7 +55,7 @@ class RequestHeader:
 def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
     if len(frame) < _REQ.size:
         raise HeaderError(f"request frame of {len(frame)} bytes is shorter than a request header")
-    api_key, api_version, correlation_id, cid_len = _REQ.unpack_from(frame, 0)
+    api_key, api_version, correlation_id, cid_len = _REQ_unpack(frame, 0)
     pos = _REQ.size
     client_id: str | None = None
     if cid_len >= 0:
@@ -78,7 +81,7 @@ def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
 def response_correlation_id(frame: bytes | memoryview) -> int:
     if len(frame) < 4:
         raise HeaderError(f"response frame of {len(frame)} bytes is shorter than a response header")
-    return _CORR.unpack_from(frame, 0)[0]
+    return _CORR_unpack(frame, 0)[0]
 
 
 def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:

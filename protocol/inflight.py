@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.varint import read_length
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
+_I16: Final = struct.Struct(">h")
+_I16_unpack: Final = _I16.unpack_from  # bound once: compiled, a method call by name is a lookup each time
+_I32: Final = struct.Struct(">i")
+_I32_unpack: Final = _I32.unpack_from
 
 _LONG_WAITS_MS: dict[int, int] = {
     Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
@@ -104,14 +106,14 @@ def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHead
     key, pos = header.api_key, header.body_offset + base
     try:
         if key == Api.FETCH:
-            return max(_I32.unpack_from(frame, pos + (4 if header.api_version < 15 else 0))[0], 0)
+            return max(_I32_unpack(frame, pos + (4 if header.api_version < 15 else 0))[0], 0)
         if key == Api.PRODUCE:
             if header.api_version >= 3:
                 pos = _skip_leading_string(frame, pos, header.api_version >= 9)
-            return max(_I32.unpack_from(frame, pos + 2)[0], 0)
+            return max(_I32_unpack(frame, pos + 2)[0], 0)
         if key == Api.JOIN_GROUP:
             pos = _skip_leading_string(frame, pos, header.api_version >= 6)
-            return max(_I32.unpack_from(frame, pos + (4 if header.api_version >= 1 else 0))[0], 0)
+            return max(_I32_unpack(frame, pos + (4 if header.api_version >= 1 else 0))[0], 0)
     except (struct.error, ValueError, TypeError):
         return 0
     return _LONG_WAITS_MS.get(key, 0)
@@ -126,7 +128,7 @@ def produce_acks(frame: bytes | memoryview, header: RequestHeader) -> int:
         pos = _skip_leading_string(frame, pos, header.api_version >= 9)
     if pos + 2 > len(frame):
         raise ValueError("Produce request too short to hold acks")
-    return _I16.unpack_from(frame, pos)[0]
+    return _I16_unpack(frame, pos)[0]
 
 
 def expects_response(frame: bytes | memoryview, header: RequestHeader) -> bool:

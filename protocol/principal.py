@@ -300,14 +300,23 @@ class ConnectionIdentity(SaslIdentity):
     a successful SASL exchange decides the principal; without one, the mapped certificate name (SSL
     listener); without a certificate, ``ANONYMOUS``."""
 
-    __slots__ = ("tls_principal",)
+    __slots__ = ("_tls_principal",)
 
     def __init__(self, oauthbearer_principal_claim: str = "sub") -> None:
         super().__init__(oauthbearer_principal_claim)
-        self.tls_principal: str | None = None
+        self._tls_principal: str | None = None
 
     @property
-    def principal(self) -> str:
-        if self.authenticated or self.tls_principal is None:
-            return super().principal
-        return self.tls_principal
+    def tls_principal(self) -> str | None:
+        """The client certificate's mapped name (None without a certificate)."""
+        return self._tls_principal
+
+    @tls_principal.setter
+    def tls_principal(self, name: str | None) -> None:
+        self._tls_principal = name
+        self._identity_changed()
+
+    def _identity_changed(self) -> None:
+        super()._identity_changed()
+        if not self.authenticated and self._tls_principal is not None:
+            self.principal = self._tls_principal

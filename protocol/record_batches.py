@@ -32,7 +32,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 
@@ -41,17 +41,20 @@ from protocol.errors import ProtocolError
 from protocol.skim import FIXED, STR, TAGS, merge_ops, present, skip, struct_ops
 from protocol.varint import TruncatedError, read_length
 
-NO_PRODUCER_ID = -1
+NO_PRODUCER_ID: Final = -1
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_LEN_MAGIC = struct.Struct(">8xi4xb")  # batchLength at 8, magic at 16
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+_I32_unpack: Final = _I32.unpack_from  # bound once: compiled, a method call by name is a lookup each time
+_I64: Final = struct.Struct(">q")
+_I64_unpack: Final = _I64.unpack_from
+_LEN_MAGIC: Final = struct.Struct(">8xi4xb")  # batchLength at 8, magic at 16
+_LEN_MAGIC_unpack: Final = _LEN_MAGIC.unpack_from
 
-_LOG_OVERHEAD = 12  # baseOffset + batchLength: what batchLength does not count
-_MAGIC_END = 17  # bytes needed to read the magic
-_PID_OFFSET = 43
-_V2_HEADER = 61  # a magic-2 batch header, log overhead included
+_LOG_OVERHEAD: Final = 12  # baseOffset + batchLength: what batchLength does not count
+_MAGIC_END: Final = 17  # bytes needed to read the magic
+_PID_OFFSET: Final = 43
+_V2_HEADER: Final = 61  # a magic-2 batch header, log overhead included
 # Smallest batchLength per magic: v0 message = crc4 magic1 attributes1 key4 value4, v1 adds timestamp8,
 # v2 batch header is 61 bytes of which 12 are the log overhead.
 _MIN_LENGTH = (14, 22, 49)
@@ -177,7 +180,7 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                             raise RecordBatchError("records length varint is longer than 5 bytes")
                     n -= 1
                 else:
-                    (n,) = _I32.unpack_from(buf, pos)
+                    (n,) = _I32_unpack(buf, pos)
                     pos += 4
                     if n < -1:
                         raise RecordBatchError(f"records length {n} is invalid")
@@ -229,7 +232,7 @@ def _scan_batches(buf, start: int, end: int, out: set[int] | None, ids: list[int
         if left < _MAGIC_END:
             raise RecordBatchError(
                 f"{left} trailing bytes at byte {pos - start} of a records field are shorter than a batch header")
-        length, magic = _LEN_MAGIC.unpack_from(buf, pos)
+        length, magic = _LEN_MAGIC_unpack(buf, pos)
         if not 0 <= magic <= 2:
             raise RecordBatchError(f"record batch at byte {pos - start} of a records field has unknown magic {magic}")
         if length < _MIN_LENGTH[magic]:
@@ -240,7 +243,7 @@ def _scan_batches(buf, start: int, end: int, out: set[int] | None, ids: list[int
             raise RecordBatchError(f"record batch at byte {pos - start} of a records field has length {length}, "
                                    f"past the end of the records field ({left - _LOG_OVERHEAD} bytes left)")
         if magic == 2:
-            (pid,) = _I64.unpack_from(buf, pos + _PID_OFFSET)
+            (pid,) = _I64_unpack(buf, pos + _PID_OFFSET)
             if out is not None:
                 if pid != NO_PRODUCER_ID:
                     out.add(pid)
@@ -291,7 +294,7 @@ class Shape:
         self.flexible = flexible
 
 
-MAX_SHAPE_BYTES = 1024
+MAX_SHAPE_BYTES: Final = 1024
 """Skeletons longer than this are not kept (a long transactional id, many null partitions): the memo stays small."""
 
 
@@ -312,10 +315,10 @@ def single_producer_id(body: memoryview, version: int, offset: int, shape: Shape
     stop = pos + n
     if n < _V2_HEADER or stop + len(shape.tail) != end or body[stop:] != shape.tail:
         return None
-    length, magic = _LEN_MAGIC.unpack_from(body, pos)
+    length, magic = _LEN_MAGIC_unpack(body, pos)
     if magic != 2 or pos + _LOG_OVERHEAD + length != stop:
         return None
-    return _I64.unpack_from(body, pos + _PID_OFFSET)[0]
+    return _I64_unpack(body, pos + _PID_OFFSET)[0]
 
 
 def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
@@ -354,9 +357,9 @@ def _ids_in(buf: memoryview, spans: list[tuple[int, int]], version: int, offset:
     out: set[int] = set()
     for start, stop in spans:
         if stop - start >= _V2_HEADER:  # the usual field, one magic-2 batch that fills it: read it here
-            length, magic = _LEN_MAGIC.unpack_from(buf, start)
+            length, magic = _LEN_MAGIC_unpack(buf, start)
             if magic == 2 and start + _LOG_OVERHEAD + length == stop:  # then length >= the v2 minimum too
-                (pid,) = _I64.unpack_from(buf, start + _PID_OFFSET)
+                (pid,) = _I64_unpack(buf, start + _PID_OFFSET)
                 if pid != NO_PRODUCER_ID:
                     out.add(pid)
                 continue

@@ -404,7 +404,7 @@ class SaslIdentity:
     accepts it; until then, and if it fails, the previous identity stays.
     """
 
-    __slots__ = ("_claim", "_identity", "_attempt", "_answers", "_last_failure")
+    __slots__ = ("_claim", "_identity", "attempt", "_answers", "_last_failure", "principal")
 
     def __init__(self, oauthbearer_principal_claim: str = "sub") -> None:
         """``oauthbearer_principal_claim`` must match the broker's ``sasl.oauthbearer.sub.claim.name``
@@ -413,7 +413,12 @@ class SaslIdentity:
             raise ValueError("the OAUTHBEARER principal claim name must not be empty")
         self._claim = oauthbearer_principal_claim
         self._identity: Identity | None = None
-        self._attempt: _Attempt | None = None
+        self.attempt: _Attempt | None = None
+        """The exchange under way (None when none is): read by the session before every frame's SASL checks,
+        which have nothing to do without one."""
+        self.principal = ANONYMOUS
+        """The principal the broker accepted, ``ANONYMOUS`` before any success or when unknowable. A plain
+        attribute, set when the identity changes: the policy reads it for every request it charges."""
         self._answers: deque[_Answer] = deque()
         self._last_failure: str | None = None
 
@@ -423,11 +428,6 @@ class SaslIdentity:
     def identity(self) -> Identity | None:
         """The identity the broker accepted, None before any success."""
         return self._identity
-
-    @property
-    def principal(self) -> str:
-        """The principal the broker accepted, ``ANONYMOUS`` before any success or when unknowable."""
-        return self._identity.principal if self._identity is not None else ANONYMOUS
 
     @property
     def authenticated(self) -> bool:
@@ -448,7 +448,7 @@ class SaslIdentity:
     @property
     def in_progress(self) -> bool:
         """An exchange started (SaslHandshake forwarded) and has neither succeeded nor failed."""
-        return self._attempt is not None and not self._attempt.failed
+        return self.attempt is not None and not self.attempt.failed
 
     @property
     def last_failure(self) -> str | None:
@@ -461,7 +461,7 @@ class SaslIdentity:
 
         True from the v0 handshake request on (the broker switches on the request's version), as long
         as the mechanism expects another client token."""
-        a = self._attempt
+        a = self.attempt
         return a is not None and a.raw and not a.failed and a.exchange.wants_token()
 
     @property
@@ -485,7 +485,7 @@ class SaslIdentity:
                 f"SASL {mechanism}: cannot follow this mechanism over SaslHandshake v0, where the end of "
                 "its raw token exchange is invisible to a proxy; the client must use SaslHandshake v1"
             )
-        self._attempt = _Attempt(exchange, raw)
+        self.attempt = _Attempt(exchange, raw)
         self._answers.append(_Answer.HANDSHAKE)
 
     def on_handshake_response(self, error_code: int) -> bool:
@@ -539,7 +539,7 @@ class SaslIdentity:
         proxy may call it for every such response. Returns True when it makes an identity trusted.
         (A broker that sees a stray request mid-exchange answers it with an error and closes the
         connection; that brief "authenticated" never carries a principal.)"""
-        a = self._attempt
+        a = self.attempt
         if self._answers or a is None or a.failed or a.raw or not a.handshake_ok:
             return False  # an answer still owed means this response predates the exchange
         ex = a.exchange
@@ -550,7 +550,7 @@ class SaslIdentity:
     # ---- internals
 
     def _live_attempt(self, what: str) -> _Attempt:
-        a = self._attempt
+        a = self.attempt
         if a is None:
             raise SaslSequenceError(f"SASL: {what} with no SaslHandshake before it")
         if a.failed:
@@ -563,7 +563,7 @@ class SaslIdentity:
         if self._answers[0] is not kind:
             raise SaslSequenceError(f"SASL: got a {kind.value} where a {self._answers[0].value} was due")
         self._answers.popleft()
-        return self._attempt
+        return self.attempt
 
     def _answer(self, a: _Attempt | None, error_code: int, token: bytes) -> bool:
         if a is None or a.failed:
@@ -590,9 +590,13 @@ class SaslIdentity:
             self._identity = Identity(ex.candidate, ex.mechanism, True)
         else:
             self._identity = Identity(ANONYMOUS, ex.mechanism, False)
-        self._attempt = None
+        self._identity_changed()
+        self.attempt = None
         self._last_failure = None
         return True
+
+    def _identity_changed(self) -> None:
+        self.principal = self._identity.principal if self._identity is not None else ANONYMOUS
 
     def _fail(self, a: _Attempt, reason: str) -> None:
         a.failed = True

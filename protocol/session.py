@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
@@ -49,8 +49,8 @@ from protocol.throttle_field import needs_walk
 
 RAW = RequestHeader(-1, 0, 0, None, None)
 """The header of a raw SASL token (SaslHandshake v0 is followed by frames without Kafka headers)."""
-OWN_CLIENT_ID = "kafka-throttle-proxy"
-_SIZE = struct.Struct(">i")
+OWN_CLIENT_ID: Final = "kafka-throttle-proxy"
+_SIZE: Final = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
 
@@ -94,7 +94,7 @@ class Session:
         untouched (a raw SASL token); None when it was answered here (see :meth:`ready_answers`). Raises a
         :class:`~protocol.errors.ProtocolError` for a frame that cannot be followed."""
         body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
-        if self.identity.raw_request_expected:
+        if self.identity.attempt is not None and self.identity.raw_request_expected:  # (no exchange: one read)
             self.identity.on_raw_token_request(bytes(body))
             self.inflight.push(Pending(RAW, now))
             return frame
@@ -202,7 +202,8 @@ class Session:
         pending = self.inflight.head()
         assert pending is not None  # may_stream said yes: a request is waiting
         self.inflight.pop(pending.header.correlation_id)
-        self.identity.on_other_response()
+        if self.identity.attempt is not None:
+            self.identity.on_other_response()
         return pending
 
     def response(self, frame) -> tuple[Pending, bool]:
@@ -228,7 +229,7 @@ class Session:
         elif header.api_key == Api.SASL_AUTHENTICATE:
             offset = response_body_offset(body, header.api_key, header.api_version)
             self.identity.on_authenticate_response(*decode_authenticate_response(body[offset:], header.api_version))
-        else:
+        elif self.identity.attempt is not None:
             self.identity.on_other_response()
         return pending, released
 

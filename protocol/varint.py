@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from protocol.errors import ProtocolError
 
@@ -50,8 +51,10 @@ def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
     return pos
 
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
+_I16: Final = struct.Struct(">h")
+_I16_unpack: Final = _I16.unpack_from  # bound once: compiled, a method call by name is a lookup each time
+_I32: Final = struct.Struct(">i")
+_I32_unpack: Final = _I32.unpack_from
 
 
 def read_length(buf: bytes | bytearray | memoryview, pos: int, compact: bool, width: int = 4) -> tuple[int, int]:
@@ -64,6 +67,6 @@ def read_length(buf: bytes | bytearray | memoryview, pos: int, compact: bool, wi
         n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     if width == 2:
-        return _I16.unpack_from(buf, pos)[0], pos + 2
-    return _I32.unpack_from(buf, pos)[0], pos + 4
+        return _I16_unpack(buf, pos)[0], pos + 2
+    return _I32_unpack(buf, pos)[0], pos + 4
 

@@ -170,6 +170,7 @@ class Connection:
         self.session = Session(ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim),
                                services.version_caps)
         self.inflight = self.session.inflight
+        self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
         self.last_response_at = 0.0
         self.id = str(services.stats.connections_total)
@@ -184,10 +185,6 @@ class Connection:
         self.draining = False
         self.closed = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @property
-    def identity(self) -> ConnectionIdentity:
-        return self.session.identity
 
     @property
     def client_id(self) -> str:

@@ -28,7 +28,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -41,6 +41,7 @@ from protocol import mutations, throttle_field
 from protocol.apis import Api, decode_body, response_header_is_flexible
 from protocol.errors import ProtocolViolation
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
+from protocol.inflight import Pending
 from protocol.record_batches import (
     NO_PRODUCER_ID,
     RecordBatchError,
@@ -73,8 +74,8 @@ from quotas.throttle import MAX_THROTTLE_MS, combine
 
 log = logging.getLogger(__name__)
 
-_SIZE = struct.Struct(">i")
-_I32 = struct.Struct(">i")
+_SIZE: Final = struct.Struct(">i")
+_I32: Final = struct.Struct(">i")
 _METADATA_VERSION = 12
 _PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
 
@@ -134,7 +135,7 @@ class _ConnState:
         """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
 
 
-_MAX_BOUND_APIS = 64
+_MAX_BOUND_APIS: Final = 64
 """Bound plans kept per connection: API keys come from the client, so the memo is bounded."""
 
 
@@ -499,7 +500,7 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: PolicyConnection, pending, frame, total: int | None = None):
+    def on_response(self, conn: PolicyConnection, pending: Pending, frame, total: int | None = None):
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
         d: Decision = pending.decision

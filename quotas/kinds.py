@@ -20,11 +20,22 @@ from typing import Final, Literal
 from quotas.rate import request_time_to_percent
 
 # Kafka API keys this catalogue speaks of (protocol/apis.py names them all; quotas/ does not import protocol/).
-PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_RECORDS = 0, 1, 11, 14, 21
-SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
-SASL_AUTHENTICATE, CREATE_PARTITIONS, ELECT_LEADERS = 36, 37, 43
-DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS, SHARE_FETCH = 48, 49, 78
-INIT_PRODUCER_ID = 22
+PRODUCE: Final = 0
+FETCH: Final = 1
+JOIN_GROUP: Final = 11
+SYNC_GROUP: Final = 14
+DELETE_RECORDS: Final = 21
+SASL_HANDSHAKE: Final = 17
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+SASL_AUTHENTICATE: Final = 36
+CREATE_PARTITIONS: Final = 37
+ELECT_LEADERS: Final = 43
+DESCRIBE_CLIENT_QUOTAS: Final = 48
+ALTER_CLIENT_QUOTAS: Final = 49
+SHARE_FETCH: Final = 78
+INIT_PRODUCER_ID: Final = 22
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ connection (ValueError family, struct.error)."""
 import contextlib
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchResponse
@@ -12,7 +13,7 @@ from kafka.protocol.producer import ProduceResponse
 from protocol.addresses import decode_addressed
 from protocol.headers import parse_request_header
 from protocol.inflight import expects_response
-from protocol.skim import layout
+from protocol.skim import layout, top_level_tags
 
 EXPECTED = (ValueError, struct.error)
 
@@ -36,7 +37,10 @@ def test_skim_random_bodies(body, cls_version):
         lay = layout(cls, version, body)
         assert lay.end <= len(body)
     except EXPECTED:
-        pass
+        with pytest.raises(EXPECTED):
+            top_level_tags(cls, version, body)
+    else:
+        assert top_level_tags(cls, version, body) == tuple(lay.tags)
 
 
 @settings(max_examples=300)

@@ -11,7 +11,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from protocol.addresses import BrokerEndpoint, decode_addressed
 from protocol.api_versions import cap_api_versions
-from protocol.skim import layout
+from protocol.skim import layout, top_level_tags
 from protocol.varint import TruncatedError, read_tagged_fields, skip_tagged_fields
 
 FT = FetchResponse.FetchableTopicResponse
@@ -62,6 +62,31 @@ def test_produce_layout_finds_throttle_after_the_responses(version):
     start, end = lay.fields["throttle_time_ms"]
     assert struct.unpack(">i", body[start:end]) == (1234,)
     assert lay.end == len(body)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    version=st.integers(4, 18),
+    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=300))),
+                        max_size=4),
+    with_endpoints=st.booleans(),
+    cut=st.integers(0, 40),
+)
+def test_top_level_tags_agree_with_the_layout(version, partitions, with_endpoints, cut):
+    """The one-skip walk (every Produce v10+/Fetch v16+ response) sees the tags the per-field layout sees, and
+    refuses exactly the bodies the layout refuses."""
+    eps = [(1, "broker-1", 9092)] if with_endpoints else []
+    body = _fetch(version, partitions, eps).encode()
+    body = body[:len(body) - cut]
+    try:
+        expected = tuple(layout(FetchResponse, version, body).tags)
+    except TruncatedError:
+        with pytest.raises(TruncatedError):
+            top_level_tags(FetchResponse, version, body)
+        return
+    assert top_level_tags(FetchResponse, version, memoryview(body)) == expected
+    if cut == 0:
+        assert (0 in expected) == (with_endpoints and version >= 16)
 
 
 def test_truncated_body_is_an_error():
