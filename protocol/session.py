@@ -73,7 +73,7 @@ class Session:
     """Ordering state of one client connection (see the module docstring)."""
 
     __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests",
-                 "held_responses", "_own_corr")
+                 "held_responses", "_own_corr", "_walk_kv", "_walk")
 
     def __init__(self, identity: ConnectionIdentity, version_caps: Mapping[int, int]) -> None:
         self.inflight = InFlight()
@@ -86,6 +86,8 @@ class Session:
         self.held_responses: deque | None = None
         """Responses held behind one that waits for a new broker listener (None when none waits)."""
         self._own_corr = -1
+        self._walk_kv = -1  # (api, version) of the last _needs_walk, and its answer
+        self._walk = False
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -132,9 +134,19 @@ class Session:
         bytes, so it must be assembled, never streamed."""
         if request.answered:
             header = request.header
+            if decision is not None and not whole:
+                whole = self._needs_walk(header.api_key, header.api_version)
             self.inflight.push(Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4),
-                                       whole=whole or (decision is not None
-                                                       and needs_walk(header.api_key, header.api_version))))
+                                       whole=whole))
+
+    def _needs_walk(self, api_key: int, api_version: int) -> bool:
+        """``throttle_field.needs_walk``, remembered for the (api, version) asked last: a client sends the same
+        one request after request, and the lookup is an interpreted call."""
+        kv = api_key * 65536 + (api_version & 0xFFFF)
+        if kv != self._walk_kv:
+            self._walk_kv = kv
+            self._walk = needs_walk(api_key, api_version)
+        return self._walk
 
     def answer(self, request: Request, decision: Any, frame: bytes, now: float) -> None:
         """The proxy answers ``request`` itself with ``frame``, in its turn (see :meth:`ready_answers`)."""

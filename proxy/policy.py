@@ -80,6 +80,13 @@ _METADATA_VERSION = 12
 _PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
 
 
+def _ms(seconds: float) -> int:
+    """Monotonic seconds to whole ms, half up. Not ``round()``: compiled, that is a call through the builtins
+    module on every charge; this is native. (Half up instead of half even: the clock is never negative, and
+    the charges compare times with each other only.)"""
+    return int(seconds * 1000 + 0.5)
+
+
 def local_frame(header: RequestHeader, body: bytes | bytearray) -> bytes:
     """A whole response frame (size prefix, response header, ``body``) answering ``header``. ``body`` may be a
     bytearray (kafka-python encodes into one): compiled, a ``bytes`` parameter would refuse it."""
@@ -99,13 +106,18 @@ class _Plan(NamedTuple):
     """Some kind charged at response exempts replica fetches: read the request's replica id."""
 
 
+_Charged = tuple[QuotaKind, Bound, Basis]
+"""(kind, handle, basis): one quota a bound plan charges (typed: compiled, its fields are read natively)."""
+
+
 class _Bound:
     """One API's :class:`_Plan` bound to one connection's user, client id and scope: the quota handles its
     requests are charged through (see :class:`quotas.manager.Bound`), kept until the manager's stamp moves."""
 
     __slots__ = ("at_request", "later", "later_replica", "pids", "plan")
 
-    def __init__(self, plan: _Plan, at_request: tuple, later: tuple, pids: Bound | None) -> None:
+    def __init__(self, plan: _Plan, at_request: tuple[_Charged, ...], later: tuple[_Charged, ...],
+                 pids: Bound | None) -> None:
         self.plan = plan
         self.at_request = at_request
         """(kind, handle, basis) for every kind charged when the request arrives and applying to this client
@@ -157,7 +169,7 @@ class Decision:
         """The clock value (monotonic ms) the request-time charges used, for an exact replay of the log."""
         self.topic_partitions: list[int] | None = None
         self.throttle_ms = 0
-        self.later: tuple[tuple[QuotaKind, Bound, Basis], ...] = ()
+        self.later: tuple[_Charged, ...] = ()
         """(kind, handle, basis) charged when the response arrives (response bytes, service time)."""
         self.merge: Callable[[memoryview], bytes | bytearray] | None = None
         self.values: dict[str, tuple[float, float, int]] = {}
@@ -227,11 +239,11 @@ class Policy:
         return self._keys
 
     def _now_ms(self) -> int:
-        return round(self._clock() * 1000)
+        return _ms(self._clock())
 
     def now_ms(self) -> int:
         """The policy's clock in ms: what anything recording into its quota state (the fleet) must use."""
-        return round(self._clock() * 1000)
+        return _ms(self._clock())
 
     def upkeep(self) -> None:
         if self.sources.refresh():  # a sibling worker altered quotas through its AlterClientQuotas
@@ -331,7 +343,7 @@ class Policy:
         plan = self._plan(key)
         if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
             return None
-        now_ms = round(now * 1000)
+        now_ms = _ms(now)
         client_id = header.client_id or ""
         b = self._bind(conn, plan, key, client_id, now_ms)
         if b is None:
@@ -342,10 +354,10 @@ class Policy:
             conn.sum_requests = max(0, conn.sum_requests - 1)
             conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
         d.charged_ms = now_ms
-        charge = self.quotas.charge
+        quotas = self.quotas
         for kind, h, how in b.at_request:
             a = len(body) if how == "request_bytes" else amount_from(how, request_bytes=len(body))
-            d.note(kind.key, a, h.limit, charge(h, a, now_ms))
+            d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         later = b.later
         if plan.exempt_replicas and later and _is_replica_fetch(body, header):
             later = b.later_replica
@@ -505,12 +517,13 @@ class Policy:
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
         d: Decision = pending.decision
         now = self._clock()
-        now_ms = round(now * 1000)
+        now_ms = _ms(now)
         size = (total if total is not None else len(frame)) - 4
         if d.later:
             # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
-            started = pending.sent_at if pending.sent_at > conn.last_response_at else conn.last_response_at
-            charge = self.quotas.charge
+            sent_at, last = pending.sent_at, conn.last_response_at
+            started = sent_at if sent_at > last else last
+            quotas = self.quotas
             for kind, h, how in d.later:
                 if how == "response_bytes":
                     a: int | float = size
@@ -518,7 +531,7 @@ class Policy:
                     a = 0.0
                 else:
                     a = amount_from(how, response_bytes=size, service_ms=max(now - started, 0.0) * 1000)
-                d.note(kind.key, a, h.limit, charge(h, a, now_ms))
+                d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         conn.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
         throttle = d.throttle_ms
@@ -567,9 +580,14 @@ class Policy:
         else:
             action = "pass"
         shadow = not self.enforce
-        decisions = self.stats.decisions
-        for key in d.values:
-            decisions[(key, action, shadow)] += 1
+        if action == "pass" and not shadow:  # the usual decision, counted under a str key (Stats.passes)
+            passes = self.stats.passes
+            for key in d.values:
+                passes[key] = passes.get(key, 0) + 1
+        else:
+            decisions = self.stats.decisions
+            for key in d.values:
+                decisions[(key, action, shadow)] += 1
         if self.decision_log is None:
             return
         # This request has its own event: the connection's next summary covers only the traffic that met no

@@ -72,8 +72,8 @@ class SampledRate:
     entity, and there may be many). Not thread-safe; the proxy runs on one event loop.
     """
 
-    __slots__ = ("_current", "_last", "_min_last", "_oldest", "_samples", "_size", "_starts", "_total", "_values",
-                 "_window_ms")
+    __slots__ = ("_cur_last", "_cur_start", "_cur_value", "_current", "_last", "_min_last", "_oldest", "_samples",
+                 "_size", "_starts", "_total", "_values", "_window_ms")
 
     def __init__(self, samples: int = 11, window_ms: float = 1000) -> None:
         if samples < 1:
@@ -94,6 +94,12 @@ class SampledRate:
         whenever a slot is reset, so additions cannot drift for longer than one sample window)."""
         self._oldest = 0.0
         """Earliest start among the live slots (the rate's window begins there); updated when a slot is reset."""
+        # The current slot's value, last event and start, as native floats: every record touches only these
+        # (compiled, an array item costs a generic call to read or write). The arrays hold the current slot's
+        # value and last event only after _flush(): anything reading them for every slot flushes first.
+        self._cur_value = 0.0
+        self._cur_last = 0.0
+        self._cur_start = 0.0
 
     @property
     def samples(self) -> int:
@@ -105,9 +111,17 @@ class SampledRate:
         """Length of one sample (``quota.window.size.seconds`` in ms); also the request-quota throttle cap."""
         return self._window_ms
 
+    def _flush(self) -> None:
+        """Write the current slot's value and last event into the arrays."""
+        if self._size:
+            i = self._current
+            self._values[i] = self._cur_value
+            self._last[i] = self._cur_last
+
     def _reset(self, i: int, now_ms: float) -> None:
         """Empty slot ``i`` (which must be below ``_size``) to start at ``now_ms``; rare (a new sample, an
-        expiry), so the running total and the oldest start are recomputed here rather than kept incrementally."""
+        expiry), so the running total and the oldest start are recomputed here rather than kept incrementally.
+        The arrays must be flushed (:meth:`_flush`) before the current slot changes or any slot is reset."""
         self._values[i] = 0.0
         self._starts[i] = now_ms
         self._last[i] = now_ms
@@ -116,6 +130,10 @@ class SampledRate:
         size = self._size
         self._total = math.fsum(self._values[:size])
         self._oldest = min(self._starts[:size])
+        if i == self._current:
+            self._cur_value = 0.0
+            self._cur_last = now_ms
+            self._cur_start = now_ms
 
     def _ensure_one(self, now_ms: float) -> None:
         if self._size == 0:
@@ -133,16 +151,16 @@ class SampledRate:
             raise ValueError(f"value must be >= 0 and finite, got {value}")
         if self._size == 0:
             self._ensure_one(now_ms)
-        i = self._current
-        if now_ms - self._starts[i] >= self._window_ms:
-            i = (i + 1) % (self._samples + 1)
+        if now_ms - self._cur_start >= self._window_ms:
+            self._flush()
+            i = (self._current + 1) % (self._samples + 1)
             self._current = i
             if i >= self._size:
                 self._size = i + 1
             self._reset(i, now_ms)
-        self._values[i] += value
+        self._cur_value += value
         self._total += value
-        self._last[i] = now_ms
+        self._cur_last = now_ms
         if now_ms < self._min_last:  # see _reset
             self._min_last = now_ms
 
@@ -154,6 +172,7 @@ class SampledRate:
         expire = self._samples * self._window_ms
         if now_ms - self._min_last < expire:
             return
+        self._flush()
         last = self._last
         size = self._size
         for i in range(size):
@@ -220,6 +239,7 @@ class SampledRate:
         return self.throttle_ms(quota, now_ms, cap_ms)
 
     def __repr__(self) -> str:
+        self._flush()
         live = ", ".join(f"({self._starts[i]:g}..{self._last[i]:g}: {self._values[i]:g})" for i in range(self._size))
         return f"SampledRate(samples={self._samples}, window_ms={self._window_ms:g}, [{live}])"
 

@@ -210,6 +210,20 @@ def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
     assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", True)] == 1
 
 
+def test_decisions_are_counted_by_quota_action_and_shadow():
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=1000)
+    conn = FakeConn()
+    for size in (10, 5000):  # within quota, then over it
+        header, body = _produce(size)
+        d = policy.on_request(conn, header, body, clock())
+        policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
+    counts = policy.stats.decision_counts()
+    assert counts[(PRODUCER_BYTE_RATE, "pass", False)] == 1
+    assert counts[(PRODUCER_BYTE_RATE, "throttle", False)] == 1
+    assert sum(counts.values()) == 2
+
+
 def _create_topics(partitions: list[int], version: int = 6):
     T = CreateTopicsRequest.CreatableTopic
     topics = [T(name=f"t{i}", num_partitions=n, replication_factor=1, assignments=[], configs=[])

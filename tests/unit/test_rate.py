@@ -310,6 +310,7 @@ class _AlwaysPurging(SampledRate):
 
     def _purge(self, now_ms: float) -> None:
         expire = self._samples * self._window_ms
+        self._flush()
         for i in range(self._size):
             if now_ms - self._last[i] >= expire:
                 self._reset(i, now_ms)
