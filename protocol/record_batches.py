@@ -50,6 +50,7 @@ _I64: Final = struct.Struct(">q")
 _I64_unpack: Final = _I64.unpack_from
 _LEN_MAGIC: Final = struct.Struct(">8xi4xb")  # batchLength at 8, magic at 16
 _LEN_MAGIC_unpack: Final = _LEN_MAGIC.unpack_from
+_LEN_MAGIC_PID_unpack: Final = struct.Struct(">8xi4xb26xq").unpack_from  # and producerId at 43: one call
 
 _LOG_OVERHEAD: Final = 12  # baseOffset + batchLength: what batchLength does not count
 _MAGIC_END: Final = 17  # bytes needed to read the magic
@@ -308,17 +309,25 @@ def single_producer_id(body: memoryview, version: int, offset: int, shape: Shape
     end = len(body)
     if pos + 4 > end or body[offset:pos] != prefix:
         return None
-    try:
-        n, pos = read_length(body, pos, shape.flexible)
-    except TruncatedError:
-        return None
+    n: int = body[pos]
+    if shape.flexible and n < 0x80:  # read_length's one-byte case, inline: nearly every request
+        n -= 1
+        pos += 1
+    else:
+        try:
+            n, pos = read_length(body, pos, shape.flexible)
+        except TruncatedError:
+            return None
     stop = pos + n
     if n < _V2_HEADER or stop + len(shape.tail) != end or body[stop:] != shape.tail:
         return None
-    length, magic = _LEN_MAGIC_unpack(body, pos)
+    length: int
+    magic: int
+    pid: int
+    length, magic, pid = _LEN_MAGIC_PID_unpack(body, pos)
     if magic != 2 or pos + _LOG_OVERHEAD + length != stop:
         return None
-    return _I64_unpack(body, pos + _PID_OFFSET)[0]
+    return pid
 
 
 def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
