@@ -22,8 +22,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from config.model import ProxyConfig
 from mute import ChannelMute
 from protocol.addresses import carries_endpoints_tail
 from protocol.apis import Api, api_label, api_name
@@ -33,27 +34,22 @@ from protocol.frames import (
     FrameError,
     FrameReader,
     FrameReceiver,
+    RequestBytesPool,
     StreamHead,
     StreamPiece,
+    _PoolWaiter,
 )
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.inflight import Pending, expects_response
-from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule
+from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule, PrincipalMapper
 from protocol.session import RAW, Request, Session
 from protocol.text import printable
-from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
+from proxy.brokers import BrokerDirectory
+from proxy.metrics import Stats
+from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
 from proxy.tls import peer_principal
-from proxy.verdicts import Answer, Defer, Replace
-
-if TYPE_CHECKING:
-    from config.model import ProxyConfig
-    from protocol.frames import RequestBytesPool
-    from protocol.principal import PrincipalMapper
-    from proxy.brokers import BrokerDirectory
-    from proxy.metrics import Stats
-    from proxy.responses import TopicIds
-    from proxy.verdicts import RequestPolicy
-    from quotas.connections import Refusal
+from proxy.verdicts import Answer, Defer, Replace, RequestPolicy
+from quotas.connections import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +77,8 @@ def error_kind(reason: str) -> str:
 @dataclass(slots=True)
 class Services:
     """What a connection uses of the proxy, and nothing more: settings, counters, the policy seat, the shared
-    request pool and broker directory, and the connection limits' admit/release."""
+    request pool and broker directory, and the connection limits' admit/release. (Its annotations' classes are
+    imported at run time, not under TYPE_CHECKING: compiled, the dataclass resolves them.)"""
 
     config: ProxyConfig
     stats: Stats
@@ -102,11 +99,13 @@ class _Side(asyncio.BaseProtocol):
     def __init__(self, conn: Connection, is_client: bool) -> None:
         self.conn = conn
         self.is_client = is_client
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
+        """The asyncio transport (None until connected). ``Any``: uvloop's transports are no subclasses of
+        asyncio's, and a compiled attribute would check the declared class."""
         self.pauses: set[str] = set()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
         if self.is_client:
             self.conn.client_connected()
 
@@ -154,13 +153,13 @@ class Connection:
         # was received (large ones reserve from the proxy-wide pool first), responses start in a small buffer.
         self._requests = FrameReader(max_frame, services.request_pool, config.request_pool_min_bytes)
         self._responses = FrameReceiver(max_frame, self._may_stream, initial=INITIAL_RECEIVE_BYTES)
-        self._pool_waiter = None  # queued for the request pool (protocol.frames.RequestBytesPool)
+        self._pool_waiter: _PoolWaiter | None = None  # queued for the request pool (protocol.frames.RequestBytesPool)
         self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
         self._connecting = False
         self._admitted_ip: str | None = None  # counted by the connection limits until closed
-        self._refused_timer: asyncio.TimerHandle | None = None
+        self._refused_timer: Any = None  # the loop's TimerHandle (uvloop's is its own class)
         now = time.monotonic()
-        self.last_active = now
+        self.last_active: float = now
         self._frame_since: float | None = None  # when the incomplete request frame started (while read)
         self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
         self.peer = "?"
@@ -172,13 +171,15 @@ class Connection:
         self.inflight = self.session.inflight
         self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
-        self.last_response_at = 0.0
+        self.last_response_at: float = 0.0
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
-        self.sum_requests = 0
-        self.sum_bytes_in = 0
-        self.sum_bytes_out = 0
-        self.policy_state = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
+        self.sum_requests: int = 0
+        self.sum_bytes_in: int = 0
+        self.sum_bytes_out: int = 0
+        # Every attribute is annotated: compiled (mypyc), an attribute holds only its declared type, and one
+        # inferred from a first ``None`` would refuse what the policy stores later.
+        self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"), self._unmuted)
         self._waiting: tuple[Defer, bytes] | None = None  # a deferred request whose decision waits out a mute
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
@@ -216,7 +217,8 @@ class Connection:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def client_connected(self) -> None:
-        peer = self.client.transport.get_extra_info("peername")
+        transport = self.client.transport
+        peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         ip = str(peer[0]) if peer else "?"
         refusal = self.services.admit(ip)
@@ -232,7 +234,7 @@ class Connection:
         if self.services.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
             try:
                 self.identity.tls_principal = peer_principal(
-                    self.client.transport.get_extra_info("ssl_object"), self.services.principal_mapper)
+                    transport.get_extra_info("ssl_object"), self.services.principal_mapper)
             except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
                 self.close(f"client certificate refused: {exc}")
                 return
@@ -447,7 +449,7 @@ class Connection:
             self.upstream.transport.writelines(out)
         self._release_requests()
 
-    def _on_request(self, frame: memoryview | bytearray):
+    def _on_request(self, frame: bytes | bytearray | memoryview):
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
         now = time.monotonic()
         request = self.session.receive(frame, now)
@@ -570,7 +572,9 @@ class Connection:
         FrameReceiver, after every earlier response was handled."""
         if not self.session.may_stream(head):
             return False
-        header = self.inflight.head().header
+        head_pending = self.inflight.head()
+        assert head_pending is not None  # may_stream: a request is waiting
+        header = head_pending.header
         stream = not needs_whole_body(header.api_key, header.api_version)
         self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
         return stream
@@ -692,6 +696,7 @@ class Connection:
 
     def _tail_done(self) -> None:
         """A streamed response is complete; brokers it named without a listener get one now."""
+        assert self._tail is not None
         missing, self._tail = self._tail.missing, None
         if missing:
             self._spawn(self._learn(missing))
