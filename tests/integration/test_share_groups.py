@@ -166,9 +166,14 @@ def test_consumer_byte_rate_holds_a_share_consumer(share_cluster, fresh_proxy):
 def _leader_and_replicas(cluster, topic: str) -> tuple[int, list[int]]:
     from confluent_kafka.admin import AdminClient
 
-    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(topic, timeout=10)
-    part = md.topics[topic].partitions[0]
-    return part.leader, list(part.replicas)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    deadline = time.monotonic() + 30
+    while True:  # just created: a broker may list the topic before its partition metadata (seen in a full run)
+        part = admin.list_topics(topic, timeout=10).topics[topic].partitions.get(0)
+        if part is not None and part.leader >= 0:
+            return part.leader, list(part.replicas)
+        assert time.monotonic() < deadline, f"no leader for {topic}-0 within 30 s"
+        time.sleep(0.2)
 
 
 def _share_coordinator(cluster, group: str) -> int:
