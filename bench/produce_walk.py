@@ -25,10 +25,10 @@ from protocol.frames import RequestBytesPool
 from protocol.headers import encode_response_header
 from proxy.brokers import BrokerDirectory
 from proxy.connection import Connection, Services
-from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.responses import TopicIds
 from proxy.server import DECODED_APIS
+from proxy.stats import Stats
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("proxy", "protocol", "quotas", "mute", "config")

@@ -196,11 +196,97 @@ def layout(message_cls, version: int, body: bytes | memoryview, offset: int = 0)
     return Layout(fields, tags, tags_offset, pos - offset)
 
 
+class _Op:
+    """One skip operation as a native object (compiled, its fields are read without a generic tuple index)."""
+
+    __slots__ = ("kind", "size", "compact", "inner")
+
+    def __init__(self, kind: int, size: int, compact: bool, inner: tuple[_Op, ...]) -> None:
+        self.kind = kind
+        self.size = size
+        """FIXED: bytes to skip."""
+        self.compact = compact
+        """STR, BYTES, ARRAY: the length is a compact varint (flexible versions)."""
+        self.inner = inner
+        """ARRAY, NSTRUCT: the element's operations."""
+
+
+def _native_ops(ops: tuple) -> tuple[_Op, ...]:
+    out: list[_Op] = []
+    for op in ops:
+        kind: int = op[0]
+        if kind == FIXED:
+            out.append(_Op(kind, op[1], False, ()))
+        elif kind in (STR, BYTES):
+            out.append(_Op(kind, 0, bool(op[1]), ()))
+        elif kind == ARRAY:
+            out.append(_Op(kind, 0, bool(op[2]), _native_ops(op[1])))
+        elif kind == NSTRUCT:
+            out.append(_Op(kind, 0, False, _native_ops(op[1])))
+        else:
+            out.append(_Op(kind, 0, False, ()))
+    return tuple(out)
+
+
 @lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
-def _body_ops(message_cls, version: int) -> tuple[tuple, bool]:
-    """Every top-level field's skip operations as one merged sequence, and whether the version is flexible."""
+def _body_ops(message_cls, version: int) -> tuple[tuple, tuple[_Op, ...], bool]:
+    """Every top-level field's skip operations as one merged sequence (as tuples, and as native objects), and
+    whether the version is flexible."""
     plan, flexible = top_level_plan(message_cls, version)
-    return merge_ops([op for _, ops in plan for op in ops]), flexible
+    ops = merge_ops([op for _, ops in plan for op in ops])
+    return ops, _native_ops(ops), flexible
+
+
+def _skip_bytes(ops: tuple[_Op, ...], buf: bytes, pos: int, end: int) -> int:
+    """:func:`skip` over ``bytes`` with native operations: the same walk, with every read native once compiled
+    (a memoryview or a tuple index is a generic call from compiled code)."""
+    for op in ops:
+        kind = op.kind
+        if kind == FIXED:
+            pos += op.size
+        elif kind <= ARRAY:
+            n: int
+            if op.compact:
+                n = buf[pos]
+                if n < 0x80:
+                    pos += 1
+                else:
+                    n, pos = read_uvarint(buf, pos)
+                n -= 1
+            elif kind == STR:
+                (n,) = _I16_unpack(buf, pos)
+                pos += 2
+            else:
+                (n,) = _I32_unpack(buf, pos)
+                pos += 4
+            if kind != ARRAY:
+                if n > 0:
+                    pos += n
+            else:
+                inner = op.inner
+                if len(inner) == 1 and inner[0].kind == FIXED:
+                    if n > 0:
+                        pos += n * inner[0].size
+                else:
+                    for _ in range(n):
+                        pos = _skip_bytes(inner, buf, pos, end)
+        elif kind == NSTRUCT:
+            marker = buf[pos]
+            pos += 1
+            if marker != 0xFF:
+                pos = _skip_bytes(op.inner, buf, pos, end)
+        elif buf[pos] == 0:  # TAGS, none sent: the usual case
+            pos += 1
+        else:
+            pos = skip_tagged_fields(buf, pos)
+        if pos > end:
+            raise TruncatedError(f"a field ending at byte {pos} runs past the end ({end} bytes)")
+    return pos
+
+
+SMALL_BODY_BYTES: Final = 4096
+"""Bodies up to this size are copied to ``bytes`` and walked natively by :func:`top_level_tags` (the copy costs
+less than generic reads); larger ones, whose bulk is records skipped in one step, are walked in place."""
 
 
 def top_level_tags(message_cls, version: int, body: bytes | memoryview) -> tuple[int, ...]:
@@ -210,18 +296,25 @@ def top_level_tags(message_cls, version: int, body: bytes | memoryview) -> tuple
 
     Raises TruncatedError (a ValueError) when the body is shorter than its fields say.
     """
-    ops, flexible = _body_ops(message_cls, version)
+    ops, native, flexible = _body_ops(message_cls, version)
     tags: tuple[int, ...] = ()
+    end = len(body)
+    data: bytes | memoryview
     try:
-        pos = skip(ops, body, 0)
+        if end <= SMALL_BODY_BYTES:
+            data = bytes(body)
+            pos = _skip_bytes(native, data, 0, end)
+        else:
+            data = body
+            pos = skip(ops, body, 0)
         if flexible:
-            if body[pos] == 0:  # no tagged field: the usual case
+            if data[pos] == 0:  # no tagged field: the usual case
                 pos += 1
             else:
-                tagged, pos = read_tagged_fields(body, pos)
+                tagged, pos = read_tagged_fields(data, pos)
                 tags = tuple(tag for tag, _, _ in tagged)
     except (struct.error, IndexError) as exc:
         raise TruncatedError(f"{message_cls.name} v{version} is truncated") from exc
-    if pos > len(body):
+    if pos > end:
         raise TruncatedError(f"{message_cls.name} v{version} is truncated")
     return tags

@@ -38,6 +38,7 @@ COMPILED = (
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
     "proxy.connection",
+    "proxy.stats",  # counters bumped per request
     # Not quotas/entities.py: it validates configuration from files and the wire, and relies on wrong types
     # reaching its checks (mypyc would raise TypeError at the call instead of QuotaEntityError/QuotaValueError).
 )

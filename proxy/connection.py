@@ -45,8 +45,8 @@ from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingR
 from protocol.session import RAW, Request, Session
 from protocol.text import printable
 from proxy.brokers import BrokerDirectory
-from proxy.metrics import Stats
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
+from proxy.stats import Stats
 from proxy.tls import peer_principal
 from proxy.verdicts import Answer, Defer, Replace, RequestPolicy
 from quotas.connections import Refusal
@@ -174,6 +174,8 @@ class Connection:
         self.last_response_at: float = 0.0
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
+        self._label_key = -1  # see _api_label
+        self._label = ""
         self.sum_requests: int = 0
         self.sum_bytes_in: int = 0
         self.sum_bytes_out: int = 0
@@ -462,7 +464,7 @@ class Connection:
         stats = services.stats
         stats.requests += 1
         self.sum_requests += 1
-        stats.requests_by_api[api_label(header.api_key)] += 1
+        stats.requests_by_api[self._api_label(header.api_key)] += 1
         verdict = services.policy.on_request(self, header, request.body, now)
         return self._apply(verdict, request, now)
 
@@ -633,9 +635,17 @@ class Connection:
                 return
         out.append(frame)
 
+    def _api_label(self, api_key: int) -> str:
+        """``api_label``, remembered for the last API asked (a connection sends mostly one): it is an interpreted
+        call, twice a request."""
+        if api_key != self._label_key:
+            self._label_key = api_key
+            self._label = api_label(api_key)
+        return self._label
+
     def _count_latency(self, pending: Pending) -> None:
         stats = self.services.stats
-        name = api_label(pending.header.api_key)
+        name = self._api_label(pending.header.api_key)
         stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
         stats.latency_count_by_api[name] += 1
 

@@ -12,42 +12,14 @@ Quota metric names follow Kafka's ``<Group>`` / ``<name>`` (``Produce`` ``byte-r
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
+from proxy.stats import Stats
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Stats:
-    """Counters bumped on the hot path; exported at scrape time."""
-
-    connections_total: int = 0
-    requests: int = 0
-    bytes_from_clients: int = 0
-    bytes_to_clients: int = 0
-    requests_by_api: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    latency_sum_by_api: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-    latency_count_by_api: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    connection_errors: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    decisions: defaultdict[tuple[str, str, bool], int] = field(default_factory=lambda: defaultdict(int))
-    """(quota key, action, shadow) -> decisions; enforced passes are in :attr:`passes` (see :meth:`decision_counts`)."""
-    passes: dict[str, int] = field(default_factory=dict)
-    """quota key -> enforced "pass" decisions: the one counted on nearly every request, kept under a str key
-    (hashing a 3-tuple for each charge was a tenth of the quota path's cost)."""
-    connections_refused: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    """quotas.connections.Refusal.reason -> count."""
-
-    def decision_counts(self) -> dict[tuple[str, str, bool], int]:
-        """Every decision count by (quota key, action, shadow): :attr:`decisions` and :attr:`passes` together."""
-        out = dict(self.decisions)
-        for key, n in list(self.passes.items()):
-            out[(key, "pass", False)] = out.get((key, "pass", False), 0) + n
-        return out
 
 
 QuotaSample = tuple[str, str, str, str, str, float]

@@ -51,7 +51,7 @@ from protocol.record_batches import (
 )
 from protocol.text import printable
 from proxy import client_quota_api
-from proxy.metrics import Stats
+from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event

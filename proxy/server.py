@@ -21,10 +21,10 @@ from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
 from proxy.discovery import discover_brokers
 from proxy.fleet import FleetSync
-from proxy.metrics import Stats
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
+from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import ConnectionQuotas, Refusal
 

@@ -21,8 +21,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from config.model import ProxyConfig
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending
-from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
+from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, Replace
 from quotas.entities import QuotaEntity
 from quotas.kinds import CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE

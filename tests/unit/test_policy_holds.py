@@ -18,8 +18,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
-from proxy.metrics import Stats
 from proxy.policy import Decision, Policy
+from proxy.stats import Stats
 from proxy.verdicts import Defer
 
 HOLD_MAX_MS = 300

@@ -11,7 +11,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from protocol.addresses import BrokerEndpoint, decode_addressed
 from protocol.api_versions import cap_api_versions
-from protocol.skim import layout, top_level_tags
+from protocol.skim import SMALL_BODY_BYTES, layout, top_level_tags
 from protocol.varint import TruncatedError, read_tagged_fields, skip_tagged_fields
 
 FT = FetchResponse.FetchableTopicResponse
@@ -71,11 +71,14 @@ def test_produce_layout_finds_throttle_after_the_responses(version):
                         max_size=4),
     with_endpoints=st.booleans(),
     cut=st.integers(0, 40),
+    big=st.booleans(),
 )
-def test_top_level_tags_agree_with_the_layout(version, partitions, with_endpoints, cut):
+def test_top_level_tags_agree_with_the_layout(version, partitions, with_endpoints, cut, big):
     """The one-skip walk (every Produce v10+/Fetch v16+ response) sees the tags the per-field layout sees, and
-    refuses exactly the bodies the layout refuses."""
+    refuses exactly the bodies the layout refuses: small bodies (walked as bytes) and large ones (in place)."""
     eps = [(1, "broker-1", 9092)] if with_endpoints else []
+    if big:
+        partitions = [*partitions, (0, b"r" * (SMALL_BODY_BYTES + 1))]
     body = _fetch(version, partitions, eps).encode()
     body = body[:len(body) - cut]
     try:

@@ -1,0 +1,45 @@
+"""The counters a connection and the policy bump for every request: plain ints and dicts, exported at scrape time
+by ``proxy.metrics``.
+
+A module of its own so it can be compiled with the per-request path (``proxy/build_info.py``): from compiled
+code, bumping an attribute of a native class is a store, of an interpreted dataclass a generic attribute call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+__all__ = ["Stats"]
+
+
+class Stats:
+    """Counters bumped on the hot path; exported at scrape time."""
+
+    __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "requests_by_api",
+                 "latency_sum_by_api", "latency_count_by_api", "connection_errors", "decisions", "passes",
+                 "connections_refused")
+
+    def __init__(self) -> None:
+        self.connections_total = 0
+        self.requests = 0
+        self.bytes_from_clients = 0
+        self.bytes_to_clients = 0
+        self.requests_by_api: defaultdict[str, int] = defaultdict(int)
+        self.latency_sum_by_api: defaultdict[str, float] = defaultdict(float)
+        self.latency_count_by_api: defaultdict[str, int] = defaultdict(int)
+        self.connection_errors: defaultdict[str, int] = defaultdict(int)
+        self.decisions: defaultdict[tuple[str, str, bool], int] = defaultdict(int)
+        """(quota key, action, shadow) -> decisions; enforced passes are in :attr:`passes` (see
+        :meth:`decision_counts`)."""
+        self.passes: dict[str, int] = {}
+        """quota key -> enforced "pass" decisions: the one counted on nearly every request, kept under a str key
+        (hashing a 3-tuple for each charge was a tenth of the quota path's cost)."""
+        self.connections_refused: defaultdict[str, int] = defaultdict(int)
+        """quotas.connections.Refusal.reason -> count."""
+
+    def decision_counts(self) -> dict[tuple[str, str, bool], int]:
+        """Every decision count by (quota key, action, shadow): :attr:`decisions` and :attr:`passes` together."""
+        out = dict(self.decisions)
+        for key, n in list(self.passes.items()):
+            out[(key, "pass", False)] = out.get((key, "pass", False), 0) + n
+        return out
