@@ -21,22 +21,21 @@ from types import SimpleNamespace
 from kafka.protocol.api_message import ApiMessage
 
 from protocol.apis import Api, decode_body, response_class
-from protocol.skim import layout, top_level_tags
+from protocol.endpoint_apis import (  # the tables and per-response checks: compiled there
+    ADDRESS_APIS,
+    NODE_ENDPOINTS_TAG,
+    SHARE_ADDRESS_APIS,
+    tagged_endpoints_since,
+    tags_endpoints,
+)
+from protocol.skim import layout
 from protocol.varint import TruncatedError, read_uvarint
 
-_NODE_ENDPOINTS_TAG = 0
-_NODE_ENDPOINTS_SINCE = {Api.PRODUCE: 10, Api.FETCH: 16}
 _NODE_ENDPOINTS = "node_endpoints"
-SHARE_ADDRESS_APIS = frozenset({Api.SHARE_FETCH, Api.SHARE_ACKNOWLEDGE})
-"""Responses whose ``node_endpoints`` is a regular top-level field (the last one), in every version."""
 _FILLER_TAGS = (10_000, 127)
 """Tags no Produce, Fetch, ShareFetch or ShareAcknowledge response defines: clients skip unknown tagged
 fields, so one of these, holding zero bytes, pads a rewritten tagged section back to the length already
 announced."""
-ADDRESS_APIS = frozenset(
-    {Api.METADATA, Api.FIND_COORDINATOR, Api.DESCRIBE_CLUSTER, Api.PRODUCE, Api.FETCH} | SHARE_ADDRESS_APIS
-)
-
 
 @dataclass(slots=True, frozen=True)
 class BrokerEndpoint:
@@ -72,19 +71,10 @@ class AddressedResponse:
         for node_id, host, port, rack, setter in _entries(self.api_key, self.message):
             new_host, new_port = mapping(BrokerEndpoint(node_id, host, port, rack))
             setter(new_host, new_port)
-        return self.message.encode()
+        return bytes(self.message.encode())  # kafka-python encodes to a bytearray
 
 
-def may_carry_addresses(api_key: int, version: int) -> bool:
-    """Whether a response to this request can hold a broker address (Produce and Fetch only from the
-    KIP-951 versions on); the proxy streams big responses only when this is False."""
-    if api_key not in ADDRESS_APIS:
-        return False
-    since = _NODE_ENDPOINTS_SINCE.get(api_key)
-    return since is None or version >= since
-
-
-def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedResponse | None:
+def decode_addressed(api_key: int, version: int, body: bytes | memoryview) -> AddressedResponse | None:
     """Decode ``body`` if it carries broker addresses, else None (nothing to rewrite).
 
     Raises ValueError (or struct.error) for a body that does not parse.
@@ -92,11 +82,9 @@ def decode_addressed(api_key: int, version: int, body: bytes) -> AddressedRespon
     if api_key not in ADDRESS_APIS:
         return None
     cls = response_class(api_key)
-    since = _NODE_ENDPOINTS_SINCE.get(api_key)
+    since = tagged_endpoints_since(api_key)
     if since is not None:
-        if version < since:
-            return None
-        if _NODE_ENDPOINTS_TAG not in top_level_tags(cls, version, body):
+        if version < since or not tags_endpoints(api_key, version, body):
             return None
     elif api_key in SHARE_ADDRESS_APIS:
         start, end = layout(cls, version, body).fields[_NODE_ENDPOINTS]
@@ -131,17 +119,6 @@ def _entries(api_key: int, msg: ApiMessage):
     elif api_key in (Api.PRODUCE, Api.FETCH) or api_key in SHARE_ADDRESS_APIS:
         for e in msg.node_endpoints or ():
             yield e.node_id, e.host, e.port, e.rack, setter_for(e)
-
-
-def carries_endpoints_tail(api_key: int, version: int) -> bool:
-    """Whether the only addresses a response can carry are in its ``node_endpoints``, at its end: the
-    top-level tagged field of Produce v10+ and Fetch v16+, the last regular field of ShareFetch and
-    ShareAcknowledge. Such a response may stream through with ``protocol.tail_watch`` and have just
-    that tail (``tail_watch_class``) rewritten at the end."""
-    if api_key in SHARE_ADDRESS_APIS:
-        return True
-    since = _NODE_ENDPOINTS_SINCE.get(api_key)
-    return since is not None and version >= since
 
 
 class _FieldsBefore:
@@ -273,7 +250,7 @@ def rewrite_endpoints_tail(
     if api_key in SHARE_ADDRESS_APIS:
         return _rewrite_share_tail(api_key, version, section, mapping)
     entries = _tag_entries(section)
-    if all(tag != _NODE_ENDPOINTS_TAG for tag, _ in entries):
+    if all(tag != NODE_ENDPOINTS_TAG for tag, _ in entries):
         return None
     prefix = _empty_prefix(api_key, version)
     msg = decode_body(response_class(api_key), prefix + section, version)
@@ -291,7 +268,7 @@ def rewrite_endpoints_tail(
         rewritten = _padded(_tag_entries(bytes(msg.encode())[len(prefix) :]), len(section))
         if rewritten is not None:
             return rewritten, endpoints
-    rewritten = _padded([(tag, e) for tag, e in entries if tag != _NODE_ENDPOINTS_TAG], len(section))
+    rewritten = _padded([(tag, e) for tag, e in entries if tag != NODE_ENDPOINTS_TAG], len(section))
     if rewritten is None:  # unreachable: node_endpoints takes at least 3 bytes, a filler 2
         raise ValueError(f"cannot fit node_endpoints into {len(section)} bytes")
     return rewritten, endpoints

@@ -29,7 +29,7 @@ def decode_caps(api_keys: Iterable[int]) -> dict[int, int]:
     return caps
 
 
-def cap_api_versions(body: bytes, version: int, caps: Mapping[int, int]) -> bytes | None:
+def cap_api_versions(body: bytes | memoryview, version: int, caps: Mapping[int, int]) -> bytes | None:
     """The ApiVersions response body with versions capped, or None when nothing changes."""
     cls = response_class(Api.API_VERSIONS)
     msg = decode_body(cls, body, version)
@@ -52,7 +52,7 @@ def cap_api_versions(body: bytes, version: int, caps: Mapping[int, int]) -> byte
     if not changed:
         return None
     msg.api_keys = kept
-    return msg.encode()
+    return bytes(msg.encode())  # kafka-python encodes to a bytearray; compiled callers check for bytes
 
 
 def unsupported_version_body(cap: int) -> bytes:

@@ -15,6 +15,12 @@ from typing import Final
 from protocol.errors import ProtocolError
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
+SMALL_FRAME_BYTES: Final = 64 * 1024
+"""Request frames up to this size (prefix included) come out of :class:`FrameReader` as ``bytes`` even when they
+share a received chunk with others (copied out of it: at most a few microseconds), so the per-request readers
+that follow (header, producer-id memo) run on ``bytes``, whose indexing, slicing and comparison are native when
+compiled, instead of on memoryview objects built per access. Larger frames stay views: their bytes are not
+copied."""
 _SIZE: Final = struct.Struct(">i")
 _SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call by name is a lookup each time
 
@@ -116,9 +122,10 @@ class _PoolWaiter:
 
 class FrameReader:
     """Incremental splitter that hands out whole frames *with* their size prefix, without copying
-    when it can: a frame that lies wholly inside one received chunk is returned as a memoryview of
-    that chunk; only a frame spread over several chunks is assembled, into a buffer that grows with
-    the bytes that actually arrive (never allocated at the size a client merely announced).
+    when it can: a frame that is a whole received chunk is returned as that chunk, a large one that lies
+    inside a chunk as a memoryview of it (a small one is copied out: see :data:`SMALL_FRAME_BYTES`); only a
+    frame spread over several chunks is assembled, into a buffer that grows with the bytes that actually arrive
+    (never allocated at the size a client merely announced).
 
     Why: a proxy forwards most frames unchanged, so the cheapest frame is one passed on as the very
     bytes that arrived. Returned views stay valid (the chunks are immutable ``bytes``).
@@ -146,24 +153,25 @@ class FrameReader:
         self.waiting = 0
         """Bytes the next frame waits for from the pool; while non-zero, nothing is split."""
 
-    def feed(self, data: bytes) -> list[memoryview | bytearray]:
-        out: list[memoryview | bytearray] = []
+    def feed(self, data: bytes) -> list[bytes | memoryview | bytearray]:
+        """Complete frames, prefix included: ``bytes`` for a frame of up to :data:`SMALL_FRAME_BYTES` and for one
+        that is exactly the chunk received (no copy), else a view of the chunk or the buffer it was assembled in."""
+        out: list[bytes | memoryview | bytearray] = []
         if self.waiting:
             self._stash += data  # a read that raced the caller's pause: one chunk at most
             return out
         if self._stash:
             data = self._stash + data  # rare: a split size prefix, or what waited for the pool
             self._stash = b""
-        view = memoryview(data)
         pos = 0
         end = len(data)
         partial = self._partial
         if partial is not None:
             pos = min(self._need - len(partial), end)
-            partial += view[:pos]
+            partial += memoryview(data)[:pos]
             if len(partial) < self._need:
                 return out
-            out.append(partial)
+            out.append(bytes(partial) if len(partial) <= SMALL_FRAME_BYTES else partial)
             self._partial = None
             self._done_reserved += self._reserved
             self._reserved = 0
@@ -172,7 +180,12 @@ class FrameReader:
             check_frame_size(size, self._max)
             total = 4 + size
             if end - pos >= total:
-                out.append(view[pos : pos + total])
+                if total == end:  # pos is 0: the chunk is this one frame, the usual case
+                    out.append(data)
+                elif total <= SMALL_FRAME_BYTES:
+                    out.append(data[pos : pos + total])
+                else:
+                    out.append(memoryview(data)[pos : pos + total])
                 pos += total
                 continue
             if self._pool is not None and size > self._pool_min:
@@ -180,14 +193,14 @@ class FrameReader:
                     self._granted = 0
                 elif not self._pool.try_reserve(total):
                     self.waiting = total
-                    self._stash = bytes(view[pos:end])
+                    self._stash = data[pos:end]
                     return out
                 self._reserved = total
-            self._partial = bytearray(view[pos:end])
+            self._partial = bytearray(memoryview(data)[pos:end])
             self._need = total
             return out
         if pos < end:
-            self._stash = bytes(view[pos:end])
+            self._stash = data[pos:end]
         return out
 
     def granted(self) -> None:

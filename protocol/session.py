@@ -102,7 +102,7 @@ class Session:
             return frame
         header: RequestHeader | None = None
         try:
-            header = parse_request_header(body)
+            header = parse_request_header(frame, 4)  # bytes for all but large frames: read natively
             cap = self.version_caps.get(header.api_key)
             if cap is not None and header.api_version > cap:
                 if header.api_key == Api.API_VERSIONS:  # answered as a broker would: "use one of these"

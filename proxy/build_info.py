@@ -28,6 +28,7 @@ COMPILED = (
     "protocol.inflight",
     "protocol.session",
     "protocol.record_batches",
+    "protocol.endpoint_apis",  # every Produce v10+ / Fetch v16+ response is checked for node_endpoints
     "quotas.rate",
     "quotas.manager",
     "quotas.throttle",
@@ -39,6 +40,7 @@ COMPILED = (
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
     "proxy.connection",
     "proxy.stats",  # counters bumped per request
+    "proxy.responses",  # inspect_response: every response
     # Not quotas/entities.py: it validates configuration from files and the wire, and relies on wrong types
     # reaching its checks (mypyc would raise TypeError at the call instead of QuotaEntityError/QuotaValueError).
 )

@@ -26,8 +26,8 @@ from typing import Any
 
 from config.model import ProxyConfig
 from mute import ChannelMute
-from protocol.addresses import carries_endpoints_tail
 from protocol.apis import Api, api_label, api_name
+from protocol.endpoint_apis import carries_endpoints_tail
 from protocol.errors import ProtocolError
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
@@ -465,7 +465,8 @@ class Connection:
         stats.requests += 1
         self.sum_requests += 1
         stats.requests_by_api[self._api_label(header.api_key)] += 1
-        verdict = services.policy.on_request(self, header, request.body, now)
+        frame = request.frame
+        verdict = services.policy.on_request(self, header, request.body, now, frame if type(frame) is bytes else None)
         return self._apply(verdict, request, now)
 
     def _apply(self, verdict, request: Request, now: float):

@@ -267,7 +267,10 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
+    def on_request(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float,
+                   frame: bytes | None = None):
+        """Decide on one request. ``frame``, when given, is the whole frame as ``bytes`` (``body`` is ``frame[4:]``):
+        the producer-id memo reads it natively."""
         key = header.api_key
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return self._client_quotas(conn, header, body)
@@ -276,7 +279,7 @@ class Policy:
             if wait > 0 and self.enforce:
                 held = body.tobytes()  # the client's chunk may be reused before the hold ends
                 return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
-        return self._decide(conn, header, body, now)
+        return self._decide(conn, header, body, now, frame)
 
     async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, body: bytes):
         """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
@@ -338,7 +341,8 @@ class Policy:
         st.bound[key] = (client_id, b)
         return b
 
-    def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float):
+    def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float,
+                frame: bytes | None = None):
         key = header.api_key
         plan = self._plan(key)
         if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
@@ -363,7 +367,7 @@ class Policy:
             later = b.later_replica
         d.later = later
         if b.pids is not None:
-            self._charge_producer_ids(conn, d, b.pids, header, body, now_ms)
+            self._charge_producer_ids(conn, d, b.pids, header, body, frame, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
@@ -374,15 +378,15 @@ class Policy:
         return d
 
     def _charge_producer_ids(self, conn: PolicyConnection, d: Decision, h: Bound, header: RequestHeader,
-                             body: memoryview, now_ms: int) -> None:
+                             body: memoryview, frame: bytes | None, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
         assert header.body_offset is not None  # a Produce header always has its body located
         st: _ConnState = conn.policy_state
         version, offset = header.api_version, header.body_offset
         pid = None
-        if st.produce_shape is not None:  # the request skeleton the last one had: one read, no walk
-            pid = single_producer_id(body, version, offset, st.produce_shape)
+        if st.produce_shape is not None and frame is not None:  # the skeleton the last one had: no walk
+            pid = single_producer_id(frame, 4, version, offset, st.produce_shape)
         if pid is None:
             try:
                 pids, st.produce_shape = producer_ids_and_shape(body, version, offset)

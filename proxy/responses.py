@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from protocol.addresses import (
     AddressedResponse,
     BrokerEndpoint,
-    carries_endpoints_tail,
     decode_addressed,
-    may_carry_addresses,
     rewrite_endpoints_tail,
     tail_watch_class,
 )
 from protocol.api_versions import cap_api_versions
 from protocol.apis import Api
+from protocol.endpoint_apis import carries_endpoints_tail, may_carry_addresses, tagged_endpoints_since, tags_endpoints
 from protocol.headers import response_body_offset
 from protocol.inflight import Pending
 from protocol.tail_watch import TailWatch
@@ -133,21 +132,25 @@ def inspect_response(
 ) -> bytes | AddressEdit | None:
     """For a response ``frame`` (without size prefix): None when it passes unchanged, the new frame
     when it could be rewritten at once, or an AddressEdit that needs listeners started first."""
-    key = pending.header.api_key
-    version = pending.header.api_version
-    if may_carry_addresses(key, version):
-        offset = response_body_offset(frame, key, version)
-        decoded = decode_addressed(key, version, frame[offset:])
-        if decoded is None:
-            return None
-        endpoints = decoded.endpoints()
-        topics.update(decoded.topic_ids())
-        edit = AddressEdit(bytes(frame[:offset]), decoded, endpoints)
-        if directory.observe(endpoints):
-            return edit
-        return edit.render(directory)
-    if key == Api.API_VERSIONS:
-        offset = response_body_offset(frame, key, version)
-        body = cap_api_versions(frame[offset:], version, version_caps)
-        return None if body is None else bytes(frame[:offset]) + body
-    return None
+    header = pending.header
+    key: int = header.api_key
+    version: int = header.api_version
+    if not may_carry_addresses(key, version):
+        if key == Api.API_VERSIONS:
+            offset = response_body_offset(frame, key, version)
+            body = cap_api_versions(frame[offset:], version, version_caps)
+            return None if body is None else bytes(frame[:offset]) + body
+        return None
+    offset = response_body_offset(frame, key, version)
+    since = tagged_endpoints_since(key)
+    if since is not None and not tags_endpoints(key, version, frame[offset:]):
+        return None  # Produce, Fetch: no node_endpoints, the usual answer (compiled, no decode)
+    decoded = decode_addressed(key, version, frame[offset:])
+    if decoded is None:
+        return None
+    endpoints = decoded.endpoints()
+    topics.update(decoded.topic_ids())
+    edit = AddressEdit(bytes(frame[:offset]), decoded, endpoints)
+    if directory.observe(endpoints):
+        return edit
+    return edit.render(directory)

@@ -11,9 +11,9 @@ import time
 from config.load import ConfigError
 from config.model import ProxyConfig
 from protocol.address_free import offered_caps
-from protocol.addresses import ADDRESS_APIS
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
+from protocol.endpoint_apis import ADDRESS_APIS
 from protocol.frames import RequestBytesPool
 from protocol.principal import PrincipalMapper
 from proxy import metrics

@@ -85,7 +85,8 @@ class PolicyConnection(Protocol):
 class RequestPolicy(Protocol):
     """The policy seat, as a connection sees it: every request goes in, every decided response goes out."""
 
-    def on_request(self, conn: Any, header: Any, body: memoryview, now: float) -> object: ...
+    def on_request(self, conn: Any, header: Any, body: memoryview, now: float,
+                   frame: bytes | None = None) -> object: ...
 
     def on_response(self, conn: Any, pending: Any, frame: Any, total: int | None = None) -> list | None: ...
 

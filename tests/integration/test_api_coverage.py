@@ -22,9 +22,9 @@ from kafka.protocol.admin.cluster import DescribeQuorumRequest
 from kafka.protocol.metadata import ApiVersionsRequest
 
 from protocol.address_free import ACL_HOST_APIS, ADDRESS_FREE, CHECKED_AGAINST, NOT_BROKER_ADDRESSES, address_free
-from protocol.addresses import ADDRESS_APIS, may_carry_addresses
 from protocol.api_versions import WITHDRAWN
 from protocol.apis import response_class
+from protocol.endpoint_apis import ADDRESS_APIS, may_carry_addresses
 from tests.support import KafkaWire
 
 pytestmark = pytest.mark.cluster

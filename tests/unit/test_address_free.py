@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from protocol.address_free import ACL_HOST_APIS, ADDRESS_FREE, NOT_BROKER_ADDRESSES, address_free
-from protocol.addresses import ADDRESS_APIS, may_carry_addresses
 from protocol.api_versions import WITHDRAWN, decode_caps
 from protocol.apis import API_NAMES, RESPONSES, Api
+from protocol.endpoint_apis import ADDRESS_APIS, may_carry_addresses
 from proxy.server import DECODED_APIS
 
 

@@ -47,10 +47,21 @@ def test_frame_reader_refuses_oversize_from_a_split_prefix():
         reader.feed(b"\x00\x0b")
 
 
-def test_frame_reader_whole_frames_are_views_not_copies():
-    chunk = encode_frame(b"abc") + encode_frame(b"de")
-    frames = FrameReader().feed(chunk)
-    assert all(isinstance(f, memoryview) and f.obj is chunk for f in frames)
+def test_frame_reader_hands_out_a_whole_chunk_as_is_small_frames_as_bytes_and_large_ones_as_views():
+    from protocol.frames import SMALL_FRAME_BYTES
+
+    alone = encode_frame(b"x" * (SMALL_FRAME_BYTES * 2))
+    (frame,) = FrameReader(max_frame_bytes=1 << 20).feed(alone)
+    assert frame is alone  # the chunk is the frame: no copy, whatever its size
+    large = encode_frame(b"L" * SMALL_FRAME_BYTES)  # one past the small limit, prefix included
+    chunk = encode_frame(b"abc") + large + encode_frame(b"de")
+    frames = FrameReader(max_frame_bytes=1 << 20).feed(chunk)
+    assert [type(f) for f in frames] == [bytes, memoryview, bytes]
+    assert frames[1].obj is chunk  # a view of the chunk, not a copy
+    assert [bytes(f) for f in frames] == [encode_frame(b"abc"), large, encode_frame(b"de")]
+    reader = FrameReader()
+    assert reader.feed(chunk[:3]) == []
+    assert type(reader.feed(chunk[3:7])[0]) is bytes  # assembled from two chunks, small: bytes too
 
 
 def test_partial_frame_memory_grows_with_what_arrives_not_with_what_was_announced():

@@ -41,6 +41,45 @@ def test_truncated_headers_are_errors(frame):
         parse_request_header(frame)
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("start", [0, 4])
+def test_every_buffer_kind_and_start_reads_the_same_header(kind, start):
+    """bytes are read natively; other buffers (large frames) have their head copied: the same answer either way,
+    ``body_offset`` counted from ``start`` (4: a frame with its size prefix, as the session passes it)."""
+    frame = _frame(MetadataRequest(topics=None, allow_auto_topic_creation=True), 12, corr=-5, client_id="é" * 3)
+    h = parse_request_header(kind(b"\xff" * start + frame), start)
+    assert (h.api_key, h.api_version, h.correlation_id, h.client_id) == (3, 12, -5, "é" * 3)
+    assert h.body_offset == parse_request_header(frame).body_offset
+
+
+def test_a_tagged_header_section_longer_than_the_copied_head_is_read_whole():
+    from protocol.headers import HEAD_COPY_BYTES
+    from protocol.varint import TruncatedError
+
+    value = b"t" * (HEAD_COPY_BYTES + 10)
+    size = len(value)
+    varint = bytearray()
+    while size >= 0x80:
+        varint.append(size & 0x7F | 0x80)
+        size >>= 7
+    varint.append(size)
+    fixed = b"\x00\x03\x00\x0c\x00\x00\x00\x01\x00\x01x"  # Metadata v12 (header v2), client id "x"
+    frame = fixed + b"\x01\x05" + bytes(varint) + value + b"\x00\x00"  # one unknown tag (5), then a body
+    h = parse_request_header(memoryview(frame))
+    assert h.body_offset == len(frame) - 2
+    with pytest.raises(TruncatedError):
+        parse_request_header(memoryview(frame[:-3]))  # the tagged value runs past the end
+
+
+def test_signed_fields_and_invalid_client_id_lengths():
+    h = parse_request_header(b"\xff\xfe\xff\xff\x80\x00\x00\x00\xff\xff")
+    assert (h.api_key, h.api_version, h.correlation_id, h.client_id, h.body_offset) == (-2, -1, -2**31, None, None)
+    with pytest.raises(HeaderError, match="length -2 is invalid"):
+        parse_request_header(b"\x00\x03\x00\x01\x00\x00\x00\x01\xff\xfe")
+    with pytest.raises(HeaderError, match="UTF-8"):
+        parse_request_header(b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x01\xff")
+
+
 @pytest.mark.parametrize("version", [3, 8, 9, 13])
 @pytest.mark.parametrize("acks", [0, 1, -1])
 def test_produce_acks(version, acks):

@@ -222,7 +222,8 @@ def test_the_skeleton_memo_reads_what_the_full_walk_reads_or_declines(version, f
     if data.draw(st.booleans()) and body2:
         i = data.draw(st.integers(0, len(body2) - 1))
         body2[i] = data.draw(st.integers(0, 255))
-    got = single_producer_id(memoryview(body2), version, 0, shape)
+    start = data.draw(st.sampled_from([0, 4]))  # 4: the frame with its size prefix, as the policy passes it
+    got = single_producer_id(bytes(start) + bytes(body2), start, version, 0, shape)
     if got is None:
         return
     # It answered: the full walk must agree, and the request must be one batch in one field.
@@ -238,10 +239,15 @@ def test_the_memo_answers_a_producers_next_request_without_a_walk():
         _ids, shape = producer_ids_and_shape(body1, version)
         assert shape is not None
         body2 = bytes(_produce(version, [[None, _records(7, count=9, value_size=300)]], txn="tx").encode())
-        assert single_producer_id(memoryview(body2), version, 0, shape) == 7
+        assert single_producer_id(body2, 0, version, 0, shape) == 7
+        assert single_producer_id(b"\0\0\0\0" + body2, 4, version, 0, shape) == 7  # a frame, prefix included
         body3 = bytes(_produce(version, [[None, _records(8)]], txn="ty").encode())  # another transactional id
-        assert single_producer_id(memoryview(body3), version, 0, shape) is None
-        assert single_producer_id(memoryview(body2), version, 1, shape) is None  # another header length
+        assert single_producer_id(body3, 0, version, 0, shape) is None
+        assert single_producer_id(body2, 0, version, 1, shape) is None  # another header length
+        big = bytes(_produce(version, [[None, _records(2**63 - 5, count=3)]], txn="tx").encode())
+        assert single_producer_id(big, 0, version, 0, shape) == 2**63 - 5
+        none = bytes(_produce(version, [[None, _records(-1)]], txn="tx").encode())
+        assert single_producer_id(none, 0, version, 0, shape) == -1
 
 
 def test_a_padded_records_length_is_never_memoised():
@@ -272,5 +278,5 @@ def test_the_memo_declines_a_request_that_differs_only_after_the_records():
         _ids, shape = producer_ids_and_shape(body1, version)
         assert shape is not None
         body2 = bytes(_produce(version, [[_records(5)], [_records(6)]]).encode())
-        assert single_producer_id(memoryview(body2), version, 0, shape) is None
+        assert single_producer_id(body2, 0, version, 0, shape) is None
         assert producer_ids(body2, version) == {5, 6}

@@ -14,16 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protocol.share_messages as sm
-from protocol.addresses import (
-    ADDRESS_APIS,
-    carries_endpoints_tail,
-    decode_addressed,
-    may_carry_addresses,
-    rewrite_endpoints_tail,
-    tail_watch_class,
-)
+from protocol.addresses import decode_addressed, rewrite_endpoints_tail, tail_watch_class
 from protocol.api_versions import WITHDRAWN, cap_api_versions
 from protocol.apis import API_NAMES, Api, api_name, request_class, request_is_flexible, response_class
+from protocol.endpoint_apis import ADDRESS_APIS, carries_endpoints_tail, may_carry_addresses
 from protocol.skim import layout
 from protocol.tail_watch import TailWatch
 from protocol.throttle_field import raise_in_body, throttle_offset

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.addresses import carries_endpoints_tail
 from protocol.apis import REQUESTS, Api, response_header_is_flexible
+from protocol.endpoint_apis import carries_endpoints_tail
 from protocol.headers import RequestHeader
 from protocol.inflight import Pending
 from proxy.brokers import BrokerDirectory
