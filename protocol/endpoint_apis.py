@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from protocol.apis import Api, response_class
+from protocol.apis import RESPONSES, Api
 from protocol.skim import top_level_tags
 
 NODE_ENDPOINTS_TAG: Final = 0
@@ -57,4 +57,4 @@ def carries_endpoints_tail(api_key: int, version: int) -> bool:
 def tags_endpoints(api_key: int, version: int, body: bytes | memoryview) -> bool:
     """Whether a Produce v10+ or Fetch v16+ response ``body`` has the ``node_endpoints`` tag (one skip over the
     body, see ``skim.top_level_tags``). Raises TruncatedError (a ValueError) for a body that does not parse."""
-    return NODE_ENDPOINTS_TAG in top_level_tags(response_class(api_key), version, body)
+    return NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, body)

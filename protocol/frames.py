@@ -377,38 +377,47 @@ class FrameReceiver:
         self._start = self._end = 0
         return True
 
-    def received(self, nbytes: int) -> Iterator[memoryview | StreamHead | StreamPiece]:
-        """Frames and stream pieces completed by ``nbytes`` more bytes at the buffer's end.
-
-        Raises FrameError (while being iterated) for a size prefix that is negative or too large.
-        """
-        view = self._view
+    def add(self, nbytes: int) -> None:
+        """``nbytes`` more bytes were read into the buffer's end (where :meth:`get_buffer` pointed)."""
         if nbytes >= self._room:
             self._grow = True
-        self._end = end = self._end + nbytes
-        start = self._start
-        if self._stream_left:
-            take = min(self._stream_left, end - start)
-            self._stream_left -= take
-            self._start = start = start + take
-            yield StreamPiece(view[start - take : start], self._stream_left == 0)
-        buf = self._buf
-        while end - start >= 4:
-            (size,) = _SIZE_unpack(buf, start)
-            check_frame_size(size, self._max)
-            total = 4 + size
-            if end - start >= total:
-                self._start = start + total
-                self._need = 0
-                yield view[start : start + total]
-                start = self._start
-                continue
-            if self._need or end - start < HEAD_BYTES:
-                return  # assembling it (decided earlier), or too little in hand to decide yet
-            if self._should_stream is not None and self._should_stream(view[start : start + HEAD_BYTES]):
-                self._start = end
-                self._stream_left = total - (end - start)
-                yield StreamHead(view[start:end], total)
-                return
-            self._need = total
-            return
+        self._end += nbytes
+
+    def next_frame(self) -> memoryview | StreamHead | StreamPiece | None:
+        """The next frame or stream piece now in hand, None when there is none yet. Asked one at a time, so the
+        ``should_stream`` predicate sees the state left by the caller's handling of every earlier frame (e.g.
+        which request is the oldest in flight). Raises FrameError for a size prefix that is negative or too large.
+        (A method, not a generator: compiled, resuming a generator costs a thousand instructions a frame.)"""
+        start, end = self._start, self._end
+        view = self._view
+        left = self._stream_left
+        if left:
+            if end == start:
+                return None
+            take = min(left, end - start)
+            self._stream_left = left = left - take
+            self._start = start + take
+            return StreamPiece(view[start : start + take], left == 0)
+        if end - start < 4:
+            return None
+        (size,) = _SIZE_unpack(self._buf, start)
+        check_frame_size(size, self._max)
+        total = 4 + size
+        if end - start >= total:
+            self._start = start + total
+            self._need = 0
+            return view[start : start + total]
+        if self._need or end - start < HEAD_BYTES:
+            return None  # assembling it (decided earlier), or too little in hand to decide yet
+        if self._should_stream is not None and self._should_stream(view[start : start + HEAD_BYTES]):
+            self._start = end
+            self._stream_left = total - (end - start)
+            return StreamHead(view[start:end], total)
+        self._need = total
+        return None
+
+    def received(self, nbytes: int) -> Iterator[memoryview | StreamHead | StreamPiece]:
+        """:meth:`add`, then every :meth:`next_frame`, lazily (for callers that iterate)."""
+        self.add(nbytes)
+        while (item := self.next_frame()) is not None:
+            yield item

@@ -6,6 +6,7 @@ Hand-parsed because it runs for every frame and is four fixed fields; the body i
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from protocol.apis import request_is_flexible, response_header_is_flexible
@@ -73,24 +74,27 @@ def parse_request_header(frame: bytes | bytearray | memoryview, start: int = 0) 
 
 
 class _FlexibleMemo:
-    """``request_is_flexible`` for the (api, version) asked last: a client sends the same request after request,
-    and the lookup is an interpreted, cached call (≈700 instructions; this is a compare)."""
+    """``request_is_flexible`` or ``response_header_is_flexible`` (``lookup``) for the (api, version) asked last: a
+    client sends the same request after request, and the lookup is an interpreted, cached call (≈700
+    instructions; this is a compare)."""
 
-    __slots__ = ("key", "flexible")
+    __slots__ = ("lookup", "key", "flexible")
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: Callable[[int, int], bool | None]) -> None:
+        self.lookup = lookup
         self.key = -1
         self.flexible: bool | None = None
 
     def get(self, api_key: int, api_version: int) -> bool | None:
         key = (api_key + 0x8000) << 16 | (api_version + 0x8000)  # both int16: a unique non-negative key
         if key != self.key:
-            self.flexible = request_is_flexible(api_key, api_version)
+            self.flexible = self.lookup(api_key, api_version)
             self.key = key
         return self.flexible
 
 
-_FLEXIBLE: Final = _FlexibleMemo()
+_REQUEST_FLEXIBLE: Final = _FlexibleMemo(request_is_flexible)
+_RESPONSE_FLEXIBLE: Final = _FlexibleMemo(response_header_is_flexible)
 
 
 def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
@@ -124,7 +128,7 @@ def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
         except UnicodeDecodeError as exc:
             raise HeaderError("client_id is not valid UTF-8") from exc
         pos = stop
-    flexible = _FLEXIBLE.get(api_key, api_version)
+    flexible = _REQUEST_FLEXIBLE.get(api_key, api_version)
     body_offset: int | None = pos - start
     if flexible is None:
         body_offset = None
@@ -140,7 +144,7 @@ def response_correlation_id(frame: bytes | memoryview) -> int:
 
 
 def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
-    flexible = response_header_is_flexible(api_key, api_version)
+    flexible = _RESPONSE_FLEXIBLE.get(api_key, api_version)
     if flexible is None:
         raise HeaderError(f"cannot locate the body of a response to unknown api {api_key}")
     return skip_tagged_fields(frame, 4) if flexible else 4

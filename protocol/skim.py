@@ -237,6 +237,23 @@ def _body_ops(message_cls, version: int) -> tuple[tuple, tuple[_Op, ...], bool]:
     return ops, _native_ops(ops), flexible
 
 
+class _LastBodyOps:
+    """:func:`_body_ops` of the (message class, version) asked last: responses to one connection come in runs of
+    one API and version, and the cached lookup is an interpreted call (≈700 instructions; this is a compare)."""
+
+    __slots__ = ("message_cls", "version", "ops", "native", "flexible")
+
+    def __init__(self) -> None:
+        self.message_cls: object = None
+        self.version = -1
+        self.ops: tuple = ()
+        self.native: tuple[_Op, ...] = ()
+        self.flexible = False
+
+
+_LAST_BODY_OPS: Final = _LastBodyOps()
+
+
 def _skip_bytes(ops: tuple[_Op, ...], buf: bytes, pos: int, end: int) -> int:
     """:func:`skip` over ``bytes`` with native operations: the same walk, with every read native once compiled
     (a memoryview or a tuple index is a generic call from compiled code)."""
@@ -296,7 +313,11 @@ def top_level_tags(message_cls, version: int, body: bytes | memoryview) -> tuple
 
     Raises TruncatedError (a ValueError) when the body is shorter than its fields say.
     """
-    ops, native, flexible = _body_ops(message_cls, version)
+    last = _LAST_BODY_OPS
+    if last.message_cls is not message_cls or last.version != version:
+        last.ops, last.native, last.flexible = _body_ops(message_cls, version)
+        last.message_cls, last.version = message_cls, version
+    ops, native, flexible = last.ops, last.native, last.flexible
     tags: tuple[int, ...] = ()
     end = len(body)
     data: bytes | memoryview

@@ -45,10 +45,11 @@ from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingR
 from protocol.session import RAW, Request, Session
 from protocol.text import printable
 from proxy.brokers import BrokerDirectory
+from proxy.policy import Policy
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
 from proxy.stats import Stats
 from proxy.tls import peer_principal
-from proxy.verdicts import Answer, Defer, Replace, RequestPolicy
+from proxy.verdicts import Answer, Defer, Replace
 from quotas.connections import Refusal
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Services:
 
     config: ProxyConfig
     stats: Stats
-    policy: RequestPolicy
+    policy: Policy  # the concrete class: compiled, its methods are called natively (a Protocol is a lookup)
     request_pool: RequestBytesPool
     directory: BrokerDirectory
     topic_ids: TopicIds
@@ -588,13 +589,27 @@ class Connection:
         self.last_active = time.monotonic()
         self.services.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
-        self._deliver(self._responses.received(nbytes))
+        self._responses.add(nbytes)
+        self._deliver(None)
 
-    def _deliver(self, frames) -> None:
+    def _deliver(self, held: list | None) -> None:
+        """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order."""
         out: list = []
         session = self.session
+        responses = self._responses
+        i = 0
+        frame: Any
         try:
-            for frame in frames:
+            while True:
+                if held is None:
+                    frame = responses.next_frame()
+                    if frame is None:
+                        break
+                elif i < len(held):
+                    frame = held[i]
+                    i += 1
+                else:
+                    break
                 if session.held_responses is not None:
                     session.held_responses.append(frame)
                 elif type(frame) is StreamPiece:

@@ -1,7 +1,8 @@
 """What the policy may answer for a request, and the little of a connection it may touch.
 
-Why a module of its own: the connection applies verdicts and the policy makes them; with the types here neither
-imports the other, and :class:`PolicyConnection` names the whole of what a policy may read or do to a connection
+Why a module of its own: the connection applies verdicts and the policy makes them; with the types here the policy
+never imports the connection (the connection holds the concrete ``proxy.policy.Policy``: compiled, its methods are
+called natively), and :class:`PolicyConnection` names the whole of what a policy may read or do to a connection
 (so a policy can be unit-tested against a plain object, without sockets).
 
 A verdict is one of: ``None`` (forward the frame, nothing to follow), a decision object (forward, and hand the
@@ -62,14 +63,24 @@ class Mute(Protocol):
 class PolicyConnection(Protocol):
     """All a policy reads of a connection, or does to it."""
 
-    id: str
-    peer: str
-    label: str
-    client_id: str
-    identity: Identity
-    upstream_addr: tuple[str, int] | None
+    # Read only (properties here, so that the connection's own, more specific types satisfy them).
+    @property
+    def id(self) -> str: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def identity(self) -> Identity: ...
+    @property
+    def upstream_addr(self) -> tuple[str, int] | None: ...
+    @property
+    def mute(self) -> Mute: ...
+
+    # Written by the policy too.
     last_response_at: float
-    mute: Mute
     sum_requests: int
     sum_bytes_in: int
     sum_bytes_out: int
@@ -80,14 +91,3 @@ class PolicyConnection(Protocol):
         """Send a request of the proxy's own on this connection's broker link; the response body (after its
         header) comes back, in order with the client's requests."""
         ...
-
-
-class RequestPolicy(Protocol):
-    """The policy seat, as a connection sees it: every request goes in, every decided response goes out."""
-
-    def on_request(self, conn: Any, header: Any, body: memoryview, now: float,
-                   frame: bytes | None = None) -> object: ...
-
-    def on_response(self, conn: Any, pending: Any, frame: Any, total: int | None = None) -> list | None: ...
-
-    def on_unanswered(self, conn: Any, decision: Any) -> None: ...
