@@ -6,7 +6,6 @@ each response is still checked, since a mismatch means the stream is corrupt and
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import Any, Final
 
@@ -14,11 +13,6 @@ from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.varint import read_length
-
-_I16: Final = struct.Struct(">h")
-_I16_unpack: Final = _I16.unpack_from  # bound once: compiled, a method call by name is a lookup each time
-_I32: Final = struct.Struct(">i")
-_I32_unpack: Final = _I32.unpack_from
 
 _LONG_WAITS_MS: dict[int, int] = {
     Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
@@ -91,8 +85,33 @@ class InFlight:
         return len(self._queue)
 
 
-def _skip_leading_string(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> int:
-    n, pos = read_length(frame, pos, flexible, 2)
+_AFTER_BODY_START: Final = 5 + 0x7FFF + 8
+"""What the readers below may look at past the body's start: a leading string (its length, at most 5 bytes, and
+at most 32,767 bytes: Kafka refuses longer strings) and two fixed fields after it."""
+
+
+def _head(frame: bytes | bytearray | memoryview, pos: int) -> bytes:
+    """``frame`` as ``bytes`` (whose reads are native when compiled): itself, or a copy of what the readers may
+    look at when it is a large frame's view (never the records)."""
+    if isinstance(frame, bytes):
+        return frame
+    return bytes(memoryview(frame)[: pos + _AFTER_BODY_START])
+
+
+def _i16(buf: bytes, pos: int) -> int:
+    n = buf[pos] << 8 | buf[pos + 1]
+    return n - 0x10000 if n >= 0x8000 else n
+
+
+def _i32(buf: bytes, pos: int) -> int:
+    n = buf[pos] << 24 | buf[pos + 1] << 16 | buf[pos + 2] << 8 | buf[pos + 3]
+    return n - 0x100000000 if n >= 0x80000000 else n
+
+
+def _skip_leading_string(buf: bytes, pos: int, flexible: bool) -> int:
+    if flexible and buf[pos] < 0x80:  # read_length's one-byte case, inline: nearly every string
+        return pos + max(buf[pos] - 1, 0) + 1
+    n, pos = read_length(buf, pos, flexible, 2)
     return pos + max(n, 0)
 
 
@@ -104,33 +123,39 @@ def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHead
     if header.body_offset is None:
         return 0  # an API the proxy has no schema for: nothing of it is read
     key, pos = header.api_key, header.body_offset + base
+    if key != Api.FETCH and key != Api.PRODUCE and key != Api.JOIN_GROUP:
+        return _LONG_WAITS_MS.get(key, 0)
+    buf = _head(frame, pos)
     try:
         if key == Api.FETCH:
-            return max(_I32_unpack(frame, pos + (4 if header.api_version < 15 else 0))[0], 0)
+            return max(_i32(buf, pos + (4 if header.api_version < 15 else 0)), 0)
         if key == Api.PRODUCE:
             if header.api_version >= 3:
-                pos = _skip_leading_string(frame, pos, header.api_version >= 9)
-            return max(_I32_unpack(frame, pos + 2)[0], 0)
-        if key == Api.JOIN_GROUP:
-            pos = _skip_leading_string(frame, pos, header.api_version >= 6)
-            return max(_I32_unpack(frame, pos + (4 if header.api_version >= 1 else 0))[0], 0)
-    except (struct.error, ValueError, TypeError):
+                pos = _skip_leading_string(buf, pos, header.api_version >= 9)
+            return max(_i32(buf, pos + 2), 0)
+        pos = _skip_leading_string(buf, pos, header.api_version >= 6)
+        return max(_i32(buf, pos + (4 if header.api_version >= 1 else 0)), 0)
+    except (IndexError, ValueError):
         return 0
-    return _LONG_WAITS_MS.get(key, 0)
 
 
-def produce_acks(frame: bytes | memoryview, header: RequestHeader) -> int:
-    """The ``acks`` of a Produce request: after the (nullable) transactional id, from v3 on."""
-    pos = header.body_offset
-    if pos is None:
+def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> int:
+    """The ``acks`` of a Produce request: after the (nullable) transactional id, from v3 on. ``base``: where the
+    header starts in ``frame``."""
+    if header.body_offset is None:
         raise ValueError("Produce request body offset unknown")
-    if header.api_version >= 3:  # after the (nullable) transactional id, compact from v9
-        pos = _skip_leading_string(frame, pos, header.api_version >= 9)
-    if pos + 2 > len(frame):
-        raise ValueError("Produce request too short to hold acks")
-    return _I16_unpack(frame, pos)[0]
+    pos = header.body_offset + base
+    buf = _head(frame, pos)
+    try:
+        if header.api_version >= 3:  # after the (nullable) transactional id, compact from v9
+            pos = _skip_leading_string(buf, pos, header.api_version >= 9)
+        if pos + 2 > len(buf):
+            raise IndexError
+        return _i16(buf, pos)
+    except IndexError:
+        raise ValueError("Produce request too short to hold acks") from None
 
 
-def expects_response(frame: bytes | memoryview, header: RequestHeader) -> bool:
+def expects_response(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> bool:
     """Everything is answered except Produce with acks=0."""
-    return not (header.api_key == Api.PRODUCE and produce_acks(frame, header) == 0)
+    return not (header.api_key == Api.PRODUCE and produce_acks(frame, header, base) == 0)

@@ -111,7 +111,7 @@ class Session:
                     self.inflight.push(Pending(header, now, None, local=local))
                     return None
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
-            answered = expects_response(body, header)
+            answered = expects_response(frame, header, 4)
             if header.api_key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_request(
                     decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)

@@ -89,6 +89,24 @@ def test_produce_acks(version, acks):
     assert expects_response(frame, parse_request_header(frame)) is (acks != 0)
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("version", [3, 9, 11])
+def test_acks_and_timeout_read_the_same_from_every_buffer_kind_and_a_prefixed_frame(kind, version):
+    """bytes are read natively, other buffers (large frames' views) through a copy of their head only."""
+    from protocol.inflight import produce_acks, requested_wait_ms
+
+    req = ProduceRequest(transactional_id="t" * 300, acks=-1, timeout_ms=12_345,
+                         topic_data=[("big", [(0, b"r" * 100_000)])])
+    frame = b"\x00\x00\x00\x00" + _frame(req, version)
+    header = parse_request_header(frame, 4)
+    assert produce_acks(kind(frame), header, 4) == -1
+    assert requested_wait_ms(kind(frame), header, 4) == 12_345
+    cut = kind(frame[: 4 + header.body_offset + 100])  # ends inside the transactional id
+    assert requested_wait_ms(cut, header, 4) == 0
+    with pytest.raises(ValueError, match="too short"):
+        produce_acks(cut, header, 4)
+
+
 def test_inflight_checks_correlation_order():
     f = InFlight()
     for corr in (1, 2):
