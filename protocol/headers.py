@@ -133,7 +133,8 @@ def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
     if flexible is None:
         body_offset = None
     elif flexible:
-        body_offset = skip_tagged_fields(frame, pos) - start
+        # No tagged fields (nearly every header) is read here, natively.
+        body_offset = (pos + 1 if pos < end and frame[pos] == 0 else skip_tagged_fields(frame, pos)) - start
     return RequestHeader(api_key, api_version, correlation_id, client_id, body_offset)
 
 

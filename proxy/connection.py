@@ -47,7 +47,7 @@ from protocol.text import printable
 from proxy.brokers import BrokerDirectory
 from proxy.policy import Policy
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
-from proxy.stats import Stats
+from proxy.stats import ApiCounters, Stats
 from proxy.tls import peer_principal
 from proxy.verdicts import Answer, Defer, Replace
 from quotas.connections import Refusal
@@ -175,8 +175,8 @@ class Connection:
         self.last_response_at: float = 0.0
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
-        self._label_key = -1  # see _api_label
-        self._label = ""
+        self._api_key = -(1 << 20)  # no int16 api key: see _api_counters
+        self._api = ApiCounters()
         self.sum_requests: int = 0
         self.sum_bytes_in: int = 0
         self.sum_bytes_out: int = 0
@@ -465,7 +465,7 @@ class Connection:
         stats = services.stats
         stats.requests += 1
         self.sum_requests += 1
-        stats.requests_by_api[self._api_label(header.api_key)] += 1
+        self._api_counters(header.api_key).requests += 1
         frame = request.frame
         verdict = services.policy.on_request(self, header, request.body, now, frame if type(frame) is bytes else None)
         return self._apply(verdict, request, now)
@@ -651,19 +651,18 @@ class Connection:
                 return
         out.append(frame)
 
-    def _api_label(self, api_key: int) -> str:
-        """``api_label``, remembered for the last API asked (a connection sends mostly one): it is an interpreted
-        call, twice a request."""
-        if api_key != self._label_key:
-            self._label_key = api_key
-            self._label = api_label(api_key)
-        return self._label
+    def _api_counters(self, api_key: int) -> ApiCounters:
+        """The stats' counters of API ``api_key``, remembered for the last API asked (a connection sends mostly
+        one): finding them takes ``api_label``, an interpreted call, and a dict lookup, twice a request."""
+        if api_key != self._api_key:
+            self._api_key = api_key
+            self._api = self.services.stats.api(api_label(api_key))
+        return self._api
 
     def _count_latency(self, pending: Pending) -> None:
-        stats = self.services.stats
-        name = self._api_label(pending.header.api_key)
-        stats.latency_sum_by_api[name] += time.monotonic() - pending.sent_at
-        stats.latency_count_by_api[name] += 1
+        counters = self._api_counters(pending.header.api_key)
+        counters.latency_sum += time.monotonic() - pending.sent_at
+        counters.latency_count += 1
 
     def _on_response(self, frame, out: list) -> None:
         self._release_local(out)

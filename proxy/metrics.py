@@ -51,13 +51,16 @@ class _Collector:
         b.add_metric(["out"], s.bytes_to_clients)
         yield b
         r = CounterMetricFamily("ktp_requests", "Requests from clients, by API", labels=["api"])
-        for api, n in list(s.requests_by_api.items()):
-            r.add_metric([api], n)
+        by_api = list(s.by_api.items())
+        for api, c in by_api:
+            if c.requests:
+                r.add_metric([api], c.requests)
         yield r
         lat = SummaryMetricFamily("ktp_request_latency_seconds",
                                   "Time from forwarding a request to its response, by API", labels=["api"])
-        for api, n in list(s.latency_count_by_api.items()):
-            lat.add_metric([api], count_value=n, sum_value=s.latency_sum_by_api[api])
+        for api, c in by_api:
+            if c.latency_count:
+                lat.add_metric([api], count_value=c.latency_count, sum_value=c.latency_sum)
         yield lat
         e = CounterMetricFamily("ktp_connection_errors", "Connections closed on an error, by reason",
                                 labels=["reason"])

@@ -9,24 +9,35 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-__all__ = ["Stats"]
+__all__ = ["ApiCounters", "Stats"]
+
+
+class ApiCounters:
+    """One API's request count and response latency. Why an object: a connection keeps the one of the API it
+    sent last, so counting a request or a response is a native store, not a dict update under a str key."""
+
+    __slots__ = ("requests", "latency_sum", "latency_count")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.latency_sum = 0.0
+        """Seconds from forwarding a request to its response, summed."""
+        self.latency_count = 0
 
 
 class Stats:
     """Counters bumped on the hot path; exported at scrape time."""
 
-    __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "requests_by_api",
-                 "latency_sum_by_api", "latency_count_by_api", "connection_errors", "decisions", "passes",
-                 "connections_refused")
+    __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "by_api",
+                 "connection_errors", "decisions", "passes", "connections_refused")
 
     def __init__(self) -> None:
         self.connections_total = 0
         self.requests = 0
         self.bytes_from_clients = 0
         self.bytes_to_clients = 0
-        self.requests_by_api: defaultdict[str, int] = defaultdict(int)
-        self.latency_sum_by_api: defaultdict[str, float] = defaultdict(float)
-        self.latency_count_by_api: defaultdict[str, int] = defaultdict(int)
+        self.by_api: dict[str, ApiCounters] = {}
+        """``protocol.apis.api_label`` (a bounded set) -> that API's counters; see :meth:`api`."""
         self.connection_errors: defaultdict[str, int] = defaultdict(int)
         self.decisions: defaultdict[tuple[str, str, bool], int] = defaultdict(int)
         """(quota key, action, shadow) -> decisions; enforced passes are in :attr:`passes` (see
@@ -36,6 +47,13 @@ class Stats:
         (hashing a 3-tuple for each charge was a tenth of the quota path's cost)."""
         self.connections_refused: defaultdict[str, int] = defaultdict(int)
         """quotas.connections.Refusal.reason -> count."""
+
+    def api(self, label: str) -> ApiCounters:
+        """The counters of the API labelled ``label`` (created at first use)."""
+        counters = self.by_api.get(label)
+        if counters is None:
+            counters = self.by_api[label] = ApiCounters()
+        return counters
 
     def decision_counts(self) -> dict[tuple[str, str, bool], int]:
         """Every decision count by (quota key, action, shadow): :attr:`decisions` and :attr:`passes` together."""
