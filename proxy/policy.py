@@ -129,6 +129,20 @@ class _Bound:
         self.pids = pids
 
 
+class _PidMemo:
+    """The producer id a connection sent last, for whom it was observed, and until when (monotonic ms) the KIP-936
+    filters know it: a plain class, so the per-request check reads native fields (a tuple's are objects)."""
+
+    __slots__ = ("tracker", "user", "scope", "pid", "until")
+
+    def __init__(self, tracker: ProducerIdTracker, user: str, scope: str, pid: int, until: int) -> None:
+        self.tracker = tracker
+        self.user = user
+        self.scope = scope
+        self.pid = pid
+        self.until = until
+
+
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
@@ -141,8 +155,8 @@ class _ConnState:
         self.bound: dict[int, tuple[str, _Bound | None]] = {}
         """API key -> (client id, its bound plan or None: no quota applies to that client); valid while
         ``stamp`` and ``user`` are the policy's and the client id is the request's."""
-        self.pid_memo: tuple | None = None
-        """(tracker, owner, producer id, until): the last producer id seen and until when the filters know it."""
+        self.pid_memo: _PidMemo | None = None
+        """The last producer id seen and until when the filters know it."""
         self.produce_shape: Shape | None = None
         """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
 
@@ -398,16 +412,17 @@ class Policy:
                 return
         elif pid == NO_PRODUCER_ID:
             return
-        tracker, owner = self.producer_ids, (d.user, d.scope)
+        tracker = self.producer_ids
         if pid is not None:  # the usual producer: one id, request after request, on one connection
             seen = st.pid_memo
-            if seen is not None and seen[0] is tracker and seen[1] == owner and seen[2] == pid and now_ms < seen[3]:
-                return  # known to the user's filters until seen[3]: asking again would change nothing
-            new, until = tracker.observe_until(owner, pid, now_ms)
-            st.pid_memo = (tracker, owner, pid, until)
+            if (seen is not None and seen.tracker is tracker and seen.pid == pid and now_ms < seen.until
+                    and seen.user == d.user and seen.scope == d.scope):
+                return  # known to the user's filters until seen.until: asking again would change nothing
+            new, until = tracker.observe_until((d.user, d.scope), pid, now_ms)
+            st.pid_memo = _PidMemo(tracker, d.user, d.scope, pid, until)
             d.new_pids = int(new)
         else:
-            d.new_pids = tracker.observe_many(owner, pids, now_ms)
+            d.new_pids = tracker.observe_many((d.user, d.scope), pids, now_ms)
         if not d.new_pids:
             return
         throttle = self.quotas.charge(h, d.new_pids, now_ms)
