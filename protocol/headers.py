@@ -65,12 +65,12 @@ def parse_request_header(frame: bytes | bytearray | memoryview, start: int = 0) 
         return _parse_request_header(frame, start)
     view = memoryview(frame)[start:]
     head = bytes(view[:HEAD_COPY_BYTES])
-    if len(head) == len(view):
-        return _parse_request_header(head, 0)
     try:
         return _parse_request_header(head, 0)
-    except TruncatedError:  # a tagged section longer than the copy: rare enough to copy it all
-        return _parse_request_header(bytes(view), 0)
+    except TruncatedError:
+        if len(head) == len(view):
+            raise
+        return _parse_request_header(bytes(view), 0)  # a tagged section longer than the copy: rare
 
 
 class _FlexibleMemo:
