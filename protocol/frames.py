@@ -21,6 +21,11 @@ share a received chunk with others (copied out of it: at most a few microseconds
 that follow (header, producer-id memo) run on ``bytes``, whose indexing, slicing and comparison are native when
 compiled, instead of on memoryview objects built per access. Larger frames stay views: their bytes are not
 copied."""
+SMALL_RESPONSE_BYTES: Final = 4096
+"""Response frames up to this size (prefix included) come out of :class:`FrameReceiver` as ``bytes`` copies: the
+readers that follow (correlation id, body offset, node_endpoints check, throttle) then index and slice natively,
+where each access to a memoryview builds an object (about 450 instructions a slice, seven a Produce response).
+Larger ones (Fetch data) stay views of the receive buffer, never copied: a copy costs per byte."""
 _SIZE: Final = struct.Struct(">i")
 _SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call by name is a lookup each time
 
@@ -285,7 +290,8 @@ class FrameReceiver:
     buffer: two user-space copies and a page-fault storm per response, which capped the proxy's
     single event loop on consume. Here the only copies left are the kernel's, in and out.
 
-    A frame that is wholly in hand comes out as one ``memoryview`` (prefix included). A larger one
+    A frame that is wholly in hand comes out as one ``memoryview`` (prefix included), or as a ``bytes`` copy when
+    it is small (:data:`SMALL_RESPONSE_BYTES`). A larger one
     either streams — ``should_stream(first HEAD_BYTES bytes)`` said so: a ``StreamHead`` and then
     ``StreamPiece``s, each as soon as it is read, so no frame-sized buffer is ever needed — or is
     assembled in the receive buffer (grown once to the largest such frame, then reused) and comes
@@ -363,7 +369,7 @@ class FrameReceiver:
             self._start, self._end = 0, pending
             self.allocations += 1
             end = pending
-        room = self._view[end:]
+        room = self._view[end:] if end else self._view  # the whole buffer: the usual read, no new view
         self._room = len(room)
         return room
 
@@ -383,7 +389,7 @@ class FrameReceiver:
             self._grow = True
         self._end += nbytes
 
-    def next_frame(self) -> memoryview | StreamHead | StreamPiece | None:
+    def next_frame(self) -> bytes | memoryview | StreamHead | StreamPiece | None:
         """The next frame or stream piece now in hand, None when there is none yet. Asked one at a time, so the
         ``should_stream`` predicate sees the state left by the caller's handling of every earlier frame (e.g.
         which request is the oldest in flight). Raises FrameError for a size prefix that is negative or too large.
@@ -406,6 +412,8 @@ class FrameReceiver:
         if end - start >= total:
             self._start = start + total
             self._need = 0
+            if total <= SMALL_RESPONSE_BYTES:
+                return bytes(view[start : start + total])
             return view[start : start + total]
         if self._need or end - start < HEAD_BYTES:
             return None  # assembling it (decided earlier), or too little in hand to decide yet
@@ -416,7 +424,7 @@ class FrameReceiver:
         self._need = total
         return None
 
-    def received(self, nbytes: int) -> Iterator[memoryview | StreamHead | StreamPiece]:
+    def received(self, nbytes: int) -> Iterator[bytes | memoryview | StreamHead | StreamPiece]:
         """:meth:`add`, then every :meth:`next_frame`, lazily (for callers that iterate)."""
         self.add(nbytes)
         while (item := self.next_frame()) is not None:

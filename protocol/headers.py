@@ -138,10 +138,15 @@ def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
     return RequestHeader(api_key, api_version, correlation_id, client_id, body_offset)
 
 
-def response_correlation_id(frame: bytes | memoryview) -> int:
-    if len(frame) < 4:
-        raise HeaderError(f"response frame of {len(frame)} bytes is shorter than a response header")
-    return _CORR_unpack(frame, 0)[0]
+def response_correlation_id(frame: bytes | memoryview, start: int = 0) -> int:
+    """The correlation id of the response at ``frame[start:]`` (after its size prefix): read byte by byte on
+    ``bytes`` (native when compiled; ``struct`` was 800 instructions a response), with ``struct`` on a view."""
+    if len(frame) - start < 4:
+        raise HeaderError(f"response frame of {len(frame) - start} bytes is shorter than a response header")
+    if isinstance(frame, bytes):
+        c = frame[start] << 24 | frame[start + 1] << 16 | frame[start + 2] << 8 | frame[start + 3]
+        return c - 0x100000000 if c >= 0x80000000 else c
+    return _CORR_unpack(frame, start)[0]
 
 
 def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:

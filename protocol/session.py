@@ -201,7 +201,7 @@ class Session:
             return False  # SASL tokens feed the identity tracker; proxy answers and own asks are small, whole
         if header.api_key in _SASL_APIS or pending.whole:
             return False
-        if header.correlation_id != response_correlation_id(head[4:]):
+        if header.correlation_id != response_correlation_id(head, 4):
             return False  # assembled, then refused with the usual message
         try:  # a response header that does not parse is refused as an assembled frame would be
             response_body_offset(head[4:], header.api_key, header.api_version)
@@ -228,17 +228,18 @@ class Session:
             self.inflight.pop(head.header.correlation_id)
             self.identity.on_raw_token_response(bytes(memoryview(frame)[4:]))
             return head, False
-        body = frame[4:]
-        pending = self.inflight.pop(response_correlation_id(body))
+        pending = self.inflight.pop(response_correlation_id(frame, 4))
         if pending.internal is not None:
             return pending, False
         header = pending.header
         released = False
         if header.api_key == Api.SASL_HANDSHAKE:
+            body = frame[4:]
             offset = response_body_offset(body, header.api_key, header.api_version)
             self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
             released, self.sasl_hold = self.sasl_hold, False
         elif header.api_key == Api.SASL_AUTHENTICATE:
+            body = frame[4:]
             offset = response_body_offset(body, header.api_key, header.api_version)
             self.identity.on_authenticate_response(*decode_authenticate_response(body[offset:], header.api_version))
         elif self.identity.attempt is not None:

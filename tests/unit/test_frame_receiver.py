@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.frames import HEAD_BYTES, FrameError, FrameReceiver, StreamHead, StreamPiece, encode_frame
+from protocol.frames import (
+    HEAD_BYTES,
+    SMALL_RESPONSE_BYTES,
+    FrameError,
+    FrameReceiver,
+    StreamHead,
+    StreamPiece,
+    encode_frame,
+)
 
 
 class Sink:
@@ -22,7 +30,7 @@ class Sink:
         self.live: list[tuple[memoryview, bytes]] = []  # views a transport might still be sending
 
     def take(self, event) -> None:
-        view = event if isinstance(event, memoryview) else event.data
+        view = event if isinstance(event, (memoryview, bytes)) else event.data
         self.live.append((view, bytes(view)))
         if isinstance(event, StreamHead):
             assert self._open is None
@@ -75,6 +83,19 @@ def test_every_two_way_split(stream):
         push(rx, sink, data[cut:])
         assert sink.frames == frames, cut
         assert rx.idle
+
+
+def test_small_frames_come_out_as_bytes_copies_and_large_ones_as_views():
+    """A small response is copied out (its readers then run on bytes); a large one is a view, never copied."""
+    sizes = [SMALL_RESPONSE_BYTES - 4, SMALL_RESPONSE_BYTES - 3, 10]
+    frames, data = payloads_stream(sizes)
+    rx = FrameReceiver(1 << 20, None, capacity=1 << 16)
+    buf = rx.get_buffer(True)
+    buf[: len(data)] = data
+    out = list(rx.received(len(data)))
+    assert [type(f) for f in out] == [bytes, memoryview, bytes]
+    assert [bytes(f) for f in out] == frames
+    assert rx.get_buffer(True).obj is buf.obj  # the receive buffer is reused, whole, for the next read
 
 
 def test_byte_by_byte_streams_big_frames_only_after_the_head():
