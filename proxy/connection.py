@@ -172,7 +172,6 @@ class Connection:
         self.inflight = self.session.inflight
         self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
-        self.last_response_at: float = 0.0
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
         self._api_key = -(1 << 20)  # no int16 api key: see _api_counters

@@ -58,6 +58,7 @@ from quotas.decision_events import request_event, summary_event
 from quotas.entities import QuotaStore
 from quotas.fleet import FleetLedger
 from quotas.kinds import (
+    BIT,
     CONTROLLER_MUTATION_RATE,
     MUTATION_APIS,
     NEVER_CHARGED_APIS,
@@ -67,6 +68,7 @@ from quotas.kinds import (
     amount_from,
     basis,
     charged_at,
+    keys_of,
 )
 from quotas.manager import Bound, QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
@@ -114,7 +116,8 @@ class _Bound:
     """One API's :class:`_Plan` bound to one connection's user, client id and scope: the quota handles its
     requests are charged through (see :class:`quotas.manager.Bound`), kept until the manager's stamp moves."""
 
-    __slots__ = ("at_request", "later", "later_replica", "pids", "plan")
+    __slots__ = ("at_request", "at_request_kinds", "later", "later_kinds", "later_replica", "later_replica_kinds",
+                 "pids", "plan")
 
     def __init__(self, plan: _Plan, at_request: tuple[_Charged, ...], later: tuple[_Charged, ...],
                  pids: Bound | None) -> None:
@@ -126,7 +129,18 @@ class _Bound:
         """(kind, handle, basis) charged when the response arrives."""
         self.later_replica = tuple(khb for khb in later if not khb[0].exempt_replicas)
         """``later`` for a replica fetch."""
+        self.at_request_kinds = _kinds(at_request)
+        """The kinds of ``at_request`` as a set of ``quotas.kinds.BIT``: what every decision on it notes."""
+        self.later_kinds = _kinds(later)
+        self.later_replica_kinds = _kinds(self.later_replica)
         self.pids = pids
+
+
+def _kinds(charged: tuple[_Charged, ...]) -> int:
+    kinds = 0
+    for kind, _h, _how in charged:
+        kinds |= BIT[kind.key]
+    return kinds
 
 
 class _PidMemo:
@@ -146,9 +160,12 @@ class _PidMemo:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("bound", "pid_memo", "produce_shape", "scope", "stamp", "user")
+    __slots__ = ("bound", "last_response_at", "pid_memo", "produce_shape", "scope", "stamp", "user")
 
     def __init__(self) -> None:
+        self.last_response_at = 0.0
+        """When (policy clock) the connection's last decided response arrived: service time starts there when
+        the request was sent earlier (the broker answers a connection's requests in order)."""
         self.stamp = -1
         self.user = ""
         self.scope = ""
@@ -161,6 +178,8 @@ class _ConnState:
         """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
 
 
+_PIDS_BIT: Final = BIT[PRODUCER_IDS_RATE]
+_MUTATION_BIT: Final = BIT[CONTROLLER_MUTATION_RATE]
 _MAX_BOUND_APIS: Final = 64
 """Bound plans kept per connection: API keys come from the client, so the memo is bounded."""
 
@@ -168,11 +187,15 @@ _MAX_BOUND_APIS: Final = 64
 class Decision:
     """What the policy decided for one request, carried to its response."""
 
-    __slots__ = ("user", "client_id", "scope", "throttle_ms", "later", "merge", "values",
-                 "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms", "holds",
-                 "topic_partitions")
+    __slots__ = ("user", "client_id", "scope", "state", "throttle_ms", "later", "later_kinds", "merge", "values",
+                 "noted", "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms",
+                 "holds", "topic_partitions")
 
-    def __init__(self, user: str, client_id: str, scope: str, header: RequestHeader, bytes_in: int) -> None:
+    def __init__(self, state: _ConnState, client_id: str, header: RequestHeader, bytes_in: int,
+                 keep_values: bool) -> None:
+        self.state = state
+        """The connection's policy state (read natively at the response; the connection's own fields are not)."""
+        user, scope = state.user, state.scope
         self.user = user
         self.client_id = client_id
         self.scope = scope
@@ -186,8 +209,14 @@ class Decision:
         self.later: tuple[_Charged, ...] = ()
         """(kind, handle, basis) charged when the response arrives (response bytes, service time)."""
         self.merge: Callable[[memoryview], bytes | bytearray] | None = None
-        self.values: dict[str, tuple[float, float, int]] = {}
-        """quota key -> (amount recorded, limit, throttle)."""
+        self.values: dict[str, tuple[float, float, int]] | None = {} if keep_values else None
+        """quota key -> (amount recorded, limit, throttle): the decision log's, kept only while it is on
+        (``Policy.keep_values``); without it a decision allocates no dict (a request's kinds are :attr:`noted`)."""
+        self.noted = 0
+        """The keys of ``values`` as a set of ``quotas.kinds.BIT``, for counting the decision per kind (the
+        bound plan's sets, or'ed in by the caller of :meth:`note`)."""
+        self.later_kinds = 0
+        """The kinds of ``later``: noted when the response comes."""
         self.holds = False
         """The connection's reads are held until this request's throttle is served (ChannelMute.hold, then served)."""
         self.mutations = 0
@@ -195,7 +224,8 @@ class Decision:
         self.new_pids = 0
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
-        self.values[key] = (amount, limit, throttle_ms)
+        if self.values is not None:
+            self.values[key] = (amount, limit, throttle_ms)
         if throttle_ms > self.throttle_ms:  # quotas.throttle.combine, inlined: called on every charge
             self.throttle_ms = throttle_ms if throttle_ms < MAX_THROTTLE_MS else MAX_THROTTLE_MS
 
@@ -216,6 +246,8 @@ class Policy:
         self._plans_generation = -1
         self.producer_ids: ProducerIdTracker  # set by reload()
         self.decision_log = _open_decision_log(config)
+        self.keep_values = self.decision_log is not None
+        """Decisions keep what each quota recorded (:attr:`Decision.values`): the decision log writes it."""
         self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
         self._pid_holds = KeyedHolds()
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
@@ -325,14 +357,12 @@ class Policy:
         plans[key] = plan
         return plan
 
-    def _bind(self, conn: PolicyConnection, plan: _Plan, key: int, client_id: str, now_ms: int) -> _Bound | None:
+    def _bind(self, conn: PolicyConnection, st: _ConnState, plan: _Plan, key: int, client_id: str,
+              now_ms: int) -> _Bound | None:
         """The connection's bound plan for API ``key`` (None: nothing charges it), binding it when the quotas,
         the principal or the client id changed since it was kept."""
-        st: _ConnState | None = conn.policy_state
         stamp = self.quotas.stamp()
         user = conn.identity.principal
-        if st is None:
-            st = conn.policy_state = _ConnState()
         if st.stamp != stamp or st.user != user:
             st.bound.clear()
             st.stamp, st.user, st.scope = stamp, user, self._scope(conn)
@@ -363,11 +393,13 @@ class Policy:
             return None
         now_ms = _ms(now)
         client_id = header.client_id or ""
-        b = self._bind(conn, plan, key, client_id, now_ms)
+        st: _ConnState | None = conn.policy_state  # the one read of it a request: the rest is native
+        if st is None:
+            st = conn.policy_state = _ConnState()
+        b = self._bind(conn, st, plan, key, client_id, now_ms)
         if b is None:
             return None
-        st: _ConnState = conn.policy_state
-        d = Decision(st.user, client_id, st.scope, header, len(body))
+        d = Decision(st, client_id, header, len(body), self.keep_values)
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
             conn.sum_requests = max(0, conn.sum_requests - 1)
             conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
@@ -376,27 +408,28 @@ class Policy:
         for kind, h, how in b.at_request:
             a = len(body) if how == "request_bytes" else amount_from(how, request_bytes=len(body))
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
-        later = b.later
-        if plan.exempt_replicas and later and _is_replica_fetch(body, header):
-            later = b.later_replica
-        d.later = later
+        d.noted = b.at_request_kinds
+        if plan.exempt_replicas and b.later and _is_replica_fetch(body, header):
+            d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
+        else:
+            d.later, d.later_kinds = b.later, b.later_kinds
         if b.pids is not None:
-            self._charge_producer_ids(conn, d, b.pids, header, body, frame, now_ms)
+            self._charge_producer_ids(d, b.pids, header, body, frame, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
         if plan.mutation:
             return self._mutation_request(conn, d, header, body, now_ms)
-        if not (d.values or d.later):
+        if not (d.noted or d.later):
             return None
         return d
 
-    def _charge_producer_ids(self, conn: PolicyConnection, d: Decision, h: Bound, header: RequestHeader,
-                             body: memoryview, frame: bytes | None, now_ms: int) -> None:
+    def _charge_producer_ids(self, d: Decision, h: Bound, header: RequestHeader, body: memoryview,
+                             frame: bytes | None, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
         assert header.body_offset is not None  # a Produce header always has its body located
-        st: _ConnState = conn.policy_state
+        st = d.state
         version, offset = header.api_version, header.body_offset
         pid = None
         if st.produce_shape is not None and frame is not None:  # the skeleton the last one had: no walk
@@ -427,6 +460,7 @@ class Policy:
             return
         throttle = self.quotas.charge(h, d.new_pids, now_ms)
         d.note(PRODUCER_IDS_RATE, d.new_pids, h.limit, throttle)
+        d.noted |= _PIDS_BIT
         if throttle > 0:
             # Muting one connection does not stop the KIP's misbehaving pattern (a new producer, on new
             # connections, per batch), so the user's next Produce / InitProducerId on ANY connection waits too,
@@ -471,6 +505,7 @@ class Policy:
         d.mutations = charge.mutations
         d.rejected = len(rejected)
         d.note(CONTROLLER_MUTATION_RATE, d.mutations, charge.limit, throttle)
+        d.noted |= _MUTATION_BIT
         if rejected:
             log.info("%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s", conn.peer,
                      request.label, printable(d.user), printable(d.client_id), len(rejected), len(counts), throttle,
@@ -540,7 +575,7 @@ class Policy:
         size = (total if total is not None else len(frame)) - 4
         if d.later:
             # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
-            sent_at, last = pending.sent_at, conn.last_response_at
+            sent_at, last = pending.sent_at, d.state.last_response_at
             started = sent_at if sent_at > last else last
             quotas = self.quotas
             for kind, h, how in d.later:
@@ -551,7 +586,8 @@ class Policy:
                 else:
                     a = amount_from(how, response_bytes=size, service_ms=max(now - started, 0.0) * 1000)
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
-        conn.last_response_at = now
+            d.noted |= d.later_kinds
+        d.state.last_response_at = now
         upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
         throttle = d.throttle_ms
         if d.merge is None and (throttle <= 0 or not self.enforce):  # the usual answer: nothing to rewrite
@@ -599,13 +635,13 @@ class Policy:
         else:
             action = "pass"
         shadow = not self.enforce
-        if action == "pass" and not shadow:  # the usual decision, counted under a str key (Stats.passes)
-            passes = self.stats.passes
-            for key in d.values:
-                passes[key] = passes.get(key, 0) + 1
+        if action == "pass" and not shadow:  # the usual decision, counted once for its set of kinds (Stats.passes)
+            if d.noted:
+                passes = self.stats.passes
+                passes[d.noted] = passes.get(d.noted, 0) + 1
         else:
             decisions = self.stats.decisions
-            for key in d.values:
+            for key in keys_of(d.noted):
                 decisions[(key, action, shadow)] += 1
         if self.decision_log is None:
             return
@@ -619,7 +655,7 @@ class Policy:
             api_key=d.api_key, api_version=d.api_version, bytes_in=d.bytes_in, bytes_out=bytes_out,
             mutations=d.mutations, new_pids=d.new_pids, upstream_ms=upstream_ms, action=action,
             throttle_ms=d.throttle_ms, shadow=shadow, rejected_topics=d.rejected, scope=d.scope,
-            topic_partitions=d.topic_partitions, values=d.values))
+            topic_partitions=d.topic_partitions, values=d.values or {}))
 
     def summarise(self, conn: PolicyConnection) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""

@@ -80,7 +80,6 @@ class PolicyConnection(Protocol):
     def mute(self) -> Mute: ...
 
     # Written by the policy too.
-    last_response_at: float
     sum_requests: int
     sum_bytes_in: int
     sum_bytes_out: int

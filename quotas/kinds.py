@@ -105,6 +105,16 @@ KINDS: Final[tuple[QuotaKind, ...]] = (
 """Every quota kind, in the order of their decision-log columns."""
 
 BY_KEY: Final = {k.key: k for k in KINDS}
+BIT: Final[dict[str, int]] = {k.key: 1 << i for i, k in enumerate(KINDS)}
+"""Quota key -> its bit in a set of kinds held as an int: a decision's kinds, counted in one dict entry
+(``proxy.stats.Stats.passes``) instead of one per key."""
+
+
+def keys_of(kinds: int) -> list[str]:
+    """The quota keys of the set ``kinds`` (bits of :data:`BIT`), in catalogue order."""
+    return [k.key for i, k in enumerate(KINDS) if kinds >> i & 1]
+
+
 BY_NAME: Final = {k.name: k for k in KINDS}
 QUOTA_KEYS: Final = frozenset(BY_KEY)
 INTEGRAL_KEYS: Final = frozenset(k.key for k in KINDS if k.integral)

@@ -25,7 +25,15 @@ from proxy.policy import Decision, Policy
 from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, Replace
 from quotas.entities import QuotaEntity
-from quotas.kinds import CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
+from quotas.kinds import (
+    BIT,
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    KINDS,
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    keys_of,
+)
 
 _SIZE = struct.Struct(">i")
 
@@ -59,7 +67,6 @@ class FakeConn:
         self.id, self.peer, self.label, self.client_id = "1", "127.0.0.1:1", "broker 1", client_id
         self.identity = type("I", (), {"principal": principal})()
         self.upstream_addr = ("127.0.0.1", 9092)
-        self.last_response_at = 0.0
         self.mute = FakeMute()
         self.sum_requests = self.sum_bytes_in = self.sum_bytes_out = 0
         self.policy_state = None
@@ -72,13 +79,16 @@ def _with_client_id(header: RequestHeader, client_id: str) -> RequestHeader:
     return RequestHeader(header.api_key, header.api_version, header.correlation_id, client_id, header.body_offset)
 
 
-def _policy(clock: Clock, enforce: bool = True, **quotas) -> Policy:
-    return Policy(ProxyConfig.model_validate({
+def _policy(clock: Clock, enforce: bool = True, keep_values: bool = True, **quotas) -> Policy:
+    """``keep_values``: decisions keep what each quota recorded, as with the decision log on (the tests read it)."""
+    policy = Policy(ProxyConfig.model_validate({
         "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
         "quotas": {"enforce": enforce, "window_num": 2, "window_size_seconds": 1, "controller_window_num": 2,
                    "controller_window_size_seconds": 1,
                    "entities": [{"entity": {"user": "alice"}, "quotas": quotas}]},
     }), Stats(), clock=clock)
+    policy.keep_values = keep_values
+    return policy
 
 
 def _request(req, corr: int = 1):
@@ -224,6 +234,36 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     assert sum(counts.values()) == 2
 
 
+@pytest.mark.parametrize("keep_values", [True, False])
+def test_a_pass_is_counted_once_for_each_kind_it_noted(keep_values):
+    """Passes are counted per set of kinds (one dict entry a request); the export gives every kind its own count,
+    and a decision's set is exactly the keys it noted values for. Without the decision log no values are kept,
+    and the counts and throttles are the same."""
+    clock = Clock()
+    policy = _policy(clock, keep_values=keep_values, producer_byte_rate=10**9, request_percentage=10**6)
+    conn = FakeConn()
+    for _ in range(3):
+        header, body = _produce(100)
+        d = policy.on_request(conn, header, body, clock())
+        assert keys_of(d.noted) == [PRODUCER_BYTE_RATE]  # request_percentage comes with the response
+        clock.now += 0.01
+        policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
+        assert keys_of(d.noted) == [PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE] and d.throttle_ms == 0
+        if keep_values:
+            assert keys_of(d.noted) == [k for k in BIT if k in d.values]
+        else:
+            assert d.values is None
+    counts = policy.stats.decision_counts()
+    assert counts == {(PRODUCER_BYTE_RATE, "pass", False): 3, (REQUEST_PERCENTAGE, "pass", False): 3}
+
+
+def test_kind_sets_round_trip():
+    assert keys_of(0) == []
+    assert keys_of(sum(BIT.values())) == list(BIT) == [k.key for k in KINDS]
+    for key, bit in BIT.items():
+        assert keys_of(bit) == [key]
+
+
 def _create_topics(partitions: list[int], version: int = 6):
     T = CreateTopicsRequest.CreatableTopic
     topics = [T(name=f"t{i}", num_partitions=n, replication_factor=1, assignments=[], configs=[])
@@ -340,6 +380,7 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
         "quotas": {"entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 10**9}},
                                 {"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
     }), Stats(), clock=clock)
+    policy.keep_values = True  # as with the decision log on: the limit each decision was charged against is kept
     conn = FakeConn()
     header, body = _produce(1000)
     assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
@@ -355,6 +396,7 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
         "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
         "quotas": {"entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
     }), Stats(), clock=clock)
+    policy.keep_values = True
     conn = FakeConn()
     header, body = _produce(1000)
     assert policy.on_request(conn, header, body, clock()) is None  # "app": no quota applies
