@@ -181,7 +181,9 @@ class FrameReader:
             self._done_reserved += self._reserved
             self._reserved = 0
         while end - pos >= 4:
-            (size,) = _SIZE_unpack(data, pos)
+            size = data[pos] << 24 | data[pos + 1] << 16 | data[pos + 2] << 8 | data[pos + 3]  # native on bytes
+            if size >= 0x80000000:
+                size -= 0x100000000
             check_frame_size(size, self._max)
             total = 4 + size
             if end - pos >= total:
@@ -406,7 +408,7 @@ class FrameReceiver:
             return StreamPiece(view[start : start + take], left == 0)
         if end - start < 4:
             return None
-        (size,) = _SIZE_unpack(self._buf, start)
+        size: int = _SIZE_unpack(self._buf, start)[0]  # typed: the arithmetic that follows is then native
         check_frame_size(size, self._max)
         total = 4 + size
         if end - start >= total:

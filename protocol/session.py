@@ -57,16 +57,22 @@ _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 class Request:
     """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 
-    __slots__ = ("header", "frame", "body", "answered")
+    __slots__ = ("header", "frame", "answered")
 
-    def __init__(self, header: RequestHeader, frame: Any, body: Any, answered: bool) -> None:
+    def __init__(self, header: RequestHeader, frame: Any, answered: bool) -> None:
         self.header = header
         self.frame = frame
-        """The whole frame, size prefix included (a view into the receive buffer: copy it to keep it)."""
-        self.body = body
-        """The frame after its size prefix: request header, then body (``header.body_offset``)."""
+        """The whole frame, size prefix included (``bytes``, or a view of a large one: copy that to keep it); its
+        body is at ``4 + header.body_offset``."""
         self.answered = answered
         """False for Produce acks=0: no response will come."""
+
+
+def _body(frame: Any, header: RequestHeader) -> memoryview:
+    """The request's body: a view of ``frame`` after its size prefix and header (read only where a body is)."""
+    if header.body_offset is None:
+        raise ValueError(f"the body of api {header.api_key} cannot be located")
+    return memoryview(frame)[4 + header.body_offset:]
 
 
 class Session:
@@ -95,9 +101,8 @@ class Session:
         """Read one request frame: a :class:`Request` for the policy; the frame itself when it is forwarded
         untouched (a raw SASL token); None when it was answered here (see :meth:`ready_answers`). Raises a
         :class:`~protocol.errors.ProtocolError` for a frame that cannot be followed."""
-        body = memoryview(frame)[4:]  # a view: slicing a bytearray would copy the frame
         if self.identity.attempt is not None and self.identity.raw_request_expected:  # (no exchange: one read)
-            self.identity.on_raw_token_request(bytes(body))
+            self.identity.on_raw_token_request(bytes(memoryview(frame)[4:]))
             self.inflight.push(Pending(RAW, now))
             return frame
         header: RequestHeader | None = None
@@ -114,11 +119,11 @@ class Session:
             answered = expects_response(frame, header, 4)
             if header.api_key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_request(
-                    decode_handshake_request(body[header.body_offset:], header.api_version), header.api_version)
+                    decode_handshake_request(_body(frame, header), header.api_version), header.api_version)
                 self.sasl_hold = header.api_version == 0
             elif header.api_key == Api.SASL_AUTHENTICATE:
                 self.identity.on_authenticate_request(
-                    decode_authenticate_request(body[header.body_offset:], header.api_version))
+                    decode_authenticate_request(_body(frame, header), header.api_version))
         except (ValueError, struct.error) as exc:
             if isinstance(exc, SaslTokenError):
                 raise
@@ -126,7 +131,7 @@ class Session:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
-        return Request(header, frame, body, answered)
+        return Request(header, frame, answered)
 
     def forward(self, request: Request, decision: Any, frame, now: float, whole: bool = False) -> None:
         """``frame`` (the client's, or the policy's replacement) goes to the broker; its answer, if one comes,

@@ -45,7 +45,7 @@ from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingR
 from protocol.session import RAW, Request, Session
 from protocol.text import printable
 from proxy.brokers import BrokerDirectory
-from proxy.policy import Policy
+from proxy.policy import Decision, Policy
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
 from proxy.stats import ApiCounters, Stats
 from proxy.tls import peer_principal
@@ -392,7 +392,8 @@ class Connection:
         if self.session.holding_requests:
             self.session.hold_rest(frames)  # a read that raced the pause
             return
-        self._process_requests(frames)
+        self._process_requests(frames, now)
+
     def _pool_granted(self) -> None:
         """The request pool reserved this connection's next large frame (called from another connection's
         release: the work is put off to the loop, so no connection runs inside another's)."""
@@ -412,12 +413,15 @@ class Connection:
         if not self.session.holding_requests and "backpressure" not in self.client.pauses:
             self._requests.release_forwarded()
 
-    def _process_requests(self, frames) -> None:
+    def _process_requests(self, frames, now: float = -1.0) -> None:
+        """``now``: the clock when the frames were read (read here when not given, for frames that waited)."""
+        if now < 0:
+            now = time.monotonic()
         out: list = []
         session = self.session
         try:
             for i, frame in enumerate(frames):
-                item = self._on_request(frame)
+                item = self._on_request(frame, now)
                 if item is None:
                     continue
                 if type(item) is Defer:
@@ -451,9 +455,8 @@ class Connection:
             self.upstream.transport.writelines(out)
         self._release_requests()
 
-    def _on_request(self, frame: bytes | bytearray | memoryview):
+    def _on_request(self, frame: bytes | bytearray | memoryview, now: float):
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
-        now = time.monotonic()
         request = self.session.receive(frame, now)
         if type(request) is not Request:
             if request is None:  # answered here (an ApiVersions beyond the proxy's versions)
@@ -465,13 +468,18 @@ class Connection:
         stats.requests += 1
         self.sum_requests += 1
         self._api_counters(header.api_key).requests += 1
-        frame = request.frame
-        verdict = services.policy.on_request(self, header, request.body, now, frame if type(frame) is bytes else None)
+        verdict = services.policy.on_request(self, header, request.frame, now)
         return self._apply(verdict, request, now)
 
     def _apply(self, verdict, request: Request, now: float):
         session = self.session
         kind = type(verdict)
+        if verdict is None or kind is Decision:  # the usual verdicts first: the others are interpreted classes,
+            if request.answered:  # whose names are looked up in a dict at each use
+                session.forward(request, verdict, request.frame, now)
+            elif verdict is not None:
+                self.services.policy.on_unanswered(self, verdict)
+            return request.frame
         if kind is Defer:
             return verdict
         if kind is Replace:
@@ -481,11 +489,7 @@ class Connection:
             session.answer(request, verdict.decision, verdict.frame, now)
             self._flush_answers()
             return None
-        if request.answered:
-            session.forward(request, verdict, request.frame, now)
-        elif verdict is not None:
-            self.services.policy.on_unanswered(self, verdict)
-        return request.frame
+        raise TypeError(f"the policy returned a {kind.__name__}, which is no verdict")
 
     def _flush_answers(self) -> None:
         out: list = []
@@ -501,9 +505,8 @@ class Connection:
             return
         if self.closed:
             return
-        body = memoryview(frame)[4:]
-        header = parse_request_header(body)
-        request = Request(header, frame, body, expects_response(body, header))
+        header = parse_request_header(frame, 4)
+        request = Request(header, frame, expects_response(frame, header, 4))
         item = self._apply(verdict, request, time.monotonic())
         if type(item) is Defer:
             raise AssertionError("a deferred decision must not defer again")
@@ -585,14 +588,17 @@ class Connection:
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
-        self.last_active = time.monotonic()
+        self.last_active = now = time.monotonic()
         self.services.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
         self._responses.add(nbytes)
-        self._deliver(None)
+        self._deliver(None, now)
 
-    def _deliver(self, held: list | None) -> None:
-        """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order."""
+    def _deliver(self, held: list | None, now: float = -1.0) -> None:
+        """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order.
+        ``now``: the clock when they were read (read here when not given)."""
+        if now < 0:
+            now = time.monotonic()
         out: list = []
         session = self.session
         responses = self._responses
@@ -619,7 +625,7 @@ class Connection:
                         if frame.last:
                             self._tail_done()
                 else:
-                    self._on_response(frame, out)
+                    self._on_response(frame, out, now)
         except FrameError as exc:
             if out:
                 self.client.transport.writelines(out)
@@ -658,19 +664,19 @@ class Connection:
             self._api = self.services.stats.api(api_label(api_key))
         return self._api
 
-    def _count_latency(self, pending: Pending) -> None:
+    def _count_latency(self, pending: Pending, now: float) -> None:
         counters = self._api_counters(pending.header.api_key)
-        counters.latency_sum += time.monotonic() - pending.sent_at
+        counters.latency_sum += now - pending.sent_at
         counters.latency_count += 1
 
-    def _on_response(self, frame, out: list) -> None:
+    def _on_response(self, frame, out: list, now: float) -> None:
         self._release_local(out)
         session = self.session
         if type(frame) is StreamHead:
             # may_stream checked that it answers the oldest request, that nothing in it is ever
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
             pending = session.streamed()
-            self._count_latency(pending)
+            self._count_latency(pending, now)
             pieces = None
             if pending.decision is not None:
                 pieces = self.services.policy.on_response(self, pending, frame.data, frame.total)
@@ -693,7 +699,7 @@ class Connection:
                 pending.internal.set_result(bytes(body[offset:]))
             self._release_local(out)
             return
-        self._count_latency(pending)
+        self._count_latency(pending, now)
         if sasl_released:
             asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
         identity = session.identity

@@ -28,7 +28,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeAlias
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -75,6 +75,9 @@ from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
 from quotas.throttle import MAX_THROTTLE_MS, combine
 
 log = logging.getLogger(__name__)
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+"""A request frame as the connection hands it on (``protocol.frames.FrameReader``)."""
 
 _SIZE: Final = struct.Struct(">i")
 _I32: Final = struct.Struct(">i")
@@ -313,24 +316,25 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float,
-                   frame: bytes | None = None):
-        """Decide on one request. ``frame``, when given, is the whole frame as ``bytes`` (``body`` is ``frame[4:]``):
-        the producer-id memo reads it natively."""
+    def on_request(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float):
+        """Decide on one request: ``frame`` is the whole request frame, size prefix included (``bytes`` for all
+        but large ones: the producer-id memo then reads it natively). Views of its body are made only where a
+        body is walked: the usual request, charged by its size, needs none (a view and its slice were 1.1k
+        instructions a request, plain path included)."""
         key = header.api_key
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
-            return self._client_quotas(conn, header, body)
+            return self._client_quotas(conn, header, memoryview(frame)[4:])
         if self._pid_holds and (key == Api.PRODUCE or key == Api.INIT_PRODUCER_ID):
             wait = self._pid_holds.remaining(conn.identity.principal, now)
             if wait > 0 and self.enforce:
-                held = body.tobytes()  # the client's chunk may be reused before the hold ends
+                held = bytes(frame)  # the client's chunk may be reused before the hold ends
                 return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
-        return self._decide(conn, header, body, now, frame)
+        return self._decide(conn, header, frame, now)
 
-    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, body: bytes):
+    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, frame: bytes):
         """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
-        return self._decide(conn, header, memoryview(body), self._clock())
+        return self._decide(conn, header, frame, self._clock())
 
     def _plan(self, key: int) -> _Plan | None:
         """What requests of API ``key`` are charged, for the quota keys now configured (kept per API until the
@@ -385,8 +389,7 @@ class Policy:
         st.bound[key] = (client_id, b)
         return b
 
-    def _decide(self, conn: PolicyConnection, header: RequestHeader, body: memoryview, now: float,
-                frame: bytes | None = None):
+    def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float):
         key = header.api_key
         plan = self._plan(key)
         if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
@@ -399,44 +402,44 @@ class Policy:
         b = self._bind(conn, st, plan, key, client_id, now_ms)
         if b is None:
             return None
-        d = Decision(st, client_id, header, len(body), self.keep_values)
+        size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
+        d = Decision(st, client_id, header, size, self.keep_values)
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
             conn.sum_requests = max(0, conn.sum_requests - 1)
-            conn.sum_bytes_in = max(0, conn.sum_bytes_in - len(body) - 4)
+            conn.sum_bytes_in = max(0, conn.sum_bytes_in - size - 4)
         d.charged_ms = now_ms
         quotas = self.quotas
         for kind, h, how in b.at_request:
-            a = len(body) if how == "request_bytes" else amount_from(how, request_bytes=len(body))
+            a = size if how == "request_bytes" else amount_from(how, request_bytes=size)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
-        if plan.exempt_replicas and b.later and _is_replica_fetch(body, header):
+        if plan.exempt_replicas and b.later and _is_replica_fetch(frame, header):
             d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
         else:
             d.later, d.later_kinds = b.later, b.later_kinds
         if b.pids is not None:
-            self._charge_producer_ids(d, b.pids, header, body, frame, now_ms)
+            self._charge_producer_ids(d, b.pids, header, frame, now_ms)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
         if plan.mutation:
-            return self._mutation_request(conn, d, header, body, now_ms)
+            return self._mutation_request(conn, d, header, memoryview(frame)[4:], now_ms)
         if not (d.noted or d.later):
             return None
         return d
 
-    def _charge_producer_ids(self, d: Decision, h: Bound, header: RequestHeader, body: memoryview,
-                             frame: bytes | None, now_ms: int) -> None:
+    def _charge_producer_ids(self, d: Decision, h: Bound, header: RequestHeader, frame: Buffer, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
         charges producer_ids_rate by one. Ids come from the record-batch headers; the records are not read."""
         assert header.body_offset is not None  # a Produce header always has its body located
         st = d.state
         version, offset = header.api_version, header.body_offset
         pid = None
-        if st.produce_shape is not None and frame is not None:  # the skeleton the last one had: no walk
+        if st.produce_shape is not None and isinstance(frame, bytes):  # the skeleton the last one had: no walk
             pid = single_producer_id(frame, 4, version, offset, st.produce_shape)
         if pid is None:
             try:
-                pids, st.produce_shape = producer_ids_and_shape(body, version, offset)
+                pids, st.produce_shape = producer_ids_and_shape(memoryview(frame)[4:], version, offset)
             except RecordBatchError as exc:
                 raise ProtocolViolation(f"malformed Produce v{version} record batch: {exc}") from None
             if len(pids) == 1:
@@ -698,8 +701,8 @@ def _open_decision_log(config: ProxyConfig):
                           f"({type(exc).__name__}: {exc})") from None
 
 
-def _is_replica_fetch(body: memoryview, header: RequestHeader) -> bool:
+def _is_replica_fetch(frame: Buffer, header: RequestHeader) -> bool:
     """Brokers fetch with their id in ``replica_id`` (v0–14); consumers send -1 (v15+ moved it to a tag)."""
-    if header.api_version >= 15 or header.body_offset is None or len(body) < header.body_offset + 4:
+    if header.api_version >= 15 or header.body_offset is None or len(frame) < 4 + header.body_offset + 4:
         return False
-    return _I32.unpack_from(body, header.body_offset)[0] >= 0
+    return _I32.unpack_from(frame, 4 + header.body_offset)[0] >= 0

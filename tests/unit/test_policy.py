@@ -93,8 +93,8 @@ def _policy(clock: Clock, enforce: bool = True, keep_values: bool = True, **quot
 
 def _request(req, corr: int = 1):
     req.with_header(correlation_id=corr, client_id="app")
-    body = memoryview(req.encode(header=True, framed=False))
-    return parse_request_header(body), body
+    frame = bytes(req.encode(header=True, framed=True))  # the whole frame, as the connection hands it on
+    return parse_request_header(frame, 4), frame
 
 
 def _produce(n_bytes: int = 2000, pid: int = -1):
@@ -124,19 +124,19 @@ def _throttle_in(pieces, offset: int = 8) -> int:
 def test_no_quota_decides_nothing():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=1)  # alice's; bob has none
-    header, body = _produce()
-    assert policy.on_request(FakeConn("bob"), header, body, clock()) is None
+    header, request = _produce()
+    assert policy.on_request(FakeConn("bob"), header, request, clock()) is None
 
 
 def test_produce_over_byte_rate_holds_reads_and_throttles_the_response():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=1000)
     conn = FakeConn()
-    header, body = _produce(5000)
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _produce(5000)
+    d = policy.on_request(conn, header, request, clock())
     assert isinstance(d, Decision)
     amount, limit, throttle = d.values[PRODUCER_BYTE_RATE]
-    assert amount == len(body) and limit == 1000 and throttle > 0 and d.throttle_ms == throttle
+    assert amount == len(request) - 4 and limit == 1000 and throttle > 0 and d.throttle_ms == throttle
     assert conn.mute.calls == [("hold", 0.0)]
     # The broker answers with throttle 0: the proxy's throttle goes into the field, then the mute is served.
     produce_body = b"\x00\x00\x00\x00" + _SIZE.pack(0)  # no topics, throttle_time_ms 0 (v7: after the array)
@@ -149,8 +149,8 @@ def test_produce_under_byte_rate_passes_untouched():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=10**9)
     conn = FakeConn()
-    header, body = _produce(100)
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _produce(100)
+    d = policy.on_request(conn, header, request, clock())
     assert d.throttle_ms == 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
     assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
@@ -160,8 +160,8 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
     clock = Clock()
     policy = _policy(clock, consumer_byte_rate=1)
     conn = FakeConn()
-    header, body = _fetch()
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _fetch()
+    d = policy.on_request(conn, header, request, clock())
     assert d.values == {} and [k.key for k, _handle, _basis in d.later] == [CONSUMER_BYTE_RATE]
     fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
     frame = _response_frame(header, fetch_body)
@@ -175,22 +175,22 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
 def test_replica_fetches_are_never_charged():
     clock = Clock()
     policy = _policy(clock, consumer_byte_rate=1)
-    header, body = _fetch(replica_id=2)
-    assert policy.on_request(FakeConn(), header, body, clock()) is None
+    header, request = _fetch(replica_id=2)
+    assert policy.on_request(FakeConn(), header, request, clock()) is None
 
 
 def test_request_percentage_charges_service_time_except_waits_the_client_asked_for():
     clock = Clock()
     policy = _policy(clock, request_percentage=1000)
     conn = FakeConn()
-    header, body = _request(MetadataRequest(topics=None, version=1))
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _request(MetadataRequest(topics=None, version=1))
+    d = policy.on_request(conn, header, request, clock())
     sent = clock()
     clock.now += 0.2  # the broker took 200 ms
     policy.on_response(conn, Pending(header, sent, d), _response_frame(header, bytes(16)))
     assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(200 / 10)  # percent-seconds of one thread
-    header, body = _fetch()
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _fetch()
+    d = policy.on_request(conn, header, request, clock())
     sent = clock()
     clock.now += 0.5  # Fetch max_wait: a wait the client asked for
     policy.on_response(conn, Pending(header, sent, d), _response_frame(header, _SIZE.pack(0) + bytes(4)))
@@ -204,16 +204,16 @@ def test_api_versions_and_sasl_are_never_charged():
     from kafka.protocol.sasl import SaslHandshakeRequest
 
     for req in (ApiVersionsRequest(version=0), SaslHandshakeRequest(mechanism="PLAIN", version=1)):
-        header, body = _request(req)
-        assert policy.on_request(FakeConn(), header, body, clock()) is None
+        header, request = _request(req)
+        assert policy.on_request(FakeConn(), header, request, clock()) is None
 
 
 def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
     clock = Clock()
     policy = _policy(clock, enforce=False, producer_byte_rate=1000)
     conn = FakeConn()
-    header, body = _produce(5000)
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _produce(5000)
+    d = policy.on_request(conn, header, request, clock())
     assert d.throttle_ms > 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
     assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
@@ -225,8 +225,8 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     policy = _policy(clock, producer_byte_rate=1000)
     conn = FakeConn()
     for size in (10, 5000):  # within quota, then over it
-        header, body = _produce(size)
-        d = policy.on_request(conn, header, body, clock())
+        header, request = _produce(size)
+        d = policy.on_request(conn, header, request, clock())
         policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
     counts = policy.stats.decision_counts()
     assert counts[(PRODUCER_BYTE_RATE, "pass", False)] == 1
@@ -243,8 +243,8 @@ def test_a_pass_is_counted_once_for_each_kind_it_noted(keep_values):
     policy = _policy(clock, keep_values=keep_values, producer_byte_rate=10**9, request_percentage=10**6)
     conn = FakeConn()
     for _ in range(3):
-        header, body = _produce(100)
-        d = policy.on_request(conn, header, body, clock())
+        header, request = _produce(100)
+        d = policy.on_request(conn, header, request, clock())
         assert keys_of(d.noted) == [PRODUCER_BYTE_RATE]  # request_percentage comes with the response
         clock.now += 0.01
         policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
@@ -285,8 +285,8 @@ def test_kip599_strict_request_is_split_and_the_answer_merged_in_request_order()
     clock = Clock()
     policy = _policy(clock, controller_mutation_rate=1)  # burst: 1/s x 2 samples x 1 s = 2 tokens
     conn = FakeConn()
-    header, body = _create_topics([3, 1, 1])
-    verdict = policy.on_request(conn, header, body, clock())
+    header, request = _create_topics([3, 1, 1])
+    verdict = policy.on_request(conn, header, request, clock())
     assert isinstance(verdict, Defer)
     replaced = asyncio.run(verdict.decide())
     assert isinstance(replaced, Replace) and replaced.whole
@@ -306,13 +306,13 @@ def test_kip599_old_version_is_admitted_whole_and_muted():
     clock = Clock()
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
-    header, body = _create_topics([3, 1, 1], version=5)
-    d = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    header, request = _create_topics([3, 1, 1], version=5)
+    d = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
     assert isinstance(d, Decision) and d.rejected == 0 and d.mutations == 5 and d.throttle_ms > 0
     clock.now += 10
     # Refilled: the next request spends tokens again, admitted whole.
-    header, body = _create_topics([1], version=5)
-    d2 = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    header, request = _create_topics([1], version=5)
+    d2 = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
     assert d2.rejected == 0 and d2.values[CONTROLLER_MUTATION_RATE][0] == 1
 
 
@@ -332,8 +332,8 @@ def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filte
     got, want = [], []
     for pid in [5] * 12 + [6] * 3 + [5] * 12:
         clock.now += 0.37  # crosses half-window rotations and whole-window expiries
-        header, body = _produce(10, pid)
-        d = policy.on_request(conn, header, body, clock())
+        header, request = _produce(10, pid)
+        d = policy.on_request(conn, header, request, clock())
         got.append(d.new_pids if d is not None else 0)
         want.append(int(reference.observe(("alice", "broker 1"), pid, round(clock() * 1000))))
     assert got == want
@@ -352,25 +352,25 @@ def test_a_connections_kept_quota_handles_follow_every_change():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=10**9)
     conn = FakeConn()
-    header, body = _produce(1000)
-    d = policy.on_request(conn, header, body, clock())
+    header, request = _produce(1000)
+    d = policy.on_request(conn, header, request, clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 10**9
     # Altered: the new limit applies at once, and the bucket keeps its history (Kafka's sensor does).
     policy.sources.set_file({QuotaEntity(user="alice"): {"producer_byte_rate": 500}})
-    d = policy.on_request(conn, header, body, clock())
+    d = policy.on_request(conn, header, request, clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 500 and d.throttle_ms > 0
-    assert _charged(policy, PRODUCER_BYTE_RATE) == 2 * len(body)
+    assert _charged(policy, PRODUCER_BYTE_RATE) == 2 * (len(request) - 4)
     # The tracker idles out and is dropped: the next charge lands in a live one, not in the dropped one.
     clock.now += 4000
     policy.upkeep()
     assert len(policy.quotas) == 0
-    d = policy.on_request(conn, header, body, clock())
-    assert d.throttle_ms > 0 and len(policy.quotas) == 1 and _charged(policy, PRODUCER_BYTE_RATE) == len(body)
+    d = policy.on_request(conn, header, request, clock())
+    assert d.throttle_ms > 0 and len(policy.quotas) == 1 and _charged(policy, PRODUCER_BYTE_RATE) == len(request) - 4
     # Another principal on the same connection (SASL re-authentication): bob has no quota.
     conn.identity.principal = "bob"
-    assert policy.on_request(conn, header, body, clock()) is None
+    assert policy.on_request(conn, header, request, clock()) is None
     conn.identity.principal = "alice"
-    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 500
+    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 500
 
 
 def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
@@ -382,11 +382,11 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
     }), Stats(), clock=clock)
     policy.keep_values = True  # as with the decision log on: the limit each decision was charged against is kept
     conn = FakeConn()
-    header, body = _produce(1000)
-    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
-    d = policy.on_request(conn, _with_client_id(header, "slow"), body, clock())
+    header, request = _produce(1000)
+    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    d = policy.on_request(conn, _with_client_id(header, "slow"), request, clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 100 and d.client_id == "slow"
-    assert policy.on_request(conn, header, body, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
     assert len(policy.quotas) == 2
 
 
@@ -398,11 +398,11 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
     }), Stats(), clock=clock)
     policy.keep_values = True
     conn = FakeConn()
-    header, body = _produce(1000)
-    assert policy.on_request(conn, header, body, clock()) is None  # "app": no quota applies
-    d = policy.on_request(conn, _with_client_id(header, "slow"), body, clock())
+    header, request = _produce(1000)
+    assert policy.on_request(conn, header, request, clock()) is None  # "app": no quota applies
+    d = policy.on_request(conn, _with_client_id(header, "slow"), request, clock())
     assert d is not None and d.values[PRODUCER_BYTE_RATE][1] == 100
-    assert policy.on_request(conn, header, body, clock()) is None
+    assert policy.on_request(conn, header, request, clock()) is None
 
 
 def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
@@ -413,15 +413,15 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
     clock = Clock()
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
-    header, body = _create_topics([3])
-    assert isinstance(asyncio.run(policy.on_request(conn, header, body, clock()).decide()), Decision)  # whole
-    header, body = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
-    answered = asyncio.run(policy.on_request(conn, header, body, clock()).decide())
+    header, request = _create_topics([3])
+    assert isinstance(asyncio.run(policy.on_request(conn, header, request, clock()).decide()), Decision)  # whole
+    header, request = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
+    answered = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
     assert isinstance(answered, Answer)
     answer = CreateTopicsResponse.decode(bytes(answered.frame[4 + 5:]), version=6)
     assert [t.error_code for t in answer.topics] == [89, 89]
-    header, body = _request(DescribeClientQuotasRequest(components=[], strict=False, version=1))
-    described = policy.on_request(conn, header, body, clock())
+    header, request = _request(DescribeClientQuotasRequest(components=[], strict=False, version=1))
+    described = policy.on_request(conn, header, request, clock())
     assert isinstance(described, Answer)
     reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5:]), version=1)  # flexible header
     assert reply.error_code == 31  # alice is no describer here; the refusal is an answer of the proxy too

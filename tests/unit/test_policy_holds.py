@@ -54,8 +54,8 @@ def _produce(pid: int):
     req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000, version=9, topic_data=[
         TD(name="t", topic_id=uuid.uuid4(), partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])])
     req.with_header(correlation_id=pid, client_id="storm")
-    body = memoryview(req.encode(header=True, framed=False))
-    return parse_request_header(body), body
+    frame = bytes(req.encode(header=True, framed=True))  # the whole frame, as the connection hands it on
+    return parse_request_header(frame, 4), frame
 
 
 async def _run(verdict):
@@ -86,13 +86,13 @@ async def _held_then_decided():
     first, second, third = _Conn("alice"), _Conn("alice", "broker 2"), _Conn("alice", "broker 3")
     now = time.monotonic()
     for pid, conn in ((1, first), (2, first)):
-        header, body = _produce(pid)
-        d = await _run(policy.on_request(conn, header, body, now))
+        header, request = _produce(pid)
+        d = await _run(policy.on_request(conn, header, request, now))
     assert isinstance(d, Decision) and d.throttle_ms > 0 and first.holds == 1  # over quota: its reads are held
 
     # A new producer of the same user, on another connection: held, and its request decided after the hold.
-    header, body = _produce(3)
-    verdict = policy.on_request(second, header, body, now)
+    header, request = _produce(3)
+    verdict = policy.on_request(second, header, request, now)
     assert isinstance(verdict, Defer)
     t0 = time.monotonic()
     decided = await _run(verdict)
@@ -102,13 +102,13 @@ async def _held_then_decided():
 
     # Past the hold, a request of the user is decided at once again (the hold was not renewed forever).
     await asyncio.sleep(HOLD_MAX_MS / 1000)
-    header, body = _produce(3)
-    assert not isinstance(policy.on_request(third, header, body, time.monotonic()), Defer)
+    header, request = _produce(3)
+    assert not isinstance(policy.on_request(third, header, request, time.monotonic()), Defer)
 
 
 def test_unquotaed_user_is_never_held():
     policy = _policy(producer_ids_rate=1)
     conn = _Conn("bob")
     for pid in range(1, 20):
-        header, body = _produce(pid)
-        assert policy.on_request(conn, header, body, time.monotonic()) is None
+        header, request = _produce(pid)
+        assert policy.on_request(conn, header, request, time.monotonic()) is None
