@@ -335,7 +335,7 @@ def single_producer_id(data: bytes, start: int, version: int, offset: int, shape
         pos += 4
     stop = pos + n
     tail = shape.tail
-    if n < _V2_HEADER or stop + len(tail) != end or data[stop:] != tail:
+    if n < _V2_HEADER or stop + len(tail) != end or not data.endswith(tail):  # endswith: native, no slice
         return None
     if data[pos + 16] != 2 or pos + _LOG_OVERHEAD + _u32(data, pos + 8) != stop:
         return None

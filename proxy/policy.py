@@ -239,6 +239,9 @@ class Policy:
         self._clock = clock
         """Monotonic seconds; injected so a test can drive every time-dependent decision."""
         self.store = QuotaStore()
+        self._store_changes = 0
+        """Changes to the store's quotas seen (its listener): what the plans were made for is compared with it."""
+        self.store.on_change(self._store_changed)
         self.sources = QuotaSources(self.store, config.quotas.state_file)
         self.ip_quotas = IpQuotas()
         """KIP-612 connection_creation_rate per ip: the file's limits.ip_connection_creation_rate, then the API's."""
@@ -282,10 +285,13 @@ class Policy:
         )
 
     def _active_keys(self) -> frozenset[str]:
-        if self._keys_generation != self.store.generation:
+        if self._keys_generation != self._store_changes:
             self._keys = frozenset(k for quotas in self.store.entities().values() for k in quotas)
-            self._keys_generation = self.store.generation
+            self._keys_generation = self._store_changes
         return self._keys
+
+    def _store_changed(self) -> None:
+        self._store_changes += 1
 
     def _now_ms(self) -> int:
         return _ms(self._clock())
@@ -639,9 +645,7 @@ class Policy:
             action = "pass"
         shadow = not self.enforce
         if action == "pass" and not shadow:  # the usual decision, counted once for its set of kinds (Stats.passes)
-            if d.noted:
-                passes = self.stats.passes
-                passes[d.noted] = passes.get(d.noted, 0) + 1
+            self.stats.passes[d.noted] += 1
         else:
             decisions = self.stats.decisions
             for key in keys_of(d.noted):

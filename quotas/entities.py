@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias
 
@@ -496,8 +496,8 @@ class QuotaStore:
         self._cache: dict[tuple[str, str, str], Resolved | None] = {}
         self._cache_max = cache_max_entries
         self.generation = 0
-        """Bumped on every effective change; a changed generation means cached resolutions are stale. A plain
-        attribute, not a property: the policy reads it on every request (through QuotaManager.stamp)."""
+        """Bumped on every effective change; a changed generation means cached resolutions are stale."""
+        self._listeners: list[Callable[[], None]] = []
 
     # ----------------------------------------------------------------------------------------- state
 
@@ -515,9 +515,17 @@ class QuotaStore:
         """A copy of the whole configuration."""
         return {self._entities[k]: dict(v) for k, v in self._quotas.items()}
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every effective change. Why: the per-request readers (the manager's stamp, the
+        policy's plans) are compiled and keep their own count of changes, a native read, where reading
+        :attr:`generation` of this interpreted class is a generic attribute lookup on every request."""
+        self._listeners.append(listener)
+
     def _changed(self) -> None:
         self.generation += 1
         self._cache.clear()
+        for listener in self._listeners:
+            listener()
 
     # ----------------------------------------------------------------------------------------- mutation
 

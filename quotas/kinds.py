@@ -110,6 +110,10 @@ BIT: Final[dict[str, int]] = {k.key: 1 << i for i, k in enumerate(KINDS)}
 (``proxy.stats.Stats.passes``) instead of one per key."""
 
 
+KIND_SETS: Final = 1 << len(KINDS)
+"""How many sets of kinds there are (:data:`BIT` sets run from 0 to this, exclusive)."""
+
+
 def keys_of(kinds: int) -> list[str]:
     """The quota keys of the set ``kinds`` (bits of :data:`BIT`), in catalogue order."""
     return [k.key for i, k in enumerate(KINDS) if kinds >> i & 1]

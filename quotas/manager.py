@@ -157,7 +157,9 @@ class QuotaManager:
                  max_trackers: int = 20_000) -> None:
         self.store = store
         self._epoch = 0
-        """Bumped whenever a tracker is dropped or the windows change: a kept :class:`Bound` may be stale."""
+        """Bumped whenever the store's quotas change, a tracker is dropped or the windows change: a kept
+        :class:`Bound` may be stale."""
+        store.on_change(self._store_changed)
         self.windows = windows
         self.idle_ms = idle_ms
         self.max_trackers = max_trackers
@@ -181,10 +183,12 @@ class QuotaManager:
         return len(self._trackers)
 
     def stamp(self) -> int:
-        """Changes whenever a :class:`Bound` made before may be stale: quotas altered (the store's generation)
-        or a tracker dropped or the windows changed (this manager's epoch). Both only grow, so their sum
-        changes whenever either does."""
-        return self._epoch + self.store.generation
+        """Changes whenever a :class:`Bound` made before may be stale: quotas altered, a tracker dropped or the
+        windows changed."""
+        return self._epoch
+
+    def _store_changed(self) -> None:
+        self._epoch += 1
 
     # ------------------------------------------------------------------------------------------ trackers
 
