@@ -61,7 +61,12 @@ def main() -> None:
     for side in SIDES:
         small, large = _count(side, frames, args.small), _count(side, frames, args.large)
         results[side] = (large - small) / (args.large - args.small)
-    print("| side | instructions per Produce round trip |")
+    print_table(results, "instructions per Produce round trip")
+
+
+def print_table(results: dict[str, float], what: str) -> None:
+    """Per side (no quota first, every quota second) the count, as a markdown table, and their ratio."""
+    print(f"| side | {what} |")
     print("|---|---:|")
     for side, n in results.items():
         print(f"| {side} | {n:,.0f} |")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.instructions import print_table
 from tests.harness import KafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,12 +112,7 @@ def main() -> None:
                 shutil.copy(f, Path(args.keep) / f.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print("| side | instructions per live Produce round trip |")
-    print("|---|---:|")
-    for side, n in results.items():
-        print(f"| {side} | {n:,.0f} |")
-    plain, quotas = results.values()
-    print(f"quotas / plain: {quotas / plain:.3f}")
+    print_table(results, "instructions per live Produce round trip")
 
 
 if __name__ == "__main__":
