@@ -238,15 +238,15 @@ class Session:
             return pending, False
         header = pending.header
         released = False
-        if header.api_key == Api.SASL_HANDSHAKE:
+        key = header.api_key
+        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:  # (int compares: native, unlike a set's)
             body = frame[4:]
-            offset = response_body_offset(body, header.api_key, header.api_version)
-            self.identity.on_handshake_response(decode_handshake_response(body[offset:], header.api_version))
-            released, self.sasl_hold = self.sasl_hold, False
-        elif header.api_key == Api.SASL_AUTHENTICATE:
-            body = frame[4:]
-            offset = response_body_offset(body, header.api_key, header.api_version)
-            self.identity.on_authenticate_response(*decode_authenticate_response(body[offset:], header.api_version))
+            body = body[response_body_offset(body, key, header.api_version):]
+            if key == Api.SASL_HANDSHAKE:
+                self.identity.on_handshake_response(decode_handshake_response(body, header.api_version))
+                released, self.sasl_hold = self.sasl_hold, False
+            else:
+                self.identity.on_authenticate_response(*decode_authenticate_response(body, header.api_version))
         elif self.identity.attempt is not None:
             self.identity.on_other_response()
         return pending, released

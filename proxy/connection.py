@@ -413,10 +413,8 @@ class Connection:
         if not self.session.holding_requests and "backpressure" not in self.client.pauses:
             self._requests.release_forwarded()
 
-    def _process_requests(self, frames, now: float = -1.0) -> None:
-        """``now``: the clock when the frames were read (read here when not given, for frames that waited)."""
-        if now < 0:
-            now = time.monotonic()
+    def _process_requests(self, frames, now: float) -> None:
+        """``now``: the clock when the frames were read, or when they stopped waiting."""
         out: list = []
         session = self.session
         try:
@@ -520,7 +518,7 @@ class Connection:
     def _release_deferred(self) -> None:
         held = self.session.take_held_requests()
         if held:
-            self._process_requests(held)
+            self._process_requests(held, time.monotonic())
         else:
             self._release_requests()
 
@@ -594,11 +592,9 @@ class Connection:
         self._responses.add(nbytes)
         self._deliver(None, now)
 
-    def _deliver(self, held: list | None, now: float = -1.0) -> None:
+    def _deliver(self, held: list | None, now: float) -> None:
         """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order.
-        ``now``: the clock when they were read (read here when not given)."""
-        if now < 0:
-            now = time.monotonic()
+        ``now``: the clock when they were read, or when they stopped waiting."""
         out: list = []
         session = self.session
         responses = self._responses
@@ -750,6 +746,6 @@ class Connection:
         self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out)
         self._release_local(out)
         self.client.transport.writelines(out)
-        self._deliver(self.session.take_held_responses())
+        self._deliver(self.session.take_held_responses(), time.monotonic())
         if self.session.held_responses is None:
             self.resume(self.upstream, "new-listener")

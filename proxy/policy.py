@@ -239,9 +239,6 @@ class Policy:
         self._clock = clock
         """Monotonic seconds; injected so a test can drive every time-dependent decision."""
         self.store = QuotaStore()
-        self._store_changes = 0
-        """Changes to the store's quotas seen (its listener): what the plans were made for is compared with it."""
-        self.store.on_change(self._store_changed)
         self.sources = QuotaSources(self.store, config.quotas.state_file)
         self.ip_quotas = IpQuotas()
         """KIP-612 connection_creation_rate per ip: the file's limits.ip_connection_creation_rate, then the API's."""
@@ -285,13 +282,11 @@ class Policy:
         )
 
     def _active_keys(self) -> frozenset[str]:
-        if self._keys_generation != self._store_changes:
+        stamp = self.quotas.stamp()  # moves with every change of the store's quotas (and a little more often)
+        if self._keys_generation != stamp:
             self._keys = frozenset(k for quotas in self.store.entities().values() for k in quotas)
-            self._keys_generation = self._store_changes
+            self._keys_generation = stamp
         return self._keys
-
-    def _store_changed(self) -> None:
-        self._store_changes += 1
 
     def _now_ms(self) -> int:
         return _ms(self._clock())

@@ -516,9 +516,9 @@ class QuotaStore:
         return {self._entities[k]: dict(v) for k, v in self._quotas.items()}
 
     def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every effective change. Why: the per-request readers (the manager's stamp, the
-        policy's plans) are compiled and keep their own count of changes, a native read, where reading
-        :attr:`generation` of this interpreted class is a generic attribute lookup on every request."""
+        """Call ``listener`` after every effective change. Why: the manager's stamp, read on every request (and
+        through it the policy's plans), is compiled and counts the changes itself, a native read, where reading
+        :attr:`generation` of this interpreted class is a generic attribute lookup."""
         self._listeners.append(listener)
 
     def _changed(self) -> None:

@@ -106,19 +106,10 @@ KINDS: Final[tuple[QuotaKind, ...]] = (
 
 BY_KEY: Final = {k.key: k for k in KINDS}
 BIT: Final[dict[str, int]] = {k.key: 1 << i for i, k in enumerate(KINDS)}
-"""Quota key -> its bit in a set of kinds held as an int: a decision's kinds, counted in one dict entry
-(``proxy.stats.Stats.passes``) instead of one per key."""
-
-
+"""Quota key -> its bit in a set of kinds held as an int: a decision's kinds, counted in one slot
+(``proxy.stats.Stats.passes``) instead of once per key."""
 KIND_SETS: Final = 1 << len(KINDS)
 """How many sets of kinds there are (:data:`BIT` sets run from 0 to this, exclusive)."""
-
-
-def keys_of(kinds: int) -> list[str]:
-    """The quota keys of the set ``kinds`` (bits of :data:`BIT`), in catalogue order."""
-    return [k.key for i, k in enumerate(KINDS) if kinds >> i & 1]
-
-
 BY_NAME: Final = {k.name: k for k in KINDS}
 QUOTA_KEYS: Final = frozenset(BY_KEY)
 INTEGRAL_KEYS: Final = frozenset(k.key for k in KINDS if k.integral)
@@ -143,6 +134,11 @@ MUTATION_APIS: Final = BY_KEY[CONTROLLER_MUTATION_RATE].apis
 MUTATION_STRICT_SINCE: Final = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 """KIP-599: the first version whose clients understand THROTTLING_QUOTA_EXCEEDED (error 89) per topic; older
 versions are admitted whole and muted."""
+
+
+def keys_of(kinds: int) -> list[str]:
+    """The quota keys of the set ``kinds`` (bits of :data:`BIT`), in catalogue order."""
+    return [k.key for i, k in enumerate(KINDS) if kinds >> i & 1]
 
 
 def mutation_is_strict(api_key: int, api_version: int) -> bool:
