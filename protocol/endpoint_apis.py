@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from protocol.apis import RESPONSES, Api
-from protocol.skim import top_level_tags
+from protocol.skim import SMALL_BODY_BYTES, top_level_tags
 
 NODE_ENDPOINTS_TAG: Final = 0
 """The tag of ``node_endpoints`` in Produce and Fetch responses."""
@@ -54,7 +54,78 @@ def carries_endpoints_tail(api_key: int, version: int) -> bool:
     return since is not None and version >= since
 
 
-def tags_endpoints(api_key: int, version: int, body: bytes | memoryview) -> bool:
+def tags_endpoints(api_key: int, version: int, body: bytes | memoryview, shape: ResponseShape | None = None) -> bool:
     """Whether a Produce v10+ or Fetch v16+ response ``body`` has the ``node_endpoints`` tag (one skip over the
-    body, see ``skim.top_level_tags``). Raises TruncatedError (a ValueError) for a body that does not parse."""
-    return NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, body)
+    body, see ``skim.top_level_tags``). Raises TruncatedError (a ValueError) for a body that does not parse.
+
+    ``shape``: the connection's memo. A small body shaped like the last one it remembers has no tag, and is
+    not walked (the walk was a tenth of a plain Produce round trip's instructions)."""
+    if shape is None or len(body) > SMALL_BODY_BYTES:
+        return NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, body)
+    data = body if isinstance(body, bytes) else bytes(body)  # compiled, bytes() is a generic call
+    if shape.matches(api_key, version, data):
+        return False
+    free: list[int] = []
+    if NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, data, free):
+        return True
+    shape.remember(api_key, version, data, free)
+    return False
+
+
+class ResponseShape:
+    """One connection's last small Produce or Fetch response body that carried no ``node_endpoints``, reduced to
+    the bytes that steer a walk of it (``skim._skip_bytes``' ``free`` spans are left out).
+
+    Why: a producer's responses repeat one shape (the same topics and partitions, no errors), and only offsets,
+    timestamps and the throttle time change, all fixed-size fields. A body of the same API, version and length
+    whose every other byte is the same walks the same way, so it has no tag either. An error, a new partition or
+    a tagged field changes a length, a count or a tag section, and the body is walked again. Per connection:
+    one body of at most ``skim.SMALL_BODY_BYTES`` and its gaps.
+    """
+
+    __slots__ = ("api_key", "version", "body", "gaps")
+
+    def __init__(self) -> None:
+        self.api_key = -1
+        self.version = -1
+        self.body = b""
+        self.gaps: list[int] = []
+        """Spans (start, stop, flat) of ``body`` that must be equal: everything outside the walk's free spans."""
+
+    def matches(self, api_key: int, version: int, body: bytes) -> bool:
+        """Whether ``body`` agrees with the remembered one on every byte that steers the walk."""
+        prev = self.body
+        if api_key != self.api_key or version != self.version or len(body) != len(prev):
+            return False
+        gaps = self.gaps
+        i = 0
+        n = len(gaps)
+        while i < n:
+            j: int = gaps[i]
+            stop: int = gaps[i + 1]
+            i += 2
+            while j < stop:
+                if body[j] != prev[j]:
+                    return False
+                j += 1
+        return True
+
+    def remember(self, api_key: int, version: int, body: bytes, free: list[int]) -> None:
+        """Keep ``body``, walked without a tag, and the complement of its ``free`` spans (in walk order)."""
+        gaps: list[int] = []
+        at = 0
+        i = 0
+        n = len(free)
+        while i < n:
+            start: int = free[i]
+            stop: int = free[i + 1]
+            i += 2
+            if start > at:
+                gaps.append(at)
+                gaps.append(start)
+            if stop > at:
+                at = stop
+        if at < len(body):
+            gaps.append(at)
+            gaps.append(len(body))
+        self.api_key, self.version, self.body, self.gaps = api_key, version, body, gaps

@@ -254,12 +254,20 @@ class _LastBodyOps:
 _LAST_BODY_OPS: Final = _LastBodyOps()
 
 
-def _skip_bytes(ops: tuple[_Op, ...], buf: bytes, pos: int, end: int) -> int:
+def _skip_bytes(ops: tuple[_Op, ...], buf: bytes, pos: int, end: int, free: list[int] | None = None) -> int:
     """:func:`skip` over ``bytes`` with native operations: the same walk, with every read native once compiled
-    (a memoryview or a tuple index is a generic call from compiled code)."""
+    (a memoryview or a tuple index is a generic call from compiled code).
+
+    ``free``, when given, gets the spans (start, stop, flat) of the bytes the walk did not read: fixed-size
+    fields, string and byte contents, arrays of fixed-size elements. Every byte outside them (lengths, counts,
+    null markers, tag sections) steers the walk, so a body of the same length that agrees on all of those
+    walks the same way (:class:`protocol.endpoint_apis.ResponseShape`)."""
     for op in ops:
         kind = op.kind
         if kind == FIXED:
+            if free is not None:
+                free.append(pos)
+                free.append(pos + op.size)
             pos += op.size
         elif kind <= ARRAY:
             n: int
@@ -278,20 +286,26 @@ def _skip_bytes(ops: tuple[_Op, ...], buf: bytes, pos: int, end: int) -> int:
                 pos += 4
             if kind != ARRAY:
                 if n > 0:
+                    if free is not None:
+                        free.append(pos)
+                        free.append(pos + n)
                     pos += n
             else:
                 inner = op.inner
                 if len(inner) == 1 and inner[0].kind == FIXED:
                     if n > 0:
+                        if free is not None:
+                            free.append(pos)
+                            free.append(pos + n * inner[0].size)
                         pos += n * inner[0].size
                 else:
                     for _ in range(n):
-                        pos = _skip_bytes(inner, buf, pos, end)
+                        pos = _skip_bytes(inner, buf, pos, end, free)
         elif kind == NSTRUCT:
             marker = buf[pos]
             pos += 1
             if marker != 0xFF:
-                pos = _skip_bytes(op.inner, buf, pos, end)
+                pos = _skip_bytes(op.inner, buf, pos, end, free)
         elif buf[pos] == 0:  # TAGS, none sent: the usual case
             pos += 1
         else:
@@ -306,10 +320,13 @@ SMALL_BODY_BYTES: Final = 4096
 less than generic reads); larger ones, whose bulk is records skipped in one step, are walked in place."""
 
 
-def top_level_tags(message_cls, version: int, body: bytes | memoryview) -> tuple[int, ...]:
+def top_level_tags(message_cls, version: int, body: bytes | memoryview, free: list[int] | None = None
+                   ) -> tuple[int, ...]:
     """The tags of the top-level tagged fields sent in ``body``: the keys of :func:`layout`'s ``tags``, found by
     one skip over the whole body instead of a span per field. Why: every Produce v10+ and Fetch v16+ response
     is looked at for KIP-951 ``node_endpoints`` (a top-level tag), and almost none carries it.
+
+    ``free``: see :func:`_skip_bytes`; filled only for a body of up to :data:`SMALL_BODY_BYTES`.
 
     Raises TruncatedError (a ValueError) when the body is shorter than its fields say.
     """
@@ -324,7 +341,7 @@ def top_level_tags(message_cls, version: int, body: bytes | memoryview) -> tuple
     try:
         if end <= SMALL_BODY_BYTES:
             data = bytes(body)
-            pos = _skip_bytes(native, data, 0, end)
+            pos = _skip_bytes(native, data, 0, end, free)
         else:
             data = body
             pos = skip(ops, body, 0)

@@ -27,7 +27,7 @@ from typing import Any
 from config.model import ProxyConfig
 from mute import ChannelMute
 from protocol.apis import Api, api_label, api_name
-from protocol.endpoint_apis import carries_endpoints_tail
+from protocol.endpoint_apis import ResponseShape, carries_endpoints_tail
 from protocol.errors import ProtocolError
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
@@ -172,6 +172,7 @@ class Connection:
         self.inflight = self.session.inflight
         self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
+        self._shape = ResponseShape()  # its last untagged Produce/Fetch response: the next alike is not walked
         self.id = str(services.stats.connections_total)
         # Traffic since the last decision-log summary of this connection.
         self._api_key = -(1 << 20)  # no int16 api key: see _api_counters
@@ -458,7 +459,7 @@ class Connection:
         request = self.session.receive(frame, now)
         if type(request) is not Request:
             if request is None:  # answered here (an ApiVersions beyond the proxy's versions)
-                self._flush_answers()
+                self._flush_answers(now)
             return request
         header = request.header
         services = self.services
@@ -485,13 +486,13 @@ class Connection:
             return verdict.frame
         if kind is Answer:  # released in order, once everything before it has been answered
             session.answer(request, verdict.decision, verdict.frame, now)
-            self._flush_answers()
+            self._flush_answers(now)
             return None
         raise TypeError(f"the policy returned a {kind.__name__}, which is no verdict")
 
-    def _flush_answers(self) -> None:
+    def _flush_answers(self, now: float) -> None:
         out: list = []
-        self._release_local(out)
+        self._release_local(out, now)
         if out:
             self.client.transport.writelines(out)
 
@@ -638,15 +639,15 @@ class Connection:
                 and not self._responses.streaming):
             self.close()
 
-    def _release_local(self, out: list) -> None:
+    def _release_local(self, out: list, now: float) -> None:
         """Release the proxy's own answers that have reached the head of the queue."""
         for pending in self.session.ready_answers():
-            self._finish(pending, pending.local, out)
+            self._finish(pending, pending.local, out, now)
 
-    def _finish(self, pending: Pending, frame, out: list) -> None:
+    def _finish(self, pending: Pending, frame, out: list, now: float) -> None:
         """Last stop of every response: the policy may raise throttle_time_ms and mute the client."""
         if pending.decision is not None:
-            pieces = self.services.policy.on_response(self, pending, frame)
+            pieces = self.services.policy.on_response(self, pending, frame, now)
             if pieces is not None:
                 out.extend(pieces)
                 return
@@ -666,7 +667,7 @@ class Connection:
         counters.latency_count += 1
 
     def _on_response(self, frame, out: list, now: float) -> None:
-        self._release_local(out)
+        self._release_local(out, now)
         session = self.session
         if type(frame) is StreamHead:
             # may_stream checked that it answers the oldest request, that nothing in it is ever
@@ -675,7 +676,7 @@ class Connection:
             self._count_latency(pending, now)
             pieces = None
             if pending.decision is not None:
-                pieces = self.services.policy.on_response(self, pending, frame.data, frame.total)
+                pieces = self.services.policy.on_response(self, pending, frame.data, now, frame.total)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
                 body_start = 4 + response_body_offset(frame.data[4:], key, version)
@@ -688,12 +689,13 @@ class Connection:
         if pending.header is RAW:
             out.append(frame)
             return
-        body = frame[4:]  # frames are memoryviews: no copy
+        # Small frames are bytes (narrowed, a native slice); large ones memoryviews (a view: no copy).
+        body = frame[4:] if isinstance(frame, bytes) else frame[4:]
         if pending.internal is not None:
             if not pending.internal.done():
                 offset = response_body_offset(body, pending.header.api_key, pending.header.api_version)
                 pending.internal.set_result(bytes(body[offset:]))
-            self._release_local(out)
+            self._release_local(out, now)
             return
         self._count_latency(pending, now)
         if sasl_released:
@@ -703,9 +705,10 @@ class Connection:
                 and identity.last_failure and not identity.authenticated):
             log.info("%s via %s: %s", self.peer, self.label, printable(identity.last_failure))
         services = self.services
-        result = inspect_response(pending, body, services.directory, services.topic_ids, services.version_caps)
+        result = inspect_response(pending, body, services.directory, services.topic_ids, services.version_caps,
+                                  self._shape)
         if result is None:
-            self._finish(pending, frame, out)
+            self._finish(pending, frame, out, now)
         elif isinstance(result, AddressEdit):
             # A broker without a listener yet: hold this and later responses (order is kept) and
             # stop reading the broker until the listener is up.
@@ -717,8 +720,8 @@ class Connection:
             self._spawn(self._finish_edit(pending, result))
             return
         else:
-            self._finish(pending, _SIZE.pack(len(result)) + result, out)
-        self._release_local(out)
+            self._finish(pending, _SIZE.pack(len(result)) + result, out, now)
+        self._release_local(out, now)
 
     def _tail_done(self) -> None:
         """A streamed response is complete; brokers it named without a listener get one now."""
@@ -743,9 +746,10 @@ class Connection:
         if self.closed:
             return
         out: list = []
-        self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out)
-        self._release_local(out)
+        now = time.monotonic()
+        self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out, now)
+        self._release_local(out, now)
         self.client.transport.writelines(out)
-        self._deliver(self.session.take_held_responses(), time.monotonic())
+        self._deliver(self.session.take_held_responses(), now)
         if self.session.held_responses is None:
             self.resume(self.upstream, "new-listener")

@@ -411,7 +411,8 @@ class Policy:
         d.charged_ms = now_ms
         quotas = self.quotas
         for kind, h, how in b.at_request:
-            a = size if how == "request_bytes" else amount_from(how, request_bytes=size)
+            # Typed: an int | float would be boxed, and unboxed again for each of the two calls below.
+            a: float = size if how == "request_bytes" else amount_from(how, request_bytes=size)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
         if plan.exempt_replicas and b.later and _is_replica_fetch(frame, header):
@@ -570,11 +571,11 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: PolicyConnection, pending: Pending, frame, total: int | None = None):
+    def on_response(self, conn: PolicyConnection, pending: Pending, frame, now: float, total: int | None = None):
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
-        (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream)."""
+        (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream).
+        ``now``: monotonic seconds when it was read (the connection reads the clock once a read)."""
         d: Decision = pending.decision
-        now = self._clock()
         now_ms = _ms(now)
         size = (total if total is not None else len(frame)) - 4
         if d.later:

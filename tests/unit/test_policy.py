@@ -140,7 +140,7 @@ def test_produce_over_byte_rate_holds_reads_and_throttles_the_response():
     assert conn.mute.calls == [("hold", 0.0)]
     # The broker answers with throttle 0: the proxy's throttle goes into the field, then the mute is served.
     produce_body = b"\x00\x00\x00\x00" + _SIZE.pack(0)  # no topics, throttle_time_ms 0 (v7: after the array)
-    pieces = policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, produce_body))
+    pieces = policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, produce_body), clock())
     assert _throttle_in(pieces, 12) == throttle
     assert conn.mute.calls[-1] == ("served", throttle / 1000)
 
@@ -153,7 +153,7 @@ def test_produce_under_byte_rate_passes_untouched():
     d = policy.on_request(conn, header, request, clock())
     assert d.throttle_ms == 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
-    assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
+    assert policy.on_response(conn, Pending(header, clock(), d), frame, clock()) is None
 
 
 def test_fetch_is_charged_its_response_size_and_muted_after():
@@ -165,7 +165,7 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
     assert d.values == {} and [k.key for k, _handle, _basis in d.later] == [CONSUMER_BYTE_RATE]
     fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
     frame = _response_frame(header, fetch_body)
-    pieces = policy.on_response(conn, Pending(header, clock(), d), frame)
+    pieces = policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     amount, _limit, throttle = d.values[CONSUMER_BYTE_RATE]
     assert amount == len(frame) - 4 and throttle > 0
     assert _throttle_in(pieces) == throttle
@@ -187,13 +187,13 @@ def test_request_percentage_charges_service_time_except_waits_the_client_asked_f
     d = policy.on_request(conn, header, request, clock())
     sent = clock()
     clock.now += 0.2  # the broker took 200 ms
-    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, bytes(16)))
+    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, bytes(16)), clock())
     assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(200 / 10)  # percent-seconds of one thread
     header, request = _fetch()
     d = policy.on_request(conn, header, request, clock())
     sent = clock()
     clock.now += 0.5  # Fetch max_wait: a wait the client asked for
-    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, _SIZE.pack(0) + bytes(4)))
+    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, _SIZE.pack(0) + bytes(4)), clock())
     assert d.values[REQUEST_PERCENTAGE][0] == 0.0
 
 
@@ -216,7 +216,7 @@ def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
     d = policy.on_request(conn, header, request, clock())
     assert d.throttle_ms > 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
-    assert policy.on_response(conn, Pending(header, clock(), d), frame) is None
+    assert policy.on_response(conn, Pending(header, clock(), d), frame, clock()) is None
     assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", True)] == 1
 
 
@@ -227,7 +227,8 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     for size in (10, 5000):  # within quota, then over it
         header, request = _produce(size)
         d = policy.on_request(conn, header, request, clock())
-        policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
+        frame = _response_frame(header, bytes(4) + _SIZE.pack(0))
+        policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     counts = policy.stats.decision_counts()
     assert counts[(PRODUCER_BYTE_RATE, "pass", False)] == 1
     assert counts[(PRODUCER_BYTE_RATE, "throttle", False)] == 1
@@ -247,7 +248,8 @@ def test_a_pass_is_counted_once_for_each_kind_it_noted(keep_values):
         d = policy.on_request(conn, header, request, clock())
         assert keys_of(d.noted) == [PRODUCER_BYTE_RATE]  # request_percentage comes with the response
         clock.now += 0.01
-        policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, bytes(4) + _SIZE.pack(0)))
+        frame = _response_frame(header, bytes(4) + _SIZE.pack(0))
+        policy.on_response(conn, Pending(header, clock(), d), frame, clock())
         assert keys_of(d.noted) == [PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE] and d.throttle_ms == 0
         if keep_values:
             assert keys_of(d.noted) == [k for k in BIT if k in d.values]
@@ -294,7 +296,8 @@ def test_kip599_strict_request_is_split_and_the_answer_merged_in_request_order()
     assert d.mutations == 3 and d.rejected == 2  # t0 spends the burst and more; t1, t2 meet a negative balance
     assert d.values[CONTROLLER_MUTATION_RATE][2] > 0
     broker = _created(replaced.frame, 6)
-    pieces = policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, broker, flexible=True))
+    frame = _response_frame(header, broker, flexible=True)
+    pieces = policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     merged = b"".join(bytes(p) for p in pieces)
     answer = CreateTopicsResponse.decode(merged[4 + 5:], version=6)  # size, correlation id, empty tag section
     assert [(t.name, t.error_code) for t in answer.topics] == [("t0", 0), ("t1", 89), ("t2", 89)]

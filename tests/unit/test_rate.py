@@ -288,6 +288,30 @@ def test_total_is_what_was_recorded_recently(samples: int, window: int, events: 
     assert rate.total(now + samples * window + later) == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    samples=st.integers(1, 12),
+    window=st.one_of(st.integers(1, 3000), st.floats(0.01, 3000, allow_nan=False)),
+    start=st.integers(0, 10**9),
+    elapsed=st.one_of(st.floats(0, 50_000, allow_nan=False), st.integers(0, 50_000)),
+)
+@example(samples=11, window=1000, start=0, elapsed=10_000)  # where the shortcut begins
+@example(samples=1, window=0.5, start=0, elapsed=0.7)  # past the shortcut's start, still under the 1 ms floor
+@example(samples=3, window=333.3, start=10**9, elapsed=999.9)
+def test_window_is_kafkas_padded_window(samples: int, window: float, start: int, elapsed: float) -> None:
+    """The window from one sample is Kafka's ``Rate.windowSize``: elapsed plus the whole windows missing from
+    ``samples - 1``, at least 1 ms, whether or not elapsed is past the point where the padding is skipped."""
+    rate = SampledRate(samples, window)
+    rate.record(1, start)
+    now = start + elapsed
+    elapsed = now - start  # as the rate sees it
+    if elapsed >= samples * window:  # purged: the sample starts again at now
+        elapsed = 0
+    full = int(elapsed // window)
+    wanted = elapsed + (samples - 1 - full) * window if full < samples - 1 else elapsed
+    assert rate.window_ms(now) == max(wanted, 1)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     observed=st.floats(0, 1e12, allow_nan=False),
