@@ -1,4 +1,8 @@
+from collections import deque
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceRequest
@@ -115,3 +119,31 @@ def test_inflight_checks_correlation_order():
         f.pop(2)
     assert f.pop(1).header.correlation_id == 1
     assert len(f) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.one_of(st.integers(1, 40), st.just(0)), max_size=300))
+def test_inflight_is_a_bounded_fifo(ops):
+    """Against a deque: pushes (n > 0: that many) and pops (0) in any order answer oldest first, refuse a
+    response out of order or owed to nobody, and keep the list within twice what is owed (plus the compaction
+    threshold)."""
+    f, model, corr = InFlight(), deque(), 0
+    header_of = {}
+    for op in ops:
+        if op:
+            for _ in range(op):
+                corr += 1
+                header_of[corr] = parse_request_header(_frame(MetadataRequest(topics=[]), 4, corr=corr))
+                f.push(Pending(header_of[corr], 0.0))
+                model.append(corr)
+        elif model:
+            with pytest.raises(CorrelationError):
+                f.pop(model[0] + 1)
+            assert f.pop(model[0]).header is header_of[model.popleft()]
+        else:
+            with pytest.raises(CorrelationError):
+                f.pop(1)
+        assert len(f) == len(model)
+        assert (f.head().header.correlation_id if model else None) == (model[0] if model else None)
+        assert len(f._items) <= max(2 * len(model), len(model) + 32)
+        assert all(p is None for p in f._items[: f._first])
