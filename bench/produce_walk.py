@@ -46,6 +46,8 @@ class Transport:
     def __init__(self, peer=("127.0.0.1", 50000)) -> None:
         self.written: list[bytes] = []
         self.peer = peer
+        self.protocol = None
+        """What the loop would hand reads to (``set_protocol``)."""
 
     def write(self, data) -> None:
         self.written.append(bytes(data))
@@ -58,6 +60,9 @@ class Transport:
 
     def get_extra_info(self, name, default=None):
         return self.peer if name == "peername" else default
+
+    def set_protocol(self, protocol) -> None:
+        self.protocol = protocol
 
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
@@ -78,13 +83,13 @@ def _produce(corr: int, records: int = 1, value_bytes: int = 100) -> bytes:
     return _SIZE.pack(len(body)) + body
 
 
-def _answer(corr: int) -> bytes:
+def _answer(corr: int, error_message: str | None = None) -> bytes:
     P = ProduceResponse._struct.fields["responses"].array_of.data_class
     Q = P.fields["partition_responses"].array_of.data_class
     body = ProduceResponse(version=VERSION, throttle_time_ms=0, responses=[
         P(version=VERSION, name="t", partition_responses=[Q(version=VERSION, index=0, error_code=0, base_offset=corr,
                                                       log_append_time_ms=-1, log_start_offset=0, record_errors=[],
-                                                      error_message=None)])]).encode()
+                                                      error_message=error_message)])]).encode()
     head = encode_response_header(corr, True)
     return _SIZE.pack(len(head) + len(body)) + head + body
 
@@ -112,16 +117,21 @@ class Harness:
         self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
         self.client, self.upstream = Transport(), Transport()
         self.conn.client.connection_made(self.client)
-        self.conn.upstream.transport = self.upstream  # as if the broker connection were up
+        # As if the broker connection were up: the loop calls what the connection asked for (its chunk reader).
+        self.upstream.protocol = self.conn.upstream_chunks
+        self.conn.upstream_chunks.connection_made(self.upstream)
         self.records, self.value_bytes = records, value_bytes
 
     def round_trip(self, corr: int, request: bytes | None = None, answer: bytes | None = None) -> None:
         conn = self.conn
         conn.client.data_received(request or _produce(corr, self.records, self.value_bytes))
         answer = answer or _answer(corr)
-        buf = conn.upstream.get_buffer(len(answer))
-        buf[:len(answer)] = answer
-        conn.upstream.buffer_updated(len(answer))
+        if conn.buffered_reads:
+            buf = conn.upstream.get_buffer(len(answer))
+            buf[:len(answer)] = answer
+            conn.upstream.buffer_updated(len(answer))
+        else:  # as uvloop hands a read to a plain protocol: the read's bytes
+            self.upstream.protocol.data_received(answer)
         if self.client.written and self.upstream.written:
             self.client.written.clear()
             self.upstream.written.clear()

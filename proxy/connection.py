@@ -31,6 +31,7 @@ from protocol.endpoint_apis import ResponseShape, carries_endpoints_tail
 from protocol.errors import ProtocolError
 from protocol.frames import (
     INITIAL_RECEIVE_BYTES,
+    SMALL_RESPONSE_BYTES,
     FrameError,
     FrameReader,
     FrameReceiver,
@@ -132,7 +133,8 @@ class _ClientSide(_Side, asyncio.Protocol):
 
 
 class _UpstreamSide(_Side, asyncio.BufferedProtocol):
-    """The broker's socket: responses are read straight into the Connection's receive buffer."""
+    """The broker's socket once the client has sent a Fetch: responses are read straight into the Connection's
+    receive buffer, and a large one streams on from there without a copy."""
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.conn.response_buffer()
@@ -141,13 +143,45 @@ class _UpstreamSide(_Side, asyncio.BufferedProtocol):
         self.conn.responses_received(nbytes)
 
 
+class _UpstreamChunks(asyncio.Protocol):
+    """The broker's socket until the client's first Fetch: each read arrives as the ``bytes`` the loop made of
+    it. Why: a producer's response is one small read, and as a chunk it is the frame itself, with no buffer
+    callback before the read and no copy out of a buffer after it (uvloop's buffered read and our slicing cost a
+    tenth of a round trip). Every other event is :class:`_UpstreamSide`'s, which keeps the socket's state."""
+
+    def __init__(self, side: _UpstreamSide) -> None:
+        self.side = side
+
+    def connection_made(self, transport: Any) -> None:
+        self.side.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.side.conn.response_chunk(data)
+
+    def eof_received(self) -> bool:
+        return self.side.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.side.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.side.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.side.resume_writing()
+
+
 class Connection:
     def __init__(self, services: Services, candidates: list[tuple[str, int]], label: str) -> None:
         self.services = services
         self.candidates = candidates
         self.label = label
         self.client: _Side = _ClientSide(self, is_client=True)
-        self.upstream: _Side = _UpstreamSide(self, is_client=False)
+        upstream = _UpstreamSide(self, is_client=False)
+        self.upstream: _Side = upstream
+        self.upstream_chunks = _UpstreamChunks(upstream)
+        """What the broker's reads go to until the first Fetch (then ``upstream`` itself: see _buffer_reads)."""
+        self.buffered_reads = False
         config = services.config
         max_frame = config.max_frame_bytes
         # Memory is taken as bytes arrive, never at a size a client merely announced: requests grow with what
@@ -251,7 +285,7 @@ class Connection:
             if self.closed:
                 return
             try:
-                await asyncio.wait_for(loop.create_connection(lambda: self.upstream, host, port,
+                await asyncio.wait_for(loop.create_connection(self._upstream_protocol, host, port,
                                                                    ssl=self.services.upstream_ssl), timeout)
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port,
@@ -267,6 +301,10 @@ class Connection:
             self.resume(self.client, "connecting")
             return
         self.close(f"no broker reachable among {self._candidates_text()}")
+
+    def _upstream_protocol(self) -> Any:
+        """What the loop hands the broker's reads to: as chunks until the first Fetch (see _buffer_reads)."""
+        return self.upstream if self.buffered_reads else self.upstream_chunks
 
     def _candidates_text(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.candidates) or "(unknown broker address)"
@@ -462,6 +500,8 @@ class Connection:
                 self._flush_answers(now)
             return request
         header = request.header
+        if not self.buffered_reads and (header.api_key == Api.FETCH or header.api_key == Api.SHARE_FETCH):
+            self._buffer_reads()
         services = self.services
         stats = services.stats
         stats.requests += 1
@@ -583,6 +623,38 @@ class Connection:
         stream = not needs_whole_body(header.api_key, header.api_version)
         self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
         return stream
+
+    def _buffer_reads(self) -> None:
+        """From now on the broker's reads land in the receive buffer: a Fetch is going out, and its response
+        may be megabytes, which stream on from there without a copy. Before the request is written, so its
+        response cannot come first; for good, since a connection that fetches keeps fetching."""
+        self.buffered_reads = True
+        if self.upstream.transport is not None:
+            self.upstream.transport.set_protocol(self.upstream)  # the loop reads on with the buffered callbacks
+
+    def response_chunk(self, data: bytes) -> None:
+        """A read from the broker as ``bytes`` (see _UpstreamChunks). The usual one is exactly one small
+        response, with nothing pending before it: that is the frame, handed on as it is. Anything else is
+        copied into the receive buffer and taken from there, as a buffered read would have been."""
+        if self.closed:
+            return
+        self.last_active = now = time.monotonic()
+        n = len(data)
+        self.services.stats.bytes_to_clients += n
+        self.sum_bytes_out += n
+        responses = self._responses
+        if (4 < n <= SMALL_RESPONSE_BYTES and responses.idle
+                and (data[0] << 24 | data[1] << 16 | data[2] << 8 | data[3]) + 4 == n):
+            self._deliver([data], now)
+            return
+        pos = 0
+        while pos < n and not self.closed:
+            room = self.response_buffer()
+            k = min(len(room), n - pos)
+            room[:k] = data if k == n else data[pos:pos + k]
+            responses.add(k)
+            pos += k
+            self._deliver(None, now)
 
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
