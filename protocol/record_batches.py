@@ -337,12 +337,15 @@ def single_producer_id(data: bytes, start: int, version: int, offset: int, shape
     tail = shape.tail
     if n < _V2_HEADER or stop + len(tail) != end or not data.endswith(tail):  # endswith: native, no slice
         return None
-    if data[pos + 16] != 2 or pos + _LOG_OVERHEAD + _u32(data, pos + 8) != stop:
+    # The three words are read inline: compiled, a call to _u32 cost more than its four reads.
+    length = data[pos + 8] << 24 | data[pos + 9] << 16 | data[pos + 10] << 8 | data[pos + 11]
+    if data[pos + 16] != 2 or pos + _LOG_OVERHEAD + length != stop:
         return None
-    hi = _u32(data, pos + 43)
+    hi = data[pos + 43] << 24 | data[pos + 44] << 16 | data[pos + 45] << 8 | data[pos + 46]
     if hi >= 0x80000000:  # negative (−1: no producer id): sign the high word first, so no step leaves 62 bits
         hi -= 0x100000000  # (compiled, a wider intermediate is a heap integer: 2.6k instructions instead of 1.0k)
-    return hi << 32 | _u32(data, pos + 47)  # a shift and an or: compiled, a product of −1 took the slow path
+    lo = data[pos + 47] << 24 | data[pos + 48] << 16 | data[pos + 49] << 8 | data[pos + 50]
+    return hi << 32 | lo  # a shift and an or: compiled, a product of −1 took the slow path
 
 
 def _u32(data: bytes, pos: int) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Mapping
 from typing import Any, Final
 
 from protocol.api_versions import unsupported_version_body
@@ -81,7 +80,7 @@ class Session:
     __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests",
                  "held_responses", "_own_corr", "_walk_kv", "_walk")
 
-    def __init__(self, identity: ConnectionIdentity, version_caps: Mapping[int, int]) -> None:
+    def __init__(self, identity: ConnectionIdentity, version_caps: dict[int, int]) -> None:
         self.inflight = InFlight()
         self.identity = identity
         self.client_id = ""

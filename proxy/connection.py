@@ -18,10 +18,10 @@ import asyncio
 import logging
 import ssl
 import struct
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any
 
 from config.model import ProxyConfig
@@ -88,7 +88,8 @@ class Services:
     request_pool: RequestBytesPool
     directory: BrokerDirectory
     topic_ids: TopicIds
-    version_caps: Mapping[int, int]
+    version_caps: dict[int, int]
+    """A dict: compiled, the session's per-request ``get`` on it is then native."""
     admit: Callable[[str], Refusal | None]
     release: Callable[[str], None]
     principal_mapper: PrincipalMapper | None = None
@@ -193,7 +194,7 @@ class Connection:
         self._connecting = False
         self._admitted_ip: str | None = None  # counted by the connection limits until closed
         self._refused_timer: Any = None  # the loop's TimerHandle (uvloop's is its own class)
-        now = time.monotonic()
+        now = monotonic()
         self.last_active: float = now
         self._frame_since: float | None = None  # when the incomplete request frame started (while read)
         self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
@@ -242,7 +243,7 @@ class Connection:
         if not side.pauses and side.transport is not None and not self.closed:
             side.transport.resume_reading()
             if side is self.client and self._frame_since is not None:
-                self._frame_since = time.monotonic()  # time not read is not the client's slowness
+                self._frame_since = monotonic()  # time not read is not the client's slowness
         if reason == "backpressure" and side is self.client:
             self._release_requests()
 
@@ -405,7 +406,7 @@ class Connection:
             return
         self.services.stats.bytes_from_clients += len(data)
         self.sum_bytes_in += len(data)
-        self.last_active = now = time.monotonic()
+        self.last_active = now = monotonic()  # bound at import: time.monotonic is a lookup each call
         if self.upstream.transport is None:
             # Kept (one chunk, and at most one more that raced the pause) and replayed once the broker
             # connection is up.
@@ -546,7 +547,7 @@ class Connection:
             return
         header = parse_request_header(frame, 4)
         request = Request(header, frame, expects_response(frame, header, 4))
-        item = self._apply(verdict, request, time.monotonic())
+        item = self._apply(verdict, request, monotonic())
         if type(item) is Defer:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:
@@ -559,7 +560,7 @@ class Connection:
     def _release_deferred(self) -> None:
         held = self.session.take_held_requests()
         if held:
-            self._process_requests(held, time.monotonic())
+            self._process_requests(held, monotonic())
         else:
             self._release_requests()
 
@@ -597,7 +598,7 @@ class Connection:
         body (after its header). It is answered in order, like the client's requests, so it sees the cluster
         as the client's next request will."""
         fut = asyncio.get_running_loop().create_future()
-        self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, time.monotonic(),
+        self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, monotonic(),
                                                                     fut))
         return fut
 
@@ -638,7 +639,7 @@ class Connection:
         copied into the receive buffer and taken from there, as a buffered read would have been."""
         if self.closed:
             return
-        self.last_active = now = time.monotonic()
+        self.last_active = now = monotonic()
         n = len(data)
         self.services.stats.bytes_to_clients += n
         self.sum_bytes_out += n
@@ -659,7 +660,7 @@ class Connection:
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
-        self.last_active = now = time.monotonic()
+        self.last_active = now = monotonic()
         self.services.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
         self._responses.add(nbytes)
@@ -818,7 +819,7 @@ class Connection:
         if self.closed:
             return
         out: list = []
-        now = time.monotonic()
+        now = monotonic()
         self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out, now)
         self._release_local(out, now)
         self.client.transport.writelines(out)

@@ -52,7 +52,7 @@ from protocol.record_batches import (
 from protocol.text import printable
 from proxy import client_quota_api
 from proxy.stats import Stats
-from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
+from proxy.verdicts import Answer, Defer, Identity, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event
 from quotas.entities import QuotaStore
@@ -163,9 +163,12 @@ class _PidMemo:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("bound", "last_response_at", "pid_memo", "produce_shape", "scope", "stamp", "user")
+    __slots__ = ("bound", "identity", "last_response_at", "pid_memo", "produce_shape", "scope", "stamp", "user")
 
-    def __init__(self) -> None:
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        """The connection's identity (one object for its life): its principal is read from here, one lookup
+        where ``conn.identity.principal`` was two."""
         self.last_response_at = 0.0
         """When (policy clock) the connection's last decided response arrived: service time starts there when
         the request was sent earlier (the broker answers a connection's requests in order)."""
@@ -367,7 +370,7 @@ class Policy:
         """The connection's bound plan for API ``key`` (None: nothing charges it), binding it when the quotas,
         the principal or the client id changed since it was kept."""
         stamp = self.quotas.stamp()
-        user = conn.identity.principal
+        user = st.identity.principal
         if st.stamp != stamp or st.user != user:
             st.bound.clear()
             st.stamp, st.user, st.scope = stamp, user, self._scope(conn)
@@ -399,7 +402,7 @@ class Policy:
         client_id = header.client_id or ""
         st: _ConnState | None = conn.policy_state  # the one read of it a request: the rest is native
         if st is None:
-            st = conn.policy_state = _ConnState()
+            st = conn.policy_state = _ConnState(conn.identity)
         b = self._bind(conn, st, plan, key, client_id, now_ms)
         if b is None:
             return None
@@ -641,7 +644,9 @@ class Policy:
             action = "pass"
         shadow = not self.enforce
         if action == "pass" and not shadow:  # the usual decision, counted once for its set of kinds (Stats.passes)
-            self.stats.passes[d.noted] += 1
+            passes = self.stats.passes
+            count: int = passes[d.noted]  # typed: the add is native (``+=`` on a list item was a generic one)
+            passes[d.noted] = count + 1
         else:
             decisions = self.stats.decisions
             for key in keys_of(d.noted):

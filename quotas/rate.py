@@ -73,7 +73,7 @@ class SampledRate:
     """
 
     __slots__ = ("_cur_last", "_cur_start", "_cur_value", "_current", "_last", "_min_last", "_oldest", "_samples",
-                 "_size", "_starts", "_total", "_unpadded_from", "_values", "_window_ms")
+                 "_size", "_starts", "_total", "_unpadded_from", "_values", "_whole_ms", "_window_ms")
 
     def __init__(self, samples: int = 11, window_ms: float = 1000) -> None:
         if samples < 1:
@@ -83,6 +83,7 @@ class SampledRate:
         slots = samples + 1  # Kafka >= 3.8: one extra slot so a sample still inside the window is not recycled
         self._samples = samples
         self._window_ms = window_ms
+        self._whole_ms = float(window_ms).is_integer()
         self._unpadded_from = (samples - 1) * window_ms * (1 + 1e-9)
         """An elapsed time from which :meth:`_window` pads nothing, with a margin so that the float floor division
         it stands in for cannot round below ``samples - 1``. Steady traffic is past it, and the division cost a
@@ -207,7 +208,12 @@ class SampledRate:
         if elapsed < 0:  # a clock that went backwards: treat as no time elapsed
             elapsed = 0.0
         w = self._window_ms
-        full = int(elapsed // w)
+        if self._whole_ms:  # the proxy's windows (whole ms): a division, one less if it rounded up to an integer,
+            full = int(elapsed / w)  # is the floor exactly, and float // (fmod, then floor) was a sixth of a young
+            if full * w > elapsed:  # rate's charge
+                full -= 1
+        else:
+            full = int(elapsed // w)
         wanted = self._samples - 1
         if full < wanted:
             elapsed += (wanted - full) * w

@@ -298,6 +298,8 @@ def test_total_is_what_was_recorded_recently(samples: int, window: int, events: 
 @example(samples=11, window=1000, start=0, elapsed=10_000)  # where the shortcut begins
 @example(samples=1, window=0.5, start=0, elapsed=0.7)  # past the shortcut's start, still under the 1 ms floor
 @example(samples=3, window=333.3, start=10**9, elapsed=999.9)
+@example(samples=11, window=0.14960774247194566, start=0, elapsed=1.4960774247194566)  # e / w rounds up to 10
+@example(samples=11, window=1000, start=0, elapsed=8999.999999999998)
 def test_window_is_kafkas_padded_window(samples: int, window: float, start: int, elapsed: float) -> None:
     """The window from one sample is Kafka's ``Rate.windowSize``: elapsed plus the whole windows missing from
     ``samples - 1``, at least 1 ms, whether or not elapsed is past the point where the padding is skipped."""
