@@ -639,10 +639,8 @@ class Connection:
         copied into the receive buffer and taken from there, as a buffered read would have been."""
         if self.closed:
             return
-        self.last_active = now = monotonic()
         n = len(data)
-        self.services.stats.bytes_to_clients += n
-        self.sum_bytes_out += n
+        now = self._read_from_broker(n)
         responses = self._responses
         if (4 < n <= SMALL_RESPONSE_BYTES and responses.idle
                 and (data[0] << 24 | data[1] << 16 | data[2] << 8 | data[3]) + 4 == n):
@@ -660,11 +658,16 @@ class Connection:
     def responses_received(self, nbytes: int) -> None:
         if self.closed:
             return
+        now = self._read_from_broker(nbytes)
+        self._responses.add(nbytes)
+        self._deliver(None, now)
+
+    def _read_from_broker(self, nbytes: int) -> float:
+        """Count a read of ``nbytes`` from the broker, either way it arrived; the clock it was read at."""
         self.last_active = now = monotonic()
         self.services.stats.bytes_to_clients += nbytes
         self.sum_bytes_out += nbytes
-        self._responses.add(nbytes)
-        self._deliver(None, now)
+        return now
 
     def _deliver(self, held: list | None, now: float) -> None:
         """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order.
