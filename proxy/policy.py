@@ -163,7 +163,8 @@ class _PidMemo:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("bound", "identity", "last_response_at", "pid_memo", "produce_shape", "scope", "stamp", "user")
+    __slots__ = ("bound", "identity", "last", "last_client_id", "last_key", "last_response_at", "pid_memo",
+                 "produce_shape", "scope", "stamp", "user")
 
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
@@ -178,6 +179,12 @@ class _ConnState:
         self.bound: dict[int, tuple[str, _Bound | None]] = {}
         """API key -> (client id, its bound plan or None: no quota applies to that client); valid while
         ``stamp`` and ``user`` are the policy's and the client id is the request's."""
+        self.last_key = -1
+        self.last_client_id = ""
+        self.last: _Bound | None = None
+        """The API key and client id of the last request that had a plan, and its bound plan: valid while ``stamp``
+        and ``user`` are current. A producer sends one API with one client id, request after request, so its
+        decision finds its handles here without the plan table, the ``bound`` dict or their checks."""
         self.pid_memo: _PidMemo | None = None
         """The last producer id seen and until when the filters know it."""
         self.produce_shape: Shape | None = None
@@ -395,17 +402,27 @@ class Policy:
 
     def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float):
         key = header.api_key
-        plan = self._plan(key)
-        if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
-            return None
         now_ms = _ms(now)
         client_id = header.client_id or ""
         st: _ConnState | None = conn.policy_state  # the one read of it a request: the rest is native
-        if st is None:
-            st = conn.policy_state = _ConnState(conn.identity)
-        b = self._bind(conn, st, plan, key, client_id, now_ms)
-        if b is None:
-            return None
+        b: _Bound | None
+        if (st is not None and st.last_key == key and st.stamp == self.quotas.stamp() and st.last_client_id == client_id
+                and st.user == st.identity.principal):  # as the last request: its plan, bound (see _ConnState.last)
+            b = st.last
+            if b is None:
+                return None
+            plan = b.plan
+        else:
+            p = self._plan(key)
+            if p is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
+                return None
+            plan = p
+            if st is None:
+                st = conn.policy_state = _ConnState(conn.identity)
+            b = self._bind(conn, st, plan, key, client_id, now_ms)
+            st.last_key, st.last_client_id, st.last = key, client_id, b
+            if b is None:
+                return None
         size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
         d = Decision(st, client_id, header, size, self.keep_values)
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
@@ -414,8 +431,8 @@ class Policy:
         d.charged_ms = now_ms
         quotas = self.quotas
         for kind, h, how in b.at_request:
-            # Typed: an int | float would be boxed, and unboxed again for each of the two calls below.
-            a: float = size if how == "request_bytes" else amount_from(how, request_bytes=size)
+            # Both branches float: an int | float would be boxed, and unboxed again for each of the two calls below.
+            a = float(size) if how == "request_bytes" else amount_from(how, request_bytes=size)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
         if plan.exempt_replicas and b.later and _is_replica_fetch(frame, header):
@@ -587,8 +604,9 @@ class Policy:
             started = sent_at if sent_at > last else last
             quotas = self.quotas
             for kind, h, how in d.later:
+                a: float  # typed: see _decide
                 if how == "response_bytes":
-                    a: int | float = size
+                    a = float(size)
                 elif how == "nothing":
                     a = 0.0
                 else:
@@ -596,7 +614,9 @@ class Policy:
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
             d.noted |= d.later_kinds
         d.state.last_response_at = now
-        upstream_ms = (now - pending.sent_at) * 1000 if pending.local is None else None
+        upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response
+        if self.decision_log is not None and pending.local is None:
+            upstream_ms = (now - pending.sent_at) * 1000
         throttle = d.throttle_ms
         if d.merge is None and (throttle <= 0 or not self.enforce):  # the usual answer: nothing to rewrite
             if d.holds:
@@ -636,18 +656,13 @@ class Policy:
     def _record(self, conn: PolicyConnection, d: Decision, bytes_out: int, upstream_ms: float | None,
                 now_ms: int) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
-        if d.rejected:
-            action = "reject"
-        elif d.throttle_ms > 0:
-            action = "throttle"
-        else:
-            action = "pass"
         shadow = not self.enforce
-        if action == "pass" and not shadow:  # the usual decision, counted once for its set of kinds (Stats.passes)
-            passes = self.stats.passes
-            count: int = passes[d.noted]  # typed: the add is native (``+=`` on a list item was a generic one)
-            passes[d.noted] = count + 1
-        else:
+        if not d.rejected and d.throttle_ms <= 0 and not shadow:  # the usual decision: a pass, counted once for
+            self.stats.passes[d.noted].n += 1  # its set of kinds (Stats.passes)
+            if self.decision_log is None:
+                return
+        action = "reject" if d.rejected else "throttle" if d.throttle_ms > 0 else "pass"
+        if action != "pass" or shadow:
             decisions = self.stats.decisions
             for key in keys_of(d.noted):
                 decisions[(key, action, shadow)] += 1

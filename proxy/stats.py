@@ -27,6 +27,16 @@ class ApiCounters:
         self.latency_count = 0
 
 
+class Tally:
+    """One count, bumped in place: compiled, ``tally.n += 1`` is a native add on a field, where a count kept in a
+    list slot was boxed back into it (an int object allocated on every decision once past 256)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class Stats:
     """Counters bumped on the hot path; exported at scrape time."""
 
@@ -44,7 +54,7 @@ class Stats:
         self.decisions: defaultdict[tuple[str, str, bool], int] = defaultdict(int)
         """(quota key, action, shadow) -> decisions; enforced passes are in :attr:`passes` (see
         :meth:`decision_counts`)."""
-        self.passes: list[int] = [0] * KIND_SETS
+        self.passes: list[Tally] = [Tally() for _ in range(KIND_SETS)]
         """Indexed by a set of quota kinds (``quotas.kinds.BIT``): enforced "pass" decisions over exactly those
         kinds. The decision counted on nearly every request, in one list slot (a dict get and set per quota key
         before: 1.4k instructions a Produce with every quota)."""
@@ -61,7 +71,8 @@ class Stats:
     def decision_counts(self) -> dict[tuple[str, str, bool], int]:
         """Every decision count by (quota key, action, shadow): :attr:`decisions` and :attr:`passes` together."""
         out = dict(self.decisions)
-        for kinds, n in enumerate(self.passes):
+        for kinds, tally in enumerate(self.passes):
+            n = tally.n
             if not n:
                 continue
             for key in keys_of(kinds):

@@ -204,7 +204,7 @@ class SampledRate:
         """:meth:`window_ms` once purged, with at least one sample."""
         elapsed = now_ms - self._oldest
         if elapsed >= self._unpadded_from:  # the usual case
-            return elapsed if elapsed >= 1 else 1
+            return elapsed if elapsed >= 1.0 else 1.0  # 1.0, not 1: compiled, a mixed conditional is boxed
         if elapsed < 0:  # a clock that went backwards: treat as no time elapsed
             elapsed = 0.0
         w = self._window_ms
@@ -217,7 +217,7 @@ class SampledRate:
         wanted = self._samples - 1
         if full < wanted:
             elapsed += (wanted - full) * w
-        return elapsed if elapsed >= 1 else 1
+        return elapsed if elapsed >= 1.0 else 1.0
 
     def measure(self, now_ms: float) -> float:
         """Observed rate at ``now_ms`` in units per second (never negative)."""

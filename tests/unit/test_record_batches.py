@@ -215,7 +215,7 @@ def test_the_skeleton_memo_reads_what_the_full_walk_reads_or_declines(version, f
     if shape is None:
         return
     if data.draw(st.booleans()):  # the same skeleton, new batches in the fields that had one
-        pid = data.draw(st.integers(0, 2**63 - 1))
+        pid = data.draw(st.integers(-2**63, 2**63 - 1))  # negative ones too: the memo signs the high word
         second = [[None if r is None else _records(pid, count=data.draw(st.integers(1, 4))) for r in parts]
                   for parts in first]
     body2 = bytearray(_produce(version, second, txn="t").encode())
@@ -248,6 +248,9 @@ def test_the_memo_answers_a_producers_next_request_without_a_walk():
         assert single_producer_id(big, 0, version, 0, shape) == 2**63 - 5
         none = bytes(_produce(version, [[None, _records(-1)]], txn="tx").encode())
         assert single_producer_id(none, 0, version, 0, shape) == -1
+        for pid in (-2, -2**31, -2**32 - 1, -2**63, 2**32, 2**31 - 1):  # each word's edges, both signs
+            body = bytes(_produce(version, [[None, _records(pid)]], txn="tx").encode())
+            assert single_producer_id(body, 0, version, 0, shape) == pid
 
 
 def test_a_padded_records_length_is_never_memoised():
