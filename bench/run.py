@@ -12,8 +12,8 @@ Why it is built this way:
   * Java perf tools print latency percentiles in whole milliseconds, too coarse for a 0.2 ms target, so
     a sequential confluent-kafka producer (one 1 KiB acks=all record in flight at a time) measures
     round trips with sub-millisecond resolution.
-  * The proxy's CPU (psutil cpu_times before/after each proxy run) shows how close it is to saturating
-    its single event-loop thread, which is what limits a Python proxy.
+  * The proxy's CPU (its threads' schedstat before/after each proxy run, bench.peers.cpu_reading) shows how
+    close it is to saturating its single event-loop thread, which is what limits a Python proxy.
   * Peer proxies (``--kroxylicious``, ``--kafka-proxy``: Kroxylicious and grepplabs kafka-proxy, see
     bench/peers.py) can run as further sides, started once like ours and measured the same way (CPU of
     their process tree), so their CPU per GiB and per round trip stand beside ours.
@@ -44,7 +44,16 @@ from pathlib import Path
 
 import psutil
 
-from bench.peers import PEER_ENV, PEER_NAMES, PEER_SIDES, PeerProcess, start_peers, tree_cpu, tree_peak_rss
+from bench.peers import (
+    PEER_ENV,
+    PEER_NAMES,
+    PEER_SIDES,
+    PeerProcess,
+    cpu_between,
+    cpu_reading,
+    start_peers,
+    tree_peak_rss,
+)
 from tests.harness import KafkaCluster
 from tests.support import REPO, ProxyProcess
 
@@ -195,6 +204,12 @@ def _med(w: Workload, side: str, key: str) -> float:
 
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _inexact_note(inexact: dict[str, int]) -> str:
+    if not inexact:
+        return "no run needed them"
+    return "needed for " + ", ".join(f"{n} run(s) of {side}" for side, n in sorted(inexact.items()))
 
 
 def results_markdown(
@@ -550,22 +565,26 @@ def main(argv: list[str] | None = None) -> int:
                              45 if args.quick else 150, 3 * n)
             if args.only and "java-produce" not in args.only.split(","):
                 del wl["java-produce"]  # it was kept for the warm-up only
+            inexact: dict[str, int] = {}  # side -> runs measured in clock ticks (a thread exited: bench.peers)
             for r in range(repeats):
                 for w in wl.values():
                     for side in sides if r % 2 == 0 else sides[::-1]:
                         bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
                         ps = proxy_ps.get(side, proxy_ps["proxy"])
-                        cpu0, all0, t0 = tree_cpu(ps), _busy(), time.perf_counter()
+                        cpu0, all0, t0 = cpu_reading(ps), _busy(), time.perf_counter()
                         m = w.run(bs)
-                        cpu1, wall = tree_cpu(ps), time.perf_counter() - t0
+                        cpu1, wall = cpu_reading(ps), time.perf_counter() - t0
                         w.machine[side].append((_busy() - all0, wall))
-                        cpu = cpu1 - cpu0  # user+system of the process and its children (bench.peers.tree_cpu)
+                        cpu, exact = cpu_between(cpu0, cpu1)  # the process tree's, to the ns (bench.peers)
+                        if not exact:
+                            inexact[side] = inexact.get(side, 0) + 1
                         w.samples[side].append(m)
                         if side in proxies:
                             w.proxy_cpu[side].append((cpu, m["_active_s"]))
                         shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
                         print(f"[{r + 1}/{repeats}] {w.name:13} {side:7} {shown}  "
-                              f"(wall {wall:.1f}s, proxy cpu {cpu:.2f}s)", flush=True)  # fmt: skip
+                              f"(wall {wall:.1f}s, proxy cpu {cpu:.3f}s{'' if exact else ' in ticks'})",
+                              flush=True)  # fmt: skip
             ours = [p for s, p in proxies.items() if s not in peers]
             warnings = sum(" WARNING " in ln for p in ours for ln in p.log().splitlines())
             peer_warnings = {s: len(p.warnings()) for s, p in peers.items()}
@@ -616,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
         "user and `<default>` client-id at values no client reaches, so every request is charged and checked. "
         f"Warm-up first ({warm_s:.0f} s, unmeasured): producer runs on both sides until direct throughput "
         "is steady (fresh brokers' JIT needs a few hundred MB), then each other workload once per side.",
-        "- Proxy CPU: psutil user+system time of the proxy process across each proxy run, divided by the "
+        "- Proxy CPU: the scheduler's time on CPU (user+system, to the nanosecond: `/proc/<pid>/task/*/schedstat`, "
+        "summed over the process tree's threads) across each proxy run; psutil's clock ticks (10 ms) when a thread "
+        f"exited during the run ({_inexact_note(inexact)}). Divided by the "
         "run's active time (records/throughput for the producer, fetch time for the Java consumer, wall time "
         "for kcat and the probe). 100% = one core, the most a single-threaded event loop can use.",
         "- Machine CPU: psutil's system-wide busy time (user, nice, system, irq, softirq) across each run, all "
