@@ -68,45 +68,35 @@ def tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def tree_cpu(proc: psutil.Process) -> float:
-    """User+system CPU seconds of a process and its live descendants (reaped children: via children_*).
-
-    In clock ticks (10 ms): over a 0.15 s probe run one tick is 7 %, so ratios are taken from :func:`cpu_reading`
-    instead; this is its fallback."""
-    total = 0.0
-    for p in tree(proc):
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + (t.children_user + t.children_system if p is proc else 0.0)
-    return total
-
-
 @dataclass(frozen=True)
 class CpuReading:
     """The CPU a process tree has used so far, two ways (see :func:`cpu_between`)."""
 
     ticks: float
-    """:func:`tree_cpu`: complete (exited threads and reaped children included), in 10 ms steps."""
+    """psutil's user+system seconds of the processes (reaped children via children_*): complete, exited threads
+    included, but in clock ticks (10 ms, 7 % of a 0.15 s probe run)."""
     tasks: dict[tuple[int, int], int]
     """(pid, tid) -> ns on CPU of every live thread (``/proc/<pid>/task/<tid>/schedstat``: the scheduler's own
     sum_exec_runtime, which the ticks are rounded from)."""
 
 
 def cpu_reading(proc: psutil.Process) -> CpuReading:
+    """Both counts of a process and its live descendants, from one walk of the tree."""
+    ticks = 0.0
     tasks: dict[tuple[int, int], int] = {}
     for p in tree(proc):
         try:
+            t = p.cpu_times()
             tids = os.listdir(f"/proc/{p.pid}/task")
-        except OSError:
+        except (psutil.NoSuchProcess, OSError):
             continue
+        ticks += t.user + t.system + (t.children_user + t.children_system if p is proc else 0.0)
         for tid in tids:
             try:
                 tasks[(p.pid, int(tid))] = int(Path(f"/proc/{p.pid}/task/{tid}/schedstat").read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 continue
-    return CpuReading(tree_cpu(proc), tasks)
+    return CpuReading(ticks, tasks)
 
 
 def cpu_between(before: CpuReading, after: CpuReading) -> tuple[float, bool]:
