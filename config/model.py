@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from protocol.principal import PrincipalMapper
 from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
@@ -255,6 +256,10 @@ class DecisionLogConfig(_Strict):
     """Extra kafka-python producer settings for ``topic`` (security_protocol, sasl_mechanism, ...)."""
 
 
+MIN_FLEET_SECRET_BYTES = 16
+"""128 bits: shorter secrets could be guessed offline from one record and its MAC."""
+
+
 class FleetConfig(_Strict):
     """Proxies that enforce quotas together (quota scope ``fleet``): each publishes its usage deltas to a topic
     on the cluster it fronts and folds in everyone else's."""
@@ -270,6 +275,42 @@ class FleetConfig(_Strict):
     client: dict[str, str | int | bool] = {}
     """Extra settings for the fleet's Kafka client (aiokafka's names: security_protocol, sasl_mechanism,
     sasl_plain_username, sasl_plain_password, ...), for a cluster that needs credentials."""
+    secret_file: str | None = None
+    """A file holding the fleet's shared secret (at least 16 bytes; surrounding whitespace is ignored). Every
+    record a member writes to the fleet's topics carries an HMAC-SHA256 under it, and a member takes in only
+    records whose MAC checks out: anyone else who can write the topics (a client reaching the cluster some other
+    way) cannot change a quota or forge usage. Required with ``quotas.scope: fleet`` (this or ``secret_env``)."""
+    secret_env: str | None = None
+    """Or the name of an environment variable holding the secret (never the secret itself)."""
+    _secret: bytes | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_secret(self):
+        if self.secret_file is not None and self.secret_env is not None:
+            raise ValueError("fleet: give the secret in secret_file or secret_env, not both")
+        raw: bytes | None = None
+        if self.secret_file is not None:
+            try:
+                raw = Path(self.secret_file).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"fleet.secret_file {self.secret_file}: cannot read it ({exc.strerror})") from None
+            where = f"fleet.secret_file {self.secret_file}"
+        elif self.secret_env is not None:
+            value = os.environ.get(self.secret_env)
+            if value is None:
+                raise ValueError(f"fleet.secret_env: the environment variable {self.secret_env} is not set")
+            raw = value.encode()
+            where = f"fleet.secret_env {self.secret_env}"
+        if raw is not None:
+            raw = raw.strip()
+            if len(raw) < MIN_FLEET_SECRET_BYTES:
+                raise ValueError(f"{where}: the secret is {len(raw)} bytes, fewer than {MIN_FLEET_SECRET_BYTES}")
+            self._secret = raw
+        return self
+
+    def secret(self) -> bytes | None:
+        """The shared secret, read when the configuration was loaded (None when none is configured)."""
+        return self._secret
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -361,6 +402,9 @@ class ProxyConfig(_Strict):
     def _fleet_named(self):
         if self.quotas.scope == "fleet" and not self.fleet.name:
             raise ValueError("quotas.scope fleet needs fleet.name (the members that share usage)")
+        if self.quotas.scope == "fleet" and self.fleet.secret() is None:
+            raise ValueError("quotas.scope fleet needs fleet.secret_file or fleet.secret_env: the members "
+                             "authenticate each other's records with it (README, A fleet)")
         return self
 
     @model_validator(mode="after")

@@ -269,6 +269,12 @@ def iter_partition_records(body: bytes | bytearray | memoryview, version: int,
         yield buf[start:stop]
 
 
+def record_spans(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> list[tuple[int, int]]:
+    """``(start, end)`` in ``body`` of every non-null ``records`` field of a Produce request: what lies outside
+    them is the request's skeleton (topic names and ids included)."""
+    return _record_spans(memoryview(body), version, offset)
+
+
 def batch_producer_ids(records: bytes | bytearray | memoryview) -> list[int]:
     """The producerId of each magic-2 batch in one ``records`` field, in order (−1 included; legacy sets skipped)."""
     buf = memoryview(records)

@@ -782,7 +782,7 @@ class Connection:
             log.info("%s via %s: %s", self.peer, self.label, printable(identity.last_failure))
         services = self.services
         result = inspect_response(pending, body, services.directory, services.topic_ids, services.version_caps,
-                                  self._shape)
+                                  self._shape, services.policy.guard)
         if result is None:
             self._finish(pending, frame, out, now)
         elif isinstance(result, AddressEdit):

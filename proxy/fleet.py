@@ -24,9 +24,18 @@ from collections.abc import Callable
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
+from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
 from proxy.workers import worker_index
 from quotas.entities import QuotaEntity
-from quotas.fleet import ReportError, UsageReport, decode_quota_record, encode_quota_record
+from quotas.fleet import (
+    MAC_HEADER,
+    ReportError,
+    UsageReport,
+    authentic,
+    decode_quota_record,
+    encode_quota_record,
+    record_mac,
+)
 from quotas.manager import QuotaManager
 
 log = logging.getLogger(__name__)
@@ -42,14 +51,21 @@ MAX_PENDING_ALTERS = 10_000
 
 
 def topic_name(fleet: str) -> str:
-    return f"__ktp_fleet_{fleet}"
+    """The fleet's usage topic; its quota topic adds ``_quotas``. In the proxy's namespace, so no client of any
+    member can name either (``protocol.topic_guard``)."""
+    return f"{RESERVED_PREFIX}fleet_{fleet}"
 
 
 class FleetSync:
     def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int],
-                 sources: QuotaSources | None = None) -> None:
+                 sources: QuotaSources | None = None, guard: ProtectedTopics | None = None) -> None:
         fc = config.fleet
         assert fc.name is not None
+        secret = fc.secret()
+        assert secret is not None  # the configuration requires one with scope fleet
+        self.secret = secret
+        self.guard = guard
+        """The proxy's own topics: the fleet topics' ids go there once known (clients name topics by id too)."""
         self.topic = topic_name(fc.name)
         self.quota_topic = self.topic + "_quotas"
         self.sources = sources
@@ -66,6 +82,8 @@ class FleetSync:
         self.manager = manager
         self.now_ms = now_ms
         self.sent = self.received = self.applied = self.errors = self.dropped = self.bad = 0
+        self.unauthenticated = 0
+        """Records on the fleet's topics without a valid MAC: ignored (not a member's, or altered)."""
         self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
         self.connected = False
         self._tasks: list[asyncio.Task] = []
@@ -100,6 +118,9 @@ class FleetSync:
                                         "ledger's bound", self.dropped + (self.manager.ledger.dropped
                                                                           if self.manager.ledger else 0)),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
+            "ktp_fleet_records_unauthenticated": ("Records on the fleet's topics ignored for a missing or wrong MAC "
+                                                  "(written by something other than a member)",
+                                                  self.unauthenticated),
             "ktp_fleet_quota_alters_published": ("Quota alters made here and published to the fleet",
                                                  self.alters_published),
             "ktp_fleet_quota_alters_taken_in": ("Quota alters of other members taken in", self.alters_taken_in),
@@ -173,6 +194,7 @@ class FleetSync:
         try:
             existing = set(await admin.list_topics())
             if {self.topic, self.quota_topic} <= existing:
+                await self._learn_ids(admin)
                 return
             rf = min(3, max(1, len((await admin.describe_cluster())["brokers"])))
             wanted = {self.topic: {"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"},
@@ -181,15 +203,33 @@ class FleetSync:
                 if name not in existing:
                     with contextlib.suppress(TopicAlreadyExistsError):  # another member created it meanwhile
                         await admin.create_topics([NewTopic(name, 1, rf, topic_configs=configs)])
+            await self._learn_ids(admin)
         finally:
             await admin.close()
+
+    async def _learn_ids(self, admin) -> None:
+        """The fleet topics' ids, for the guard: a client fetching by id (Fetch v13+) is refused as by name."""
+        if self.guard is None:
+            return
+        import uuid
+
+        pairs: dict[uuid.UUID, str] = {}
+        for t in await admin.describe_topics([self.topic, self.quota_topic]):
+            topic_id = t.get("topic_id") if isinstance(t, dict) else None
+            if isinstance(topic_id, uuid.UUID):
+                pairs[topic_id] = t.get("topic")
+            elif isinstance(topic_id, str):
+                with contextlib.suppress(ValueError):
+                    pairs[uuid.UUID(topic_id)] = t.get("topic")
+        self.guard.learn(pairs)
 
     async def _publish_alters(self, producer) -> None:
         while True:
             entity, layer = await self.alters.get()
             key, value = encode_quota_record(entity, layer)
             try:
-                await producer.send_and_wait(self.quota_topic, value, key=key)
+                await producer.send_and_wait(self.quota_topic, value, key=key, headers=self._mac(self.quota_topic,
+                                                                                                  key, value))
             except Exception:
                 self._altered_here(entity, layer)  # again after the reconnect
                 raise
@@ -205,7 +245,8 @@ class FleetSync:
                 reports = [UsageReport(self.member, self.now_ms())]  # empty: "still here", for ktp_fleet_members
             for report in reports:
                 try:
-                    await producer.send_and_wait(self.topic, report.encode())
+                    value = report.encode()
+                    await producer.send_and_wait(self.topic, value, headers=self._mac(self.topic, None, value))
                     self.sent += 1
                     last_sent = time.monotonic()
                 except Exception:
@@ -217,10 +258,24 @@ class FleetSync:
             batches = await consumer.getmany(timeout_ms=1000, max_records=500)
             for tp, records in batches.items():
                 for record in records:
-                    if tp.topic == self.topic:
-                        self._fold(record.value)
-                    else:
-                        self._take_alter(record.key, record.value)
+                    self.take(tp.topic, record.key, record.value, record.headers)
+
+    def _mac(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
+        return [(MAC_HEADER, record_mac(self.secret, topic, key, value))]
+
+    def take(self, topic: str, key: bytes | None, value: bytes | None, headers) -> None:
+        """One record read from a fleet topic: folded in only when a member wrote it (its MAC checks out)."""
+        if not authentic(self.secret, topic, key, value, headers):
+            self.unauthenticated += 1
+            if self.unauthenticated == 1 or self.unauthenticated % 1000 == 0:
+                log.warning("fleet %s: ignored a record without a valid MAC (written by something other than a "
+                            "member, or altered; %d so far): check the cluster's ACLs on the fleet's topics",
+                            topic, self.unauthenticated)
+            return
+        if topic == self.topic:
+            self._fold(value)
+        else:
+            self._take_alter(key, value)
 
     def _take_alter(self, key: bytes | None, value: bytes | None) -> None:
         """Another member's (or this one's, echoed) alter, in the topic's order: the same on every member."""

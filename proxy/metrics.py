@@ -72,6 +72,11 @@ class _Collector:
         for reason, n in list(s.connections_refused.items()):
             refused.add_metric([reason], n)
         yield refused
+        own = CounterMetricFamily("ktp_protected_topic_refusals", "Requests that named the proxy's own topics (the "
+                                  "fleet's, the decision log's) and were refused, by API", labels=["api"])
+        for api, n in list(s.protected_refusals.items()):
+            own.add_metric([api], n)
+        yield own
         for name, (doc, value) in self.gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)
         d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",

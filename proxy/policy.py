@@ -38,7 +38,7 @@ from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from mute import KeyedHolds
 from protocol import mutations, throttle_field
-from protocol.apis import Api, decode_body, response_header_is_flexible
+from protocol.apis import Api, api_label, decode_body, response_header_is_flexible
 from protocol.errors import ProtocolViolation
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.inflight import Pending
@@ -50,6 +50,8 @@ from protocol.record_batches import (
     single_producer_id,
 )
 from protocol.text import printable
+from protocol.topic_guard import ProtectedTopics, Refusal
+from protocol.topic_guard import check as check_topics
 from proxy import client_quota_api
 from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, Identity, PolicyConnection, Replace
@@ -264,6 +266,10 @@ class Policy:
         self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
         self._pid_holds = KeyedHolds()
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
+        self.guard: ProtectedTopics | None = None
+        """The proxy's own topics (the fleet's, the decision log's), refused to every client; None while it keeps
+        none on the cluster, so a request pays one attribute read for it."""
+        self._guard_logged = [0.0, 0]  # [last line (monotonic s), refusals since]: one line per 10 s at most
         self.reload(config)
 
     def reload(self, config: ProxyConfig) -> None:
@@ -281,6 +287,11 @@ class Policy:
         elif qc.scope != "fleet":
             self.quotas.ledger = None
         self.charge_validate_only = qc.charge_validate_only
+        own = frozenset(n for n in (config.decision_log.topic,) if n)
+        if not (config.fleet.name or own):
+            self.guard = None
+        elif self.guard is None or self.guard.names != own:
+            self.guard = ProtectedTopics(own)
         self.pid_hold_max_ms = qc.producer_id_hold_max_ms
         pid_config = ProducerIdQuotaConfig(qc.producer_id_window_num, round(qc.producer_id_window_size_seconds),
                                            qc.producer_id_cleanup_interval_ms)
@@ -333,6 +344,11 @@ class Policy:
         body is walked: the usual request, charged by its size, needs none (a view and its slice were 1.1k
         instructions a request, plain path included)."""
         key = header.api_key
+        guard = self.guard
+        if guard is not None and guard.may_name(key, frame):
+            refusal = self._refusal(conn, header, frame, guard)
+            if refusal is not None:
+                return self._refuse(conn, header, frame, refusal, now)
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return self._client_quotas(conn, header, memoryview(frame)[4:])
         if self._pid_holds and (key == Api.PRODUCE or key == Api.INIT_PRODUCER_ID):
@@ -340,6 +356,66 @@ class Policy:
             if wait > 0 and self.enforce:
                 return self._hold(conn, header, frame, wait)
         return self._decide(conn, header, frame, now)
+
+    # ------------------------------------------------------------------------------------------ own topics
+
+    def _refusal(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer,
+                 guard: ProtectedTopics) -> Refusal | None:
+        """The request names a protected topic (``protocol.topic_guard``): counted, and logged at most once per
+        10 s with the number refused meanwhile (a client can send one such request after another)."""
+        if header.body_offset is None:
+            return None
+        refusal = check_topics(guard, header.api_key, header.api_version, memoryview(frame)[4 + header.body_offset:])
+        if refusal is None:
+            return None
+        self.stats.protected_refusals[api_label(header.api_key)] += 1
+        logged = self._guard_logged
+        logged[1] += 1
+        now = time.monotonic()
+        if now - logged[0] >= 10:
+            more = f" ({logged[1] - 1} more refused since the last such line)" if logged[1] > 1 else ""
+            log.warning("%s: refused %s v%d by %s naming the proxy's own topic(s) %s%s", conn.peer,
+                        api_label(header.api_key), header.api_version, printable(conn.identity.principal),
+                        printable(", ".join(refusal.topics[:3])), more)
+            logged[0], logged[1] = now, 0
+        return refusal
+
+    def _refuse(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, refusal: Refusal, now: float):
+        """Answer the protected topics' refusal here, or forward the rest of the request (charged as what it
+        became) and merge the refusal into whatever answers it: the broker, or the policy itself."""
+        if refusal.answer is not None:
+            return Answer(None, local_frame(header, refusal.answer))
+        assert refusal.forward is not None and refusal.merge is not None and header.body_offset is not None
+        head = bytes(memoryview(frame)[4:4 + header.body_offset])
+        stripped = _SIZE.pack(len(head) + len(refusal.forward)) + head + refusal.forward
+        return self._merged(conn, header, self._decide(conn, header, stripped, now), stripped, refusal.merge)
+
+    def _merged(self, conn: PolicyConnection, header: RequestHeader, verdict: object, frame: bytes,
+                merge: Callable[[memoryview], bytes]):
+        """``verdict`` (for the stripped request ``frame``) with ``merge`` applied to its answer."""
+        if type(verdict) is Defer:
+            inner = verdict.decide
+            return Defer(lambda: self._merged_later(conn, header, inner, frame, merge), wait_s=verdict.wait_s)
+        if type(verdict) is Answer:
+            body = memoryview(verdict.frame)[4:]
+            body = body[response_body_offset(body, header.api_key, header.api_version):]
+            return Answer(verdict.decision, local_frame(header, merge(body)))
+        if type(verdict) is Replace:
+            d: Decision = verdict.decision
+            _add_merge(d, merge)
+            return Replace(d, verdict.frame, whole=True)
+        if verdict is None:
+            st = conn.policy_state
+            if st is None:
+                st = conn.policy_state = _ConnState(conn.identity)
+            verdict = Decision(st, header.client_id or "", header, len(frame) - 4, self.keep_values)
+        assert type(verdict) is Decision
+        _add_merge(verdict, merge)
+        return Replace(verdict, frame, whole=True)
+
+    async def _merged_later(self, conn: PolicyConnection, header: RequestHeader, inner, frame: bytes,
+                            merge: Callable[[memoryview], bytes]):
+        return self._merged(conn, header, await inner(), frame, merge)
 
     def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer:
         """A method of its own: compiled, a lambda in :meth:`on_request` allocated its closure on every request."""
@@ -723,6 +799,15 @@ def _open_decision_log(config: ProxyConfig):
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"decision_log.directory {dc.directory}: cannot write the decision log there "
                           f"({type(exc).__name__}: {exc})") from None
+
+
+def _add_merge(d: Decision, merge: Callable[[memoryview], bytes]) -> None:
+    """The response body goes through ``merge`` after whatever merge ``d`` already has (a KIP-599 split)."""
+    inner = d.merge
+    if inner is None:
+        d.merge = merge
+    else:
+        d.merge = lambda body: merge(memoryview(bytes(inner(body))))
 
 
 def _is_replica_fetch(frame: Buffer, header: RequestHeader) -> bool:

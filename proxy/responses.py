@@ -30,6 +30,7 @@ from protocol.endpoint_apis import (
 from protocol.headers import response_body_offset
 from protocol.inflight import Pending
 from protocol.tail_watch import TailWatch
+from protocol.topic_guard import LISTING_APIS, ProtectedTopics, drop_listed, filter_listing
 from proxy.brokers import BrokerDirectory
 
 
@@ -67,6 +68,8 @@ def needs_whole_body(api_key: int, api_version: int) -> bool:
     seen first (``protocol.frames.HEAD_BYTES``), and from Fetch v16 / Produce v10, and in every
     ShareFetch / ShareAcknowledge, its last bytes are held back and rewritten by a ``StreamedTail``."""
     if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
+        return True
+    if api_key in LISTING_APIS:  # the proxy's own topics are left out of it (protocol.topic_guard)
         return True
     return may_carry_addresses(api_key, api_version) and not carries_endpoints_tail(api_key, api_version)
 
@@ -136,10 +139,12 @@ def inspect_response(
     topics: TopicIds,
     version_caps: Mapping[int, int],
     shape: ResponseShape | None = None,
+    guard: ProtectedTopics | None = None,
 ) -> bytes | AddressEdit | None:
     """For a response ``frame`` (without size prefix): None when it passes unchanged, the new frame
     when it could be rewritten at once, or an AddressEdit that needs listeners started first.
-    ``shape``: the connection's memo of its last untagged Produce/Fetch response (``endpoint_apis``)."""
+    ``shape``: the connection's memo of its last untagged Produce/Fetch response (``endpoint_apis``); ``guard``:
+    the proxy's own topics, left out of topic listings."""
     header = pending.header
     key: int = header.api_key
     version: int = header.api_version
@@ -147,6 +152,10 @@ def inspect_response(
         if key == Api.API_VERSIONS:
             offset = response_body_offset(frame, key, version)
             body = cap_api_versions(frame[offset:], version, version_caps)
+            return None if body is None else bytes(frame[:offset]) + body
+        if guard is not None and key in LISTING_APIS:
+            offset = response_body_offset(frame, key, version)
+            body = filter_listing(guard, key, version, frame[offset:])
             return None if body is None else bytes(frame[:offset]) + body
         return None
     offset = response_body_offset(frame, key, version)
@@ -161,6 +170,8 @@ def inspect_response(
         return None
     endpoints = decoded.endpoints()
     topics.update(decoded.topic_ids())
+    if guard is not None and key == Api.METADATA:
+        drop_listed(guard, decoded.message)  # re-encoded below in any case (its addresses)
     edit = AddressEdit(bytes(frame[:offset]), decoded, endpoints)
     if directory.observe(endpoints):
         return edit

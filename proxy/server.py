@@ -16,6 +16,7 @@ from protocol.apis import Api
 from protocol.endpoint_apis import ADDRESS_APIS
 from protocol.frames import RequestBytesPool
 from protocol.principal import PrincipalMapper
+from protocol.topic_guard import GUARDED_APIS
 from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
@@ -57,8 +58,11 @@ class Proxy:
         self.topic_ids = TopicIds()
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
-        self.version_caps = offered_caps(decode_caps(ADDRESS_APIS | DECODED_APIS))
         self.policy = Policy(config, self.stats)
+        # While the proxy keeps topics of its own on the cluster, every API that can name a topic is decoded to
+        # refuse them (protocol.topic_guard): clients must not negotiate past kafka-python's schemas for those.
+        decoded = DECODED_APIS | (GUARDED_APIS if self.policy.guard is not None else frozenset())
+        self.version_caps = offered_caps(decode_caps(ADDRESS_APIS | decoded))
         # TLS: towards clients (and how a client certificate becomes a principal) and towards the cluster.
         self.listen_ssl = server_context(listen.tls) if listen.tls else None
         self.principal_mapper = PrincipalMapper(listen.tls.principal_mapping_rules) if listen.tls else None
@@ -109,7 +113,8 @@ class Proxy:
                         "the cluster answers", ",".join(self.config.upstream.bootstrap_servers))
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.scope == "fleet":
-            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources)
+            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources,
+                                   self.policy.guard)
             self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))

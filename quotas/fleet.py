@@ -17,7 +17,10 @@ quotas (the shared quota configuration makes sure of that).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from quotas.entities import DEFAULT, QuotaEntity, validate_quota
@@ -29,6 +32,31 @@ MAX_ENTRIES = 2_000
 MAX_PENDING = 100_000
 #: Largest accepted report (bytes): a member (or anyone writing to the topic) cannot make the others parse more.
 MAX_REPORT_BYTES = 1 << 20
+
+
+MAC_HEADER = "ktp-mac"
+"""The record header holding a record's MAC (HMAC-SHA256 under the fleet's secret)."""
+
+
+def record_mac(secret: bytes, topic: str, key: bytes | None, value: bytes | None) -> bytes:
+    """The MAC of one record on a fleet topic. The topic is part of it, so a usage report cannot be replayed as a
+    quota record; lengths frame each part, so no two (key, value) pairs hash the same bytes."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in (topic.encode(), key, value):
+        if part is None:
+            mac.update(b"\xff\xff\xff\xff")
+        else:
+            mac.update(len(part).to_bytes(4, "big"))
+            mac.update(part)
+    return mac.digest()
+
+
+def authentic(secret: bytes, topic: str, key: bytes | None, value: bytes | None,
+              headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
+    """Whether a record read from a fleet topic carries the MAC a member would have given it."""
+    want = record_mac(secret, topic, key, value)
+    return any(name == MAC_HEADER and mac is not None and hmac.compare_digest(mac, want)
+               for name, mac in headers or ())
 
 
 class ReportError(ValueError):

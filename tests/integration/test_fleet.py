@@ -7,6 +7,7 @@ bytes land (the partition's log on the leader's disk, ``bench.quota_fidelity``),
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +24,9 @@ from tests.support import wait_until
 
 pytestmark = pytest.mark.cluster
 
+SECRET = {"fleet.secret_env": "KTP_TEST_FLEET_SECRET"}
+"""Every member's shared secret (the proxies inherit the test's environment)."""
+os.environ.setdefault("KTP_TEST_FLEET_SECRET", "fleet-test-secret-" + uuid.uuid4().hex)
 QUOTA = 2 * MIB
 MEMBERS = 3
 STEADY_S = 60
@@ -45,7 +49,8 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     client_id = f"fleet-{fleet}"
     ports = [free_port() for _ in range(MEMBERS)]
     members = [fresh_proxy(**{
-        "quotas.scope": scope, "fleet.name": fleet, "fleet.member": f"m{i}", "fleet.sync_interval_ms": 250,
+        "quotas.scope": scope, "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
+        "fleet.sync_interval_ms": 250,
         "metrics.port": ports[i],
         "quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"producer_byte_rate": QUOTA}}],
     }) for i in range(MEMBERS)]
@@ -90,7 +95,7 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
 def test_an_alter_through_one_member_is_in_force_on_another_within_two_seconds(cluster, fresh_proxy, tmp_path):
     fleet = f"q{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(2)]
-    a, b = (fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+    a, b = (fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
                            "metrics.port": ports[i], "quotas.admins": ["ANONYMOUS"],
                            "quotas.state_file": str(tmp_path / f"state-{i}.json")}) for i in range(2))
     wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60,
@@ -150,7 +155,7 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
     ports = [free_port() for _ in range(MEMBERS)]
     rate, seconds, size = 4.0, 20.0, 4
     members = [fresh_proxy(**{
-        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}"} if scope == "fleet" else {}),
+        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET} if scope == "fleet" else {}),
         "metrics.port": ports[i],
         "quotas.entities": [{"entity": {"client-id": f"adm-{fleet}"}, "quotas": {"controller_mutation_rate": rate}}],
     }) for i in range(MEMBERS)]
@@ -184,7 +189,7 @@ def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(clus
 
     fleet = f"f{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
-    members = [fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+    members = [fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
                               "metrics.port": ports[i],
                               "quotas.entities": [{"entity": {"client-id": "<default>"},
                                                    "quotas": {"producer_byte_rate": 1e9}}]}) for i in range(MEMBERS)]
@@ -221,7 +226,7 @@ def test_members_log_decisions_to_a_topic_and_spark_reports_each_member(cluster,
     fleet = f"d{uuid.uuid4().hex[:8]}"
     topic = f"__ktp_decisions_{fleet}"
     members = [fresh_proxy(**{
-        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
+        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
         "decision_log.topic": topic, "decision_log.summary_seconds": 1, "quotas.window_size_seconds": 0.1,
         "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 64 * 1024}}],
     }) for i in range(2)]
@@ -266,7 +271,8 @@ def test_new_producer_ids_are_counted_for_the_fleet(cluster, fresh_proxy, scope)
     fleet = f"p{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
     members = [fresh_proxy(sasl=True, **{
-        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}",  # the topic on the plain listener
+        # the fleet's topics on the plain listener
+        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
                                    "fleet.bootstrap_servers": cluster.bootstrap.split(",")}
                                   if scope == "fleet" else {}),
         "metrics.port": ports[i], "quotas.producer_id_window_num": 2, "quotas.producer_id_window_size_seconds": 30,

@@ -33,7 +33,10 @@ def _file_keys(tree: dict, prefix: str = "") -> list[str]:
 def test_example_is_valid_and_sets_quotas(path, tmp_path):
     stand_in = tmp_path / "stand-in.pem"
     stand_in.write_text("")  # the validator checks the files exist; what they hold is TLS's business
-    config = load_config(path, {k: str(stand_in) for k in _file_keys(yaml.safe_load(path.read_text()))})
+    secret = tmp_path / "stand-in-secret"
+    secret.write_text("a stand-in fleet secret, 32 bytes")  # a secret file is read: it must be long enough
+    files = _file_keys(yaml.safe_load(path.read_text()))
+    config = load_config(path, {k: str(secret if k.endswith("secret_file") else stand_in) for k in files})
     assert config.quotas.entities, f"{path.name} sets no quota"
 
 
