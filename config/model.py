@@ -183,6 +183,15 @@ class QuotaConfig(_Strict):
 
     enforce: bool = True
     """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""
+    enforcement: Literal["kafka", "smooth"] = "kafka"
+    """``kafka``: Kafka's own semantics, byte for byte: windowed rates (a tenant may take about quota × window at
+    once, then waits most of a window), the request forwarded and the connection muted afterwards. ``smooth``:
+    byte rates and the request quota are paced by a token bucket holding ``smooth_burst_seconds`` of quota; a
+    Produce that would overdraw it waits, unread and with nothing behind it read, until it is affordable (then
+    goes through with no throttle left to serve), and a Fetch asks the broker for at most what the bucket holds.
+    The same long-run rate, without the bursts and the long silences (README, Enforcement modes)."""
+    smooth_burst_seconds: float = Field(default=0.1, gt=0, le=60)
+    """With ``enforcement: smooth``: the bucket's size, in seconds of quota (the largest burst a tenant gets)."""
     scope: Literal["broker", "cluster", "fleet"] = "broker"
     """``broker``: one bucket per entity per broker, as Kafka enforces (a quota set for Kafka means the same
     here). ``cluster``: one bucket per entity across every broker its connections reach. ``fleet``: as

@@ -204,7 +204,7 @@ class Decision:
 
     __slots__ = ("user", "client_id", "scope", "state", "throttle_ms", "later", "later_kinds", "merge", "values",
                  "noted", "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms",
-                 "holds", "topic_partitions")
+                 "holds", "topic_partitions", "paced_ms")
 
     def __init__(self, state: _ConnState, client_id: str, header: RequestHeader, bytes_in: int,
                  keep_values: bool) -> None:
@@ -237,6 +237,9 @@ class Decision:
         self.mutations = 0
         self.rejected = 0
         self.new_pids = 0
+        self.paced_ms = 0
+        """Smooth enforcement: how long the request was held before it went to the broker (its throttle, served
+        before the broker saw it, so nothing of it is left for the response)."""
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
         if self.values is not None:
@@ -297,9 +300,11 @@ class Policy:
                                            qc.producer_id_cleanup_interval_ms)
         if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
             self.producer_ids = ProducerIdTracker(pid_config)
+        self.smooth = qc.enforcement == "smooth"
         self.quotas.configure(
             Windows.from_settings(qc.model_dump()),
             round(qc.entity_idle_seconds * 1000), qc.max_tracked_buckets,
+            qc.smooth_burst_seconds if self.smooth else None,
         )
 
     def _active_keys(self) -> frozenset[str]:
@@ -519,8 +524,17 @@ class Policy:
             d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
         else:
             d.later, d.later_kinds = b.later, b.later_kinds
+        if self.smooth:
+            if d.throttle_ms > 0:  # the pacing wait of the kinds charged now: served before the broker sees it
+                d.paced_ms, d.throttle_ms = d.throttle_ms, 0
+            elif key == Api.FETCH and d.later:
+                capped = self._fetch_cap(d, header, frame, now_ms)
+                if capped is not None:
+                    return Replace(d, capped)
         if b.pids is not None:
             self._charge_producer_ids(d, b.pids, header, frame, now_ms)
+        if d.paced_ms > 0 and self.enforce:
+            return Defer(lambda: self._paced(conn, d), wait_s=d.paced_ms / 1000)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
@@ -529,6 +543,40 @@ class Policy:
         if not (d.noted or d.later):
             return None
         return d
+
+    async def _paced(self, conn: PolicyConnection, d: Decision):
+        """A request held for its pacing wait (smooth enforcement), now affordable: it goes to the broker. A
+        throttle of its own (KIP-936) still holds the reads behind it until served, as in ``_decide``."""
+        if d.throttle_ms > 0:
+            d.holds = True
+            conn.mute.hold()
+        return d
+
+    def _fetch_cap(self, d: Decision, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:
+        """Smooth enforcement: a Fetch asks for at most what the consumer's pacing buckets hold (its
+        ``max_bytes``, v3+), so the broker never sends more than the quota allows now; the frame with the lower
+        ``max_bytes``, or None when it asks for no more already. A broker still sends a first record batch larger
+        than ``max_bytes`` whole, and what overdraws is throttled as in Kafka's mode."""
+        version = header.api_version
+        if version < 3 or header.body_offset is None or not isinstance(frame, bytes):
+            return None
+        room: float | None = None
+        quotas = self.quotas
+        for _kind, h, how in d.later:
+            if how == "response_bytes":
+                tokens = quotas.pace_tokens(h, now_ms)
+                if tokens is not None and (room is None or tokens < room):
+                    room = tokens
+        if room is None:
+            return None
+        at = 4 + header.body_offset + (12 if version < 15 else 8)  # replica_id (v0-14), max_wait, min_bytes
+        if len(frame) < at + 4:
+            return None
+        asked = _I32.unpack_from(frame, at)[0]
+        cap = int(room) if room >= 1 else 1  # in debt (a batch larger than the last cap): one batch, no more
+        if asked <= cap:
+            return None
+        return frame[:at] + _I32.pack(cap) + frame[at + 4:]
 
     def _charge_producer_ids(self, d: Decision, h: Bound, header: RequestHeader, frame: Buffer, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
@@ -737,11 +785,12 @@ class Policy:
                 now_ms: int) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
         shadow = not self.enforce
-        if not d.rejected and d.throttle_ms <= 0 and not shadow:  # the usual decision: a pass, counted once for
+        throttle_ms = d.throttle_ms if d.throttle_ms >= d.paced_ms else d.paced_ms
+        if not d.rejected and throttle_ms <= 0 and not shadow:  # the usual decision: a pass, counted once for
             self.stats.passes[d.noted].n += 1  # its set of kinds (Stats.passes)
             if self.decision_log is None:
                 return
-        action = "reject" if d.rejected else "throttle" if d.throttle_ms > 0 else "pass"
+        action = "reject" if d.rejected else "throttle" if throttle_ms > 0 else "pass"
         if action != "pass" or shadow:
             decisions = self.stats.decisions
             for key in keys_of(d.noted):
@@ -757,7 +806,7 @@ class Policy:
             ts_ms=now_ms + off, req_ts_ms=d.charged_ms + off, conn=conn.id, user=d.user, client_id=d.client_id,
             api_key=d.api_key, api_version=d.api_version, bytes_in=d.bytes_in, bytes_out=bytes_out,
             mutations=d.mutations, new_pids=d.new_pids, upstream_ms=upstream_ms, action=action,
-            throttle_ms=d.throttle_ms, shadow=shadow, rejected_topics=d.rejected, scope=d.scope,
+            throttle_ms=throttle_ms, shadow=shadow, rejected_topics=d.rejected, scope=d.scope,
             topic_partitions=d.topic_partitions, values=d.values or {}))
 
     def summarise(self, conn: PolicyConnection) -> None:

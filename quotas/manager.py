@@ -33,6 +33,10 @@ from quotas.token_bucket import TokenBucket, admit
 GROUPS = {key: kind.group for key, kind in BY_KEY.items()}
 """Kafka's metric groups, by quota key (from the catalogue)."""
 
+PACED_FORMULAS = frozenset({"bytes", "request"})
+"""The throttle formulas smooth enforcement replaces with pacing: byte rates and the request quota (KIP-599 is a
+token bucket already; KIP-936 counts ids per window, not a flow to pace)."""
+
 OTHER = "__other__"
 """User and client-id label of the bucket that stands for every bucket not named in a capped scrape."""
 
@@ -110,10 +114,14 @@ class MutationCharge:
 
 class Tracker:
     __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "last_throttle_ms", "mutations",
-                 "recorded_total", "remote_total")
+                 "recorded_total", "remote_total", "pace")
 
-    def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None) -> None:
+    def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None,
+                 pace: TokenBucket | None = None) -> None:
         self.stat = stat
+        self.pace = pace
+        """With smooth enforcement, for byte rates and the request quota: the bucket that paces the client (its
+        throttle is the time until the bucket is back to zero); ``stat`` still measures the rate."""
         self.mutations = mutations
         """For the controller-mutation bucket: the rate of mutations recorded (Kafka's ``mutation-rate``)."""
         self.limit = limit
@@ -168,11 +176,17 @@ class QuotaManager:
         self._trackers: dict[tuple[str, str, BucketKey], Tracker] = {}
         self.ledger: FleetLedger | None = None
         """Set for quota scope ``fleet``: every local charge is also noted here, for the other members."""
+        self.pace_s: float | None = None
+        """Smooth enforcement: byte rates and the request quota are paced by a bucket of this many seconds of
+        quota (None: Kafka's windowed throttles)."""
 
-    def configure(self, windows: Windows, idle_ms: int, max_trackers: int | None = None) -> None:
-        """New window settings drop all state (Kafka needs a restart for these; the proxy starts afresh)."""
-        if windows != self.windows:
+    def configure(self, windows: Windows, idle_ms: int, max_trackers: int | None = None,
+                  pace_s: float | None = None) -> None:
+        """New window or pacing settings drop all state (Kafka needs a restart for these; the proxy starts
+        afresh)."""
+        if windows != self.windows or pace_s != self.pace_s:
             self._trackers.clear()
+        self.pace_s = pace_s
         self._epoch += 1  # also for a reload that keeps them: it may change how callers scope their charges
         self.windows = windows
         self.idle_ms = idle_ms
@@ -199,20 +213,26 @@ class QuotaManager:
         w = self.windows
         if t is None:
             mutations = None
+            pace = None
             stat: TokenBucket | SampledRate
             window: Window = getattr(w, BY_KEY[r.key].window)
-            if BY_KEY[r.key].throttle == "bucket":
+            formula = BY_KEY[r.key].throttle
+            if formula == "bucket":
                 stat = TokenBucket(r.limit, window.samples, window.size_ms / 1000, now_ms)
                 mutations = SampledRate(window.samples, window.size_ms)
             else:
                 stat = SampledRate(window.samples, window.size_ms)
+                if self.pace_s is not None and formula in PACED_FORMULAS:
+                    pace = TokenBucket(r.limit, 1, self.pace_s, now_ms)
             if len(self._trackers) >= self.max_trackers:
                 self._evict()
-            t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations)
+            t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations, pace)
         elif t.limit != r.limit:
             t.limit = r.limit
             if isinstance(t.stat, TokenBucket):
                 t.stat.set_rate(r.limit, now_ms)
+            if t.pace is not None:
+                t.pace.set_rate(r.limit, now_ms)
         t.last_used_ms = now_ms
         return t
 
@@ -250,7 +270,11 @@ class QuotaManager:
             self.ledger.add((b.key, b.bucket), b.key, b.user, b.client_id, amount)
         limit = b.limit
         formula = b.formula
-        if formula == "per_window":
+        pace = t.pace
+        if pace is not None:  # smooth enforcement: the wait until the pacing bucket is back to zero
+            pace.record(amount, now_ms)
+            throttle = pace.throttle_ms(now_ms)
+        elif formula == "per_window":
             # KIP-936: producer_ids_rate is "the number of active PIDs per quota window", so the limit per
             # second is that over the window size; the throttle is capped at one window, by when the oldest
             # bloom filter has turned over and the user's ids count as new again anyway.
@@ -269,6 +293,12 @@ class QuotaManager:
         if throttle > 0:
             t.throttle_ms_total += throttle
         return observed, throttle
+
+    def pace_tokens(self, b: Bound, now_ms: int) -> float | None:
+        """What the pacing bucket behind ``b`` holds now (smooth enforcement; None without one): a Fetch asks
+        the broker for no more."""
+        pace = b.tracker.pace
+        return None if pace is None else pace.tokens(now_ms)
 
     # ------------------------------------------------------------------------------------------ mutations
 
@@ -310,6 +340,8 @@ class QuotaManager:
             return False
         t = self._tracker(r, "", now_ms)
         t.stat.record(usage.amount, now_ms)
+        if t.pace is not None:
+            t.pace.record(usage.amount, now_ms)
         if t.mutations is not None:
             t.mutations.record(usage.amount, now_ms)
         t.remote_total += usage.amount
