@@ -21,7 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_ in (("run", "run the proxy"), ("check-config", "validate the configuration and exit")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("-c", "--config", help="YAML configuration file")
-        s.add_argument("--bootstrap-servers", help="upstream cluster, host:port[,host:port…]")
+        s.add_argument("--bootstrap-server", "--bootstrap-servers", dest="bootstrap_servers",
+                       help="upstream cluster, host:port[,host:port…] (either spelling: Kafka's tools say "
+                            "--bootstrap-server)")
         s.add_argument("--listen-host", help="interface the listeners bind to")
         s.add_argument("--bootstrap-port", type=int, help="port clients bootstrap from")
         s.add_argument("--broker-ports", help="FIRST-LAST port range (one per broker) or 'ephemeral'")

@@ -80,7 +80,8 @@ def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     """The options that say where and as whom to connect: accepted before the verb and after it (``suppress``:
     the verb's copies leave the namespace alone unless given, so they do not undo the ones before the verb)."""
     d = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--bootstrap-server", metavar="HOST:PORT", help="the proxy's bootstrap listener", **d)
+    p.add_argument("--bootstrap-server", "--bootstrap-servers", dest="bootstrap_server", metavar="HOST:PORT",
+                   help="the proxy's bootstrap listener", **d)
     p.add_argument("--command-config", metavar="FILE",
                    help="Java client properties as for kafka-configs: security.protocol, sasl.mechanism, "
                         "sasl.jaas.config, ssl.truststore.location (PEM) or ssl.ca.location, ...", **d)
@@ -467,9 +468,13 @@ async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None
 
 
 async def _describe(conn: _Connection, args: argparse.Namespace) -> int:
-    for entry in await _describe_entries(conn, _entity(args)):
+    named = _entity(args)
+    entries = await _describe_entries(conn, named)
+    for entry in entries:
         values = ", ".join(f"{v.key}={v.value}" for v in entry.values)
         print(f"Quota configs for {_shown(entry.entity)} are {values}")
+    if not entries:  # silence would read as a tool that did nothing
+        print(f"No quota configs for {_shown_pairs(named)}" if named else "No quota configs are set")
     return 0
 
 

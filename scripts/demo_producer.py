@@ -1,15 +1,19 @@
 """The demo's producer: sends as fast as it can through the proxy and prints what the quota does to it.
 
 It is an ordinary kafka-python producer (nothing in it knows about the proxy), so what it prints is what any
-client sees: its acknowledged rate, every two seconds, against the quota, and the ``throttle_time_ms`` the
-responses carried (the client's own ``throttle-time-max`` metric). It ends with what it got against the most a
-windowed quota lets through, and a ``DEMO-RESULT`` line the demo's test reads.
+client sees: its acknowledged rate every two seconds against the quota in force, the largest ``throttle_time_ms``
+its responses carried in that interval (the client's own ``throttle-time-max`` metric over a one-second sample
+window), and the quota itself, asked every interval with DescribeClientQuotas as ``kafka-configs --describe``
+does, so a quota altered while it runs shows at once. It runs until Ctrl-C (or ``--seconds``) and ends with what
+it got against the most a windowed quota lets through, and a ``DEMO-RESULT`` line the demo's test reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import socket
 import sys
 import threading
 import time
@@ -54,20 +58,62 @@ def _throttle_max_ms(producer) -> float:
     return best
 
 
+def read_quota(bootstrap: str, client_id: str) -> float | None:
+    """The ``producer_byte_rate`` in force for ``client_id``, asked of the cluster (here: the proxy) with
+    DescribeClientQuotas, as ``kafka-configs --describe --entity-type clients`` does; None if none is set or the
+    answer did not come."""
+    from kafka.protocol.admin import DescribeClientQuotasRequest
+
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    C = DescribeClientQuotasRequest.ComponentData
+    req = DescribeClientQuotasRequest(components=[C(entity_type="client-id", match_type=0, match=client_id)],
+                                      strict=False)
+    req.API_VERSION = 0
+    req.with_header(correlation_id=1, client_id=f"{client_id}-describe")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(req.encode(header=True, framed=True))
+            size = int.from_bytes(_read(sock, 4), "big")
+            resp = req.header.get_response_class().decode(_read(sock, size), header=True)
+    except (OSError, ValueError):
+        return None
+    if resp.error_code:
+        return None
+    for entry in resp.entries or []:
+        for value in entry.values:
+            if value.key == "producer_byte_rate":
+                return float(value.value)
+    return None
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed")
+        buf += chunk
+    return buf
+
+
 def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str, trace: str | None = None) -> int:
     from kafka import KafkaProducer  # the client library, imported where it is used
     from kafka.errors import KafkaError
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # it warns on every throttled response; we summarise
+    # A one-second sample window: throttle-time-max then covers about the last two seconds, one report line.
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks=1, linger_ms=5,
-                             batch_size=256 * 1024, max_request_size=1 * MIB, max_block_ms=60_000)
+                             batch_size=256 * 1024, max_request_size=1 * MIB, max_block_ms=60_000,
+                             metrics_sample_window_ms=1000, metrics_num_samples=2)
     acked, failed = Acked(), [0]
     value = bytes(RECORD)
+    until = f"for {seconds:.0f} s" if seconds > 0 else "until Ctrl-C"
     print(f"demo producer: client id {client_id!r}, sending {RECORD >> 10} KiB records to topic {topic!r} as fast "
-          f"as it can for {seconds:.0f} s; quota {quota / MIB:.2f} MiB/s", flush=True)
+          f"as it can {until}; quota {quota / MIB:.2f} MiB/s", flush=True)
     start = time.monotonic()
     stop = threading.Event()
     throttle_seen = [0.0]
+    quotas_seen = [quota]
 
     def report() -> None:  # on its own thread, so a send blocked by the throttle does not delay the lines
         tick = start
@@ -76,14 +122,21 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
             got = acked.between(tick - 2.0, tick) / 2.0
             throttle = _throttle_max_ms(producer)
             throttle_seen[0] = max(throttle_seen[0], throttle)
+            now_quota = read_quota(bootstrap, client_id) or quotas_seen[-1]
+            if now_quota != quotas_seen[-1]:
+                quotas_seen.append(now_quota)
+                print(f"  quota for {client_id!r} is now {now_quota / MIB:.2f} MiB/s", flush=True)
             print(f"  t={tick - start:4.0f} s  acked {acked.total / MIB:6.1f} MiB  last 2 s {got / MIB:5.2f} MiB/s "
-                  f"({got / quota:4.0%} of quota)  throttle_time_ms max {throttle:5.0f}", flush=True)
+                  f"({got / now_quota:4.0%} of {now_quota / MIB:.2f} MiB/s)  throttle_time_ms max {throttle:5.0f}",
+                  flush=True)
 
     reporter = threading.Thread(target=report, daemon=True)
     reporter.start()
     in_flight: deque = deque()
+    interrupted = [False]
+    signal.signal(signal.SIGINT, lambda *_: interrupted.__setitem__(0, True))  # finish with the summary
     try:
-        while time.monotonic() < start + seconds:
+        while (seconds <= 0 or time.monotonic() < start + seconds) and not interrupted[0]:
             fut = producer.send(topic, value)
             fut.add_callback(lambda _md: acked.add(RECORD))
             fut.add_errback(lambda _exc: failed.__setitem__(0, failed[0] + 1))
@@ -101,11 +154,15 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
         reporter.join()
         producer.close(timeout=10)
     run_s = end - start
-    allowed = quota * (run_s + WINDOW_S)
+    if len(quotas_seen) == 1:
+        allowed = quota * (run_s + WINDOW_S)
+        bound = (f"quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + {WINDOW_S:.0f} s) "
+                 f"= {allowed / MIB:.1f} MiB through in that time")
+    else:
+        bound = "the quota changed during the run: " + " -> ".join(f"{q / MIB:.2f}" for q in quotas_seen) + " MiB/s"
     print(f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average, the "
-          f"first burst included (quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + "
-          f"{WINDOW_S:.0f} s) = {allowed / MIB:.1f} MiB through in that time); the largest throttle_time_ms the "
-          f"client got: {throttle_seen[0]:.0f}; failed sends: {failed[0]}", flush=True)
+          f"first burst included ({bound}); the largest throttle_time_ms the client got: {throttle_seen[0]:.0f}; "
+          f"failed sends: {failed[0]}", flush=True)
     if trace:  # every acknowledgement, for bench/throttle_shape.py's plot
         with open(trace, "w") as out:
             out.write("t_s,acked_bytes\n")
@@ -119,7 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap-server", required=True)
     ap.add_argument("--quota", type=float, default=MIB, help="the producer_byte_rate it is held to (bytes/s)")
-    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--seconds", type=float, default=0.0, help="how long to send; 0 (the default): until Ctrl-C")
     ap.add_argument("--topic", default="demo")
     ap.add_argument("--client-id", default="demo-producer")
     ap.add_argument("--trace", help="write every acknowledgement as CSV (t_s, acked_bytes) to this file")

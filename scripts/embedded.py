@@ -89,25 +89,32 @@ def _demo_quota(config) -> float:
 
 
 async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
-    """Run the demo producer (its own process: an ordinary client) through the proxy, and say what to look at."""
+    """Run the demo producer (its own process: an ordinary client) through the proxy; say what to look at and how
+    to change the quota first, so both can be tried while it runs."""
     metrics = f"http://127.0.0.1:{proxy.metrics_port}/metrics" if proxy.metrics_port else None
     print(f"\nDEMO: a producer sends as fast as it can; the proxy holds client id {DEMO_CLIENT_ID!r} to "
-          f"{quota / (1 << 20):.2f} MiB/s.", flush=True)
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scripts.demo_producer", "--bootstrap-server", proxy.bootstrap_address,
-        "--quota", str(quota), "--seconds", str(seconds), "--client-id", DEMO_CLIENT_ID, cwd=REPO)
-    code = await child.wait()
-    print("\nWhat to look at:\n"
-          "  - the rate above: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
+          f"{quota / (1 << 20):.2f} MiB/s.\n"
+          "What to look at:\n"
+          "  - the rate below: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
           "quota;\n"
           "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);",
           flush=True)
     if metrics:
         print(f"  - the proxy's metrics: curl -s {metrics} | grep -E 'ktp_produce|ktp_quota_decisions'", flush=True)
-    print(f"  - change the quota live: .venv/bin/kafka-throttle-proxy quotas --bootstrap-server "
-          f"{proxy.bootstrap_address} alter --client-id {DEMO_CLIENT_ID} --add producer_byte_rate=4194304",
-          flush=True)
-    return code
+    print(f"  - change the quota live, in another terminal (the producer's lines follow it):\n"
+          f"      .venv/bin/kafka-throttle-proxy quotas --bootstrap-server {proxy.bootstrap_address} alter "
+          f"--client-id {DEMO_CLIENT_ID} --add-config producer_byte_rate=4194304\n", flush=True)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scripts.demo_producer", "--bootstrap-server", proxy.bootstrap_address,
+        "--quota", str(quota), "--seconds", str(seconds), "--client-id", DEMO_CLIENT_ID, cwd=REPO)
+    try:
+        return await child.wait()
+    except asyncio.CancelledError:  # Ctrl-C: the producer ends with its summary before the proxy goes
+        if child.returncode is None:
+            child.send_signal(signal.SIGINT)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(child.wait(), 30)
+        raise
 
 
 async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
@@ -134,6 +141,8 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
                 print("\nThe proxy keeps running for your own clients; Ctrl-C stops it.", flush=True)
         else:
             demo.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await demo
         stopped.cancel()
     if not once:
         await stop.wait()
@@ -149,7 +158,8 @@ def main() -> int:
     ap.add_argument("--demo", action="store_true",
                     help=f"run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is given) and "
                          "show what it gets")
-    ap.add_argument("--demo-seconds", type=float, default=30.0, help="how long the demo producer runs")
+    ap.add_argument("--demo-seconds", type=float, default=0.0,
+                    help="how long the demo producer runs (0, the default: until Ctrl-C)")
     ap.add_argument("--once", action="store_true", help="with --demo: stop everything when the demo ends")
     args = ap.parse_args()
     if args.demo and not args.config:

@@ -52,3 +52,42 @@ def test_demo_shows_a_quota_biting():
     # the per-2 s lines show the throttle: some interval well under the quota after the first burst
     rates = [float(m) for m in re.findall(r"last 2 s +([\d.]+) MiB/s", out)]
     assert len(rates) >= 10 and min(rates[2:]) < quota / (1 << 20) * 0.5, rates
+
+
+def test_a_quota_altered_while_the_demo_runs_shows_at_once():
+    """The first hour (issue 31): the demo prints how to alter the quota before its producer starts, the producer
+    reads the quota in force from the proxy every interval, and the alter shows in its lines and its rate."""
+    import sys
+    import threading
+
+    port = _two_free_ports()
+    proc = subprocess.Popen(["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "30", "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    altered = threading.Event()
+
+    def alter() -> None:
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server",
+                               f"127.0.0.1:{port}", "alter", "--client-id", "demo-producer", "--add-config",
+                               "producer_byte_rate=4194304"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        altered.set()
+
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "t=  14 s" in line:  # past the first burst, held to 1 MiB/s: now raise it
+                threading.Thread(target=alter, daemon=True).start()
+        assert proc.wait(120) == 0, "".join(lines[-40:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert out.index("change the quota live") < out.index("demo producer: client id")  # said while it runs
+    assert altered.wait(0) and "quota for 'demo-producer' is now 4.00 MiB/s" in out, out[-3000:]
+    after = out[out.index("is now 4.00 MiB/s"):]
+    rates = [float(m) for m in re.findall(r"last 2 s +([\d.]+) MiB/s", after)]
+    assert rates and max(rates) > 1.5, rates  # the producer got more than the old quota once the new one held
+    assert re.findall(r"of 4\.00 MiB/s", after)
+    print(f"after the alter: {rates} MiB/s per 2 s")
