@@ -61,3 +61,13 @@ def test_run_embedded_with_a_bad_config_file_says_so_in_one_line_before_starting
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "producer_byte_rate" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "starting a single-node Apache Kafka" not in done.stdout
+
+
+def test_every_subcommand_takes_kafkas_spelling_of_bootstrap_server_and_the_old_one():
+    from proxy.cli import _parser, config_from_args
+
+    for flag in ("--bootstrap-server", "--bootstrap-servers"):
+        args = _parser().parse_args(["run", flag, "10.0.0.1:9092,10.0.0.2:9092"])
+        assert config_from_args(args).upstream.bootstrap_servers == ["10.0.0.1:9092", "10.0.0.2:9092"]
+        quotas = _parser().parse_args(["quotas", flag, "127.0.0.1:19092", "describe"])
+        assert quotas.bootstrap_server == "127.0.0.1:19092"
