@@ -14,7 +14,9 @@ from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaValueEr
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become the fields' descriptions: config/reference.py writes the configuration page
+    # from them, so the page and the model cannot drift apart.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _parse_host_port(value: str) -> tuple[str, int]:
