@@ -648,11 +648,12 @@ class Policy:
                                               or known.topic_id == mt.topic_id):
                         count = max(count, known.partitions)
                     out[key] = count
+                elif mt is not None and mt.error_code not in _NOT_SEEN_YET:
+                    pass  # not authorised, ...: the mutation fails the same way and changes nothing, charged 0
                 elif known is not None:
                     out[key] = known.partitions
-                elif mt is None or mt.error_code in _NOT_SEEN_YET:
+                else:
                     unseen.append(t)
-                # any other error (not authorised, ...): the mutation fails the same way, it changes nothing
             if not unseen or attempt >= len(rechecks):
                 return out
             await asyncio.sleep(rechecks[attempt])

@@ -437,11 +437,13 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
 
 class LaggingBroker(FakeConn):
     """The client's broker link, whose Metadata lags the controller as a KRaft broker's does: it knows the topics in
-    ``known`` (name -> (topic id, partitions)) only, whatever the controller has created meanwhile."""
+    ``known`` (name -> (topic id, partitions)) only, whatever the controller has created meanwhile; topics in
+    ``refused`` get TOPIC_AUTHORIZATION_FAILED."""
 
     def __init__(self) -> None:
         super().__init__()
         self.known: dict[str, tuple[uuid.UUID, int]] = {}
+        self.refused: set[str] = set()
         self.asked = 0
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
@@ -455,6 +457,10 @@ class LaggingBroker(FakeConn):
         topics = []
         for t in req.topics:
             hit = next(((n, tid, p) for n, (tid, p) in self.known.items() if n == t.name or tid == t.topic_id), None)
+            if t.name in self.refused:
+                topics.append(T(version=api_version, error_code=29, name=t.name, topic_id=None, is_internal=False,
+                                partitions=[], authorized_operations=None))
+                continue
             if hit is None:  # UNKNOWN_TOPIC_OR_PARTITION (by name) / UNKNOWN_TOPIC_ID (by id)
                 topics.append(T(version=api_version, error_code=3 if t.name else 100, name=t.name,
                                 topic_id=t.topic_id, is_internal=False, partitions=[], authorized_operations=None))
@@ -587,3 +593,14 @@ def test_a_topic_the_broker_has_not_seen_yet_is_asked_for_again(monkeypatch):
     delete = _through(policy, conn, _delete_topics(["elsewhere", "nowhere"]), _deleted, clock, 6)
     assert delete.topic_partitions == [3, 0] and delete.mutations == 3
     assert conn.asked == 4  # once, twice more for both, then "nowhere" alone for the last try
+
+
+def test_a_topic_the_client_may_not_see_is_charged_nothing_whatever_the_proxy_learnt():
+    """Refused to the client (TOPIC_AUTHORIZATION_FAILED), its delete fails the same way: it changes nothing."""
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)
+    conn = LaggingBroker()
+    _through(policy, conn, _create_topics([2], version=7), _created, clock, 7)
+    conn.refused.add("t0")
+    delete = _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6)
+    assert delete.topic_partitions == [0] and conn.asked == 1  # and not asked again: it is no lag
