@@ -65,24 +65,36 @@ def _until_done(wire: KafkaWire, client_id: str, request_for, version: int, name
 
 def _create(names: list[str]) -> CreateTopicsRequest:
     return CreateTopicsRequest(
-        topics=[CreateTopicsRequest.CreatableTopic(name=n, num_partitions=PARTITIONS, replication_factor=1,
-                                                   assignments=[], configs=[]) for n in names],
-        timeout_ms=30_000, validate_only=False)
+        topics=[
+            CreateTopicsRequest.CreatableTopic(
+                name=n, num_partitions=PARTITIONS, replication_factor=1, assignments=[], configs=[]
+            )
+            for n in names
+        ],
+        timeout_ms=30_000,
+        validate_only=False,
+    )
 
 
 def _delete(names: list[str]) -> DeleteTopicsRequest:
-    return DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name=n, topic_id=None) for n in names],
-                               timeout_ms=30_000)
+    return DeleteTopicsRequest(
+        topics=[DeleteTopicsRequest.DeleteTopicState(name=n, topic_id=None) for n in names], timeout_ms=30_000
+    )
 
 
 def test_churn_past_the_throttle_is_charged_exactly_and_held_to_the_bucket(fresh_proxy, tmp_path):
     logdir = tmp_path / "decisions"
-    proxy = fresh_proxy(**{
-        "quotas.controller_window_num": SAMPLES,
-        "quotas.entities": [{"entity": {"client-id": c}, "quotas": {"controller_mutation_rate": RATE}}
-                            for c in (CREATOR, DELETER)],
-        "decision_log.directory": str(logdir), "decision_log.format": "jsonl", "decision_log.rotate_seconds": 1,
-    })
+    proxy = fresh_proxy(
+        **{
+            "quotas.controller_window_num": SAMPLES,
+            "quotas.entities": [
+                {"entity": {"client-id": c}, "quotas": {"controller_mutation_rate": RATE}} for c in (CREATOR, DELETER)
+            ],
+            "decision_log.directory": str(logdir),
+            "decision_log.format": "jsonl",
+            "decision_log.rotate_seconds": 1,
+        }
+    )
     creator, deleter = KafkaWire(proxy.bootstrap), KafkaWire(proxy.bootstrap)
     tag = uuid.uuid4().hex[:6]
     changed = {CREATOR: 0, DELETER: 0}
@@ -100,8 +112,9 @@ def test_churn_past_the_throttle_is_charged_exactly_and_held_to_the_bucket(fresh
     assert changed[CREATOR] == changed[DELETER] == ROUNDS * TOPICS * PARTITIONS
 
     def mutation_events() -> list[dict]:
-        return [e for e in _decisions(logdir)
-                if e["event"] == "request" and e["api_key"] in (CREATE_TOPICS, DELETE_TOPICS)]
+        return [
+            e for e in _decisions(logdir) if e["event"] == "request" and e["api_key"] in (CREATE_TOPICS, DELETE_TOPICS)
+        ]
 
     def charged_of(events: list[dict]) -> dict[str, int]:
         return {c: sum(e["mutations"] for e in events if e["client_id"] == c) for c in (CREATOR, DELETER)}
@@ -111,11 +124,15 @@ def test_churn_past_the_throttle_is_charged_exactly_and_held_to_the_bucket(fresh
         wait_until(lambda: charged_of(mutation_events()) == changed, 10, what="a charge for every partition")
     events = mutation_events()
     charged = charged_of(events)
-    uncounted = [e["topic_partitions"] for e in events if e["api_key"] == DELETE_TOPICS and e["mutations"] == 0
-                 and e["rejected_topics"] == 0]
+    uncounted = [
+        e["topic_partitions"]
+        for e in events
+        if e["api_key"] == DELETE_TOPICS and e["mutations"] == 0 and e["rejected_topics"] == 0
+    ]
     assert charged == changed, f"charged {charged} for {changed} changed; deletes charged nothing: {uncounted}"
-    assert sum(e["throttle_ms"] > 0 for e in events if e["client_id"] == CREATOR) >= ROUNDS // 2, \
+    assert sum(e["throttle_ms"] > 0 for e in events if e["client_id"] == CREATOR) >= ROUNDS // 2, (
         "the churn must run well past the first throttle"
+    )
 
     # Held to each bucket: from its first charge to its last, B + R x T at most (the last topic admitted may
     # overdraw by its partitions), and the flood, never idle for long, gets that much within 5 %.
@@ -124,6 +141,8 @@ def test_churn_past_the_throttle_is_charged_exactly_and_held_to_the_bucket(fresh
         span_s = (max(stamps) - min(stamps)) / 1000
         bound = RATE * SAMPLES + RATE * span_s
         ratio = changed[client] / bound
-        print(f"{client}: {changed[client]} partitions, charged {charged[client]}, in {span_s:.1f} s against "
-              f"B + R x T = {bound:.0f}: {ratio:.3f} x the bound")
+        print(
+            f"{client}: {changed[client]} partitions, charged {charged[client]}, in {span_s:.1f} s against "
+            f"B + R x T = {bound:.0f}: {ratio:.3f} x the bound"
+        )
         assert 0.95 <= ratio <= 1.05, (client, changed[client], bound)
