@@ -408,3 +408,36 @@ def merge_response(request: MutationRequest, broker_body: bytes | bytearray | me
     if offset is not None:
         raise_throttle(out, offset, ms)
     return bytes(out)
+
+
+@dataclass(slots=True, frozen=True)
+class TopicResult:
+    """One topic's outcome in a CreateTopics / DeleteTopics / CreatePartitions response."""
+
+    name: str | None
+    topic_id: uuid.UUID | None
+    """CreateTopics v7+ and DeleteTopics v6+; None otherwise (and for the all-zero id)."""
+    error_code: int
+    num_partitions: int
+    """CreateTopics v5+: the partitions the topic was created with; -1 where the response does not say."""
+
+
+def parse_results(api_key: int, api_version: int, body: bytes | bytearray | memoryview) -> list[TopicResult]:
+    """The per-topic outcomes of a response body (after the response header), in the order the broker sent them.
+
+    Raises DecodeError naming the api and version when the body does not parse.
+    """
+    _, resp_cls = _classes(api_key)
+    _check_version(resp_cls, api_key, api_version)
+    msg = decode_body(resp_cls, bytes(body), api_version)
+    out: list[TopicResult] = []
+    for item in getattr(msg, _RESULTS[api_key]) or ():
+        topic_id = getattr(item, "topic_id", None)
+        partitions = -1
+        if api_key == Api.CREATE_TOPICS and api_version >= 5 and isinstance(item.num_partitions, int):
+            partitions = item.num_partitions
+        out.append(TopicResult(item.name, topic_id if topic_id != _ZERO_UUID else None, item.error_code, partitions))
+    return out
+
+
+_ZERO_UUID = uuid.UUID(int=0)

@@ -22,11 +22,13 @@ and counted, and nothing is rewritten, rejected or muted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Callable
 from typing import Final, NamedTuple, TypeAlias
 
@@ -54,6 +56,7 @@ from protocol.topic_guard import ProtectedTopics, Refusal
 from protocol.topic_guard import check as check_topics
 from proxy import client_quota_api
 from proxy.stats import Stats
+from proxy.topic_counts import RecentTopics
 from proxy.verdicts import Answer, Defer, Identity, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event
@@ -85,6 +88,12 @@ _SIZE: Final = struct.Struct(">i")
 _I32: Final = struct.Struct(">i")
 _METADATA_VERSION = 12
 _PROBE_CREATE_VERSION = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
+_NOT_SEEN_YET: Final = frozenset((3, 5, 100))
+"""Metadata errors of a topic a broker may not have learned of yet: UNKNOWN_TOPIC_OR_PARTITION,
+LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_ID."""
+LAG_RECHECKS_S: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4)
+"""Waits before asking a broker again about a topic to be deleted or grown that it does not know (see
+``Policy._current_counts``): 0.75 s in all, the most a delete of a topic that does not exist is held up."""
 
 
 def _ms(seconds: float) -> int:
@@ -273,6 +282,10 @@ class Policy:
         """The proxy's own topics (the fleet's, the decision log's), refused to every client; None while it keeps
         none on the cluster, so a request pays one attribute read for it."""
         self._guard_logged = [0.0, 0]  # [last line (monotonic s), refusals since]: one line per 10 s at most
+        self.recent_topics = RecentTopics()
+        """Partition counts the cluster answered this proxy's mutations with, newer than brokers' metadata."""
+        self.lag_rechecks_s: tuple[float, ...] = LAG_RECHECKS_S
+        """Waits before asking again about a topic the client's broker does not know (``_current_counts``)."""
         self.reload(config)
 
     def reload(self, config: ProxyConfig) -> None:
@@ -664,14 +677,50 @@ class Policy:
                      request.label, printable(d.user), printable(d.client_id), len(rejected), len(counts), throttle,
                      "" if self.enforce else " [shadow: not enforced]")
         if not rejected or not self.enforce:
-            return d
+            if request.validate_only:  # nothing changes on the cluster: nothing to learn from its answer
+                return d
+            # The answer says what the cluster now has, before the brokers' metadata does: learn it (whole: a
+            # merge needs the whole response, never a streamed one).
+            d.merge = lambda broker_body: self._learn(request, counts, broker_body)
+            return Replace(d, _SIZE.pack(len(body)) + body, whole=True)
         head = body[:header.body_offset]
         if len(rejected) == len(counts):
             return Answer(d, local_frame(header, mutations.reject_all(request, throttle)))
         admitted_idx = [i for i, ok in enumerate(admitted) if ok]
         sub = head + mutations.subset_request(request, admitted_idx)
-        d.merge = lambda broker_body: mutations.merge_response(request, broker_body, rejected, throttle)
+        d.merge = lambda broker_body: self._learn(
+            request, counts, mutations.merge_response(request, broker_body, rejected, throttle))
         return Replace(d, _SIZE.pack(len(sub)) + sub, whole=True)
+
+    def _learn(self, request, counts: list[int], body: Buffer) -> bytes:
+        """Keep what the cluster answered it created, grew or deleted (:class:`proxy.topic_counts.RecentTopics`),
+        so the next mutation of those topics is charged their real count even before the client's broker has
+        caught up with the controller; ``body`` (the response body going to the client) is returned as it is."""
+        answer = bytes(body)  # a view of the receive buffer, or the merged answer (bytes already: not copied)
+        if request.validate_only:
+            return answer
+        try:
+            results = mutations.parse_results(request.api_key, request.version, answer)
+        except ValueError as exc:  # DecodeError: the client gets the answer as it is, the proxy learns nothing
+            log.warning("%s answer does not parse, its partition counts are not kept: %s", request.label, exc)
+            return answer
+        now_ms = self._now_ms()
+        recent = self.recent_topics
+        recent.expire(now_ms)
+        key = request.api_key
+        asked = {t.name: i for i, t in enumerate(request.topics) if t.name is not None}
+        for r in results:
+            if r.error_code != 0:
+                continue
+            i = asked.get(r.name) if r.name is not None else None
+            if key == Api.DELETE_TOPICS:
+                recent.deleted(r.name, r.topic_id)
+            elif key == Api.CREATE_TOPICS:
+                n = r.num_partitions if r.num_partitions > 0 else counts[i] if i is not None else 0
+                recent.changed(r.name, r.topic_id, n, now_ms)
+            elif i is not None:  # CreatePartitions: the topic now has the count asked for
+                recent.changed(r.name, None, request.topics[i].count, now_ms)
+        return answer
 
     async def _partition_counts(self, conn: PolicyConnection, request) -> list[int]:
         """Partitions each topic of the request would create or delete, asked of the cluster on the client's own
@@ -686,23 +735,62 @@ class Policy:
         current = await self._current_counts(conn, request.topics)
         if key == Api.CREATE_PARTITIONS:
             return [max(t.count - current.get(t.name, t.count), 0) for t in request.topics]
-        return [current.get(t.topic_id if t.topic_id is not None else t.name, 0) for t in request.topics]
+        return [current.get(t.key, 0) for t in request.topics]
 
     async def _current_counts(self, conn: PolicyConnection, topics) -> dict:
+        """Each topic's current partition count, under its key (name, or id for DeleteTopics v6 by id); a topic
+        the cluster does not have is left out.
+
+        A broker's metadata lags the controller's (KRaft applies the metadata log asynchronously): a topic created
+        a moment ago may be unknown to the client's broker although the controller will delete it whole, and one
+        grown a moment ago may show its old count. So what this proxy saw the cluster answer lately
+        (``recent_topics``) counts too: for the same topic id the larger count is the newer (partitions are
+        never removed from a topic). A topic neither knows is asked for again after each of
+        ``lag_rechecks_s``: it may have been created a moment ago elsewhere (another proxy or worker)."""
+        out: dict = {}
+        todo = list(topics)
+        rechecks = self.lag_rechecks_s
+        attempt = 0
+        while True:
+            md = await self._metadata(conn, todo)
+            now_ms = self._now_ms()
+            by_name: dict = {}
+            by_id: dict = {}
+            for mt in md.topics:
+                if mt.name is not None:
+                    by_name[mt.name] = mt
+                if mt.topic_id is not None:
+                    by_id[mt.topic_id] = mt
+            unseen = []
+            for t in todo:
+                key = t.key
+                mt = by_id.get(key) if isinstance(key, uuid.UUID) else by_name.get(key)
+                known = self.recent_topics.get(key, now_ms)
+                if mt is not None and mt.error_code == 0:
+                    count = len(mt.partitions)
+                    if known is not None and (known.topic_id is None or mt.topic_id is None
+                                              or known.topic_id == mt.topic_id):
+                        count = max(count, known.partitions)
+                    out[key] = count
+                elif mt is not None and mt.error_code not in _NOT_SEEN_YET:
+                    pass  # not authorised, ...: the mutation fails the same way and changes nothing, charged 0
+                elif known is not None:
+                    out[key] = known.partitions
+                else:
+                    unseen.append(t)
+            if not unseen or attempt >= len(rechecks):
+                return out
+            await asyncio.sleep(rechecks[attempt])
+            attempt += 1
+            todo = unseen
+
+    async def _metadata(self, conn: PolicyConnection, topics):
         wanted = [MetadataRequest.MetadataRequestTopic(topic_id=getattr(t, "topic_id", None), name=t.name)
                   for t in topics]
         req = MetadataRequest(topics=wanted, allow_auto_topic_creation=False,
                               include_topic_authorized_operations=False)
         reply = await conn.ask(Api.METADATA, _METADATA_VERSION, bytes(req.encode(version=_METADATA_VERSION)))
-        md = decode_body(MetadataResponse, reply, _METADATA_VERSION)
-        out: dict = {}
-        for t in md.topics:
-            if t.error_code == 0:
-                if t.name is not None:
-                    out[t.name] = len(t.partitions)
-                if t.topic_id is not None:
-                    out[t.topic_id] = len(t.partitions)
-        return out
+        return decode_body(MetadataResponse, reply, _METADATA_VERSION)
 
     async def _default_partitions(self, conn: PolicyConnection, topics) -> dict[str, int]:
         """The cluster's default partition count for topics created with -1, by asking it to validate them."""
@@ -755,7 +843,7 @@ class Policy:
         view = memoryview(frame)
         body_start = 4 + response_body_offset(view[4:], header.api_key, header.api_version)
         pieces: list[memoryview | bytes] | None = None
-        if d.merge is not None:  # only set when enforcing: the broker saw a smaller request
+        if d.merge is not None:  # a mutation request: its answer merged with the proxy's rejections, and learnt from
             merged = bytes(view[4:body_start]) + bytes(d.merge(view[body_start:]))
             view = memoryview(_SIZE.pack(len(merged)) + merged)
             pieces = [view]

@@ -26,6 +26,7 @@ from protocol.mutations import (
     is_strict,
     merge_response,
     parse_request,
+    parse_results,
     quota_message,
     reject_all,
     subset_request,
@@ -376,3 +377,24 @@ def test_random_splits_merge_back_in_order(api_version, n, data, broker_ms, prox
             assert r.topic_id == t.topic_id
         else:
             assert r.name == t.name
+
+
+@pytest.mark.parametrize(("api", "version"), ALL)
+def test_results_say_what_the_cluster_did_with_each_topic_at_every_version(api, version):
+    """What the proxy learns counts from (proxy.topic_counts): names, ids and created partitions where the version
+    carries them, and every error code."""
+    specs = [topic_spec(i) for i in range(3)]
+    body = bytes(build_request(api, version, specs).encode())
+    results = parse_results(api, version, broker_answer(api, version, body, throttle=0))
+    assert len(results) == 3 and {r.error_code for r in results} == {0}
+    if api == CT:
+        assert [r.name for r in results] == [s["name"] for s in specs]
+        assert all(r.num_partitions == (max(s["partitions"], 1) if version >= 5 else -1)
+                   for r, s in zip(results, specs, strict=True))
+        assert all((r.topic_id is not None) == (version >= 7) for r in results)
+    else:
+        assert {r.num_partitions for r in results} == {-1}
+    if api == DT and version >= 6:
+        assert all(r.topic_id is not None for r in results)
+    with pytest.raises(DecodeError, match=f"v{version}"):
+        parse_results(api, version, b"\x00")

@@ -310,12 +310,14 @@ def test_kip599_old_version_is_admitted_whole_and_muted():
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
     header, request = _create_topics([3, 1, 1], version=5)
-    d = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
-    assert isinstance(d, Decision) and d.rejected == 0 and d.mutations == 5 and d.throttle_ms > 0
+    whole = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    assert isinstance(whole, Replace) and whole.frame == request  # forwarded as it came, its answer read whole
+    d = whole.decision
+    assert d.rejected == 0 and d.mutations == 5 and d.throttle_ms > 0
     clock.now += 10
     # Refilled: the next request spends tokens again, admitted whole.
     header, request = _create_topics([1], version=5)
-    d2 = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    d2 = asyncio.run(policy.on_request(conn, header, request, clock()).decide()).decision
     assert d2.rejected == 0 and d2.values[CONTROLLER_MUTATION_RATE][0] == 1
 
 
@@ -417,7 +419,7 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
     header, request = _create_topics([3])
-    assert isinstance(asyncio.run(policy.on_request(conn, header, request, clock()).decide()), Decision)  # whole
+    assert isinstance(asyncio.run(policy.on_request(conn, header, request, clock()).decide()), Replace)  # whole
     header, request = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
     answered = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
     assert isinstance(answered, Answer)
@@ -428,3 +430,177 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
     assert isinstance(described, Answer)
     reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5:]), version=1)  # flexible header
     assert reply.error_code == 31  # alice is no describer here; the refusal is an answer of the proxy too
+
+
+# ---------------------------------------------------------------------------------------- KIP-599 current counts
+
+
+class LaggingBroker(FakeConn):
+    """The client's broker link, whose Metadata lags the controller as a KRaft broker's does: it knows the topics in
+    ``known`` (name -> (topic id, partitions)) only, whatever the controller has created meanwhile; topics in
+    ``refused`` get TOPIC_AUTHORIZATION_FAILED."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: dict[str, tuple[uuid.UUID, int]] = {}
+        self.refused: set[str] = set()
+        self.asked = 0
+
+    async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
+        from kafka.protocol.metadata import MetadataResponse
+
+        assert api_key == 3, f"only Metadata is asked, not api {api_key}"
+        self.asked += 1
+        req = MetadataRequest.decode(body, version=api_version)
+        T = MetadataResponse._struct.fields["topics"].array_of.data_class
+        P = T._struct.fields["partitions"].array_of.data_class
+        topics = []
+        for t in req.topics:
+            hit = next(((n, tid, p) for n, (tid, p) in self.known.items() if n == t.name or tid == t.topic_id), None)
+            if t.name in self.refused:
+                topics.append(T(version=api_version, error_code=29, name=t.name, topic_id=None, is_internal=False,
+                                partitions=[], authorized_operations=None))
+                continue
+            if hit is None:  # UNKNOWN_TOPIC_OR_PARTITION (by name) / UNKNOWN_TOPIC_ID (by id)
+                topics.append(T(version=api_version, error_code=3 if t.name else 100, name=t.name,
+                                topic_id=t.topic_id, is_internal=False, partitions=[], authorized_operations=None))
+                continue
+            name, tid, n = hit
+            parts = [P(version=api_version, error_code=0, partition_index=i, leader_id=1, leader_epoch=0,
+                       replica_nodes=[1], isr_nodes=[1], offline_replicas=[]) for i in range(n)]
+            topics.append(T(version=api_version, error_code=0, name=name, topic_id=tid, is_internal=False,
+                            partitions=parts, authorized_operations=None))
+        return bytes(MetadataResponse(version=api_version, throttle_time_ms=0, brokers=[], cluster_id="c",
+                                      controller_id=1, topics=topics).encode())
+
+
+def _delete_topics(names: list[str] | None = None, ids: list[uuid.UUID] | None = None, version: int = 6):
+    from kafka.protocol.admin import DeleteTopicsRequest
+
+    S = DeleteTopicsRequest.DeleteTopicState
+    states = [S(name=n, topic_id=None) for n in names or []] + [S(name=None, topic_id=i) for i in ids or []]
+    return _request(DeleteTopicsRequest(topics=states, timeout_ms=1000, version=version))
+
+
+def _deleted(sent_frame: bytes, version: int) -> bytes:
+    """The broker's (the controller's) answer to the DeleteTopics forwarded: every topic deleted."""
+    from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
+
+    header = parse_request_header(memoryview(sent_frame)[4:])
+    req = DeleteTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
+    R = DeleteTopicsResponse._struct.fields["responses"].array_of.data_class
+    items = [R(version=version, name=t.name, topic_id=t.topic_id, error_code=0, error_message=None)
+             for t in req.topics]
+    return DeleteTopicsResponse(version=version, throttle_time_ms=0, responses=items).encode()
+
+
+def _through(policy: Policy, conn, request_and_header, answer, clock: Clock, version: int):
+    """One mutation request through the policy and the cluster: its decision."""
+    header, request = request_and_header
+    verdict = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    if isinstance(verdict, Decision):  # forwarded as it came
+        d, sent = verdict, request
+    else:
+        assert isinstance(verdict, Replace), verdict  # forwarded whole or in part
+        d, sent = verdict.decision, verdict.frame
+    policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, answer(sent, version), flexible=True),
+                       clock())
+    return d
+
+
+def test_a_topic_deleted_before_the_clients_broker_has_seen_it_created_is_charged_its_partitions():
+    """The churn that went uncharged: CreateTopics is answered once the controller committed the topics, the
+    client deletes them at once, and its broker (asked for current counts) has not applied them yet: it says
+    UNKNOWN_TOPIC_OR_PARTITION, the controller deletes them anyway. Charged 0 before; now what the cluster answered
+    the create with counts."""
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)  # B = 200: nothing is throttled, only counted
+    conn = LaggingBroker()
+    create = _through(policy, conn, _create_topics([2, 3], version=7), _created, clock, 7)
+    assert create.mutations == 5
+    clock.now += 0.01
+    delete = _through(policy, conn, _delete_topics(["t0", "t1"]), _deleted, clock, 6)
+    assert delete.topic_partitions == [2, 3]
+    assert delete.mutations == 5
+    assert conn.asked == 1  # known from the create's answer: no waiting on the broker
+
+
+def _noting_ids(ids: list[uuid.UUID]):
+    """``_created``, noting the topic ids the cluster gave."""
+
+    def created(frame: bytes, version: int) -> bytes:
+        body = _created(frame, version)
+        ids.extend(t.topic_id for t in CreateTopicsResponse.decode(body, version=version).topics)
+        return body
+
+    return created
+
+
+def test_a_topic_deleted_by_id_is_charged_from_the_creates_answer():
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)
+    conn = LaggingBroker()
+    created_ids: list[uuid.UUID] = []
+    _through(policy, conn, _create_topics([4], version=7), _noting_ids(created_ids), clock, 7)
+    delete = _through(policy, conn, _delete_topics(ids=created_ids), _deleted, clock, 6)
+    assert delete.mutations == 4
+    # Deleted: the proxy forgets it, and a topic of that name is counted from the broker again.
+    conn.known["t0"] = (uuid.uuid4(), 1)
+    assert _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6).mutations == 1
+
+
+def test_partitions_added_a_moment_ago_count_although_the_broker_shows_the_old_count():
+    from kafka.protocol.admin import CreatePartitionsRequest, CreatePartitionsResponse
+
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)
+    conn = LaggingBroker()
+    ids: list[uuid.UUID] = []
+    _through(policy, conn, _create_topics([2], version=7), _noting_ids(ids), clock, 7)
+    conn.known["t0"] = (ids[0], 2)  # the broker has caught up with the create, not with what follows
+
+    def grown(frame: bytes, version: int) -> bytes:
+        R = CreatePartitionsResponse._struct.fields["results"].array_of.data_class
+        return CreatePartitionsResponse(version=version, throttle_time_ms=0, results=[
+            R(version=version, name="t0", error_code=0, error_message=None)]).encode()
+
+    grow = _through(policy, conn, _request(CreatePartitionsRequest(topics=[
+        CreatePartitionsRequest.CreatePartitionsTopic(name="t0", count=6, assignments=None)],
+        timeout_ms=1000, validate_only=False, version=3)), grown, clock, 3)
+    assert grow.mutations == 4
+    assert _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6).mutations == 6
+    # A topic of that name created anew elsewhere (another id) is the broker's to count: 6 was another topic's.
+    _through(policy, conn, _create_topics([2], version=7), _created, clock, 7)
+    conn.known["t0"] = (uuid.uuid4(), 3)
+    assert _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6).mutations == 3
+
+
+def test_a_topic_the_broker_has_not_seen_yet_is_asked_for_again(monkeypatch):
+    """Created elsewhere (another proxy, another worker): nothing here knows it, so the broker is asked again
+    until it has caught up; a topic that stays unknown costs nothing after the last try."""
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)
+    policy.lag_rechecks_s = (0.0, 0.0, 0.0)
+    conn = LaggingBroker()
+    real_ask = conn.ask
+
+    async def catching_up(api_key: int, api_version: int, body: bytes) -> bytes:
+        if conn.asked == 2:
+            conn.known["elsewhere"] = (uuid.uuid4(), 3)
+        return await real_ask(api_key, api_version, body)
+
+    monkeypatch.setattr(conn, "ask", catching_up)
+    delete = _through(policy, conn, _delete_topics(["elsewhere", "nowhere"]), _deleted, clock, 6)
+    assert delete.topic_partitions == [3, 0] and delete.mutations == 3
+    assert conn.asked == 4  # once, twice more for both, then "nowhere" alone for the last try
+
+
+def test_a_topic_the_client_may_not_see_is_charged_nothing_whatever_the_proxy_learnt():
+    """Refused to the client (TOPIC_AUTHORIZATION_FAILED), its delete fails the same way: it changes nothing."""
+    clock = Clock()
+    policy = _policy(clock, controller_mutation_rate=100)
+    conn = LaggingBroker()
+    _through(policy, conn, _create_topics([2], version=7), _created, clock, 7)
+    conn.refused.add("t0")
+    delete = _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6)
+    assert delete.topic_partitions == [0] and conn.asked == 1  # and not asked again: it is no lag
