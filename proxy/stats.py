@@ -41,7 +41,7 @@ class Stats:
     """Counters bumped on the hot path; exported at scrape time."""
 
     __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "by_api",
-                 "connection_errors", "decisions", "passes", "connections_refused")
+                 "connection_errors", "decisions", "passes", "connections_refused", "connections_shed")
 
     def __init__(self) -> None:
         self.connections_total = 0
@@ -60,6 +60,8 @@ class Stats:
         before: 1.4k instructions a Produce with every quota)."""
         self.connections_refused: defaultdict[str, int] = defaultdict(int)
         """quotas.connections.Refusal.reason -> count."""
+        self.connections_shed: defaultdict[str, int] = defaultdict(int)
+        """quotas.connections.Shed.kind -> connections closed to make room for another address's."""
 
     def api(self, label: str) -> ApiCounters:
         """The counters of the API labelled ``label`` (created at first use)."""
