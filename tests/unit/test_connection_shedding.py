@@ -196,3 +196,85 @@ def test_over_a_lowered_limit_one_shed_is_not_room_and_nobody_is_shed():
     q.max_fds = 4  # a reload lowered it: the connections already open stay
     assert q.admit(Conn("10.0.0.1"), "10.0.0.1", 0).reason == "open_files"
     assert not q.take_shed() and q.fds == 6
+
+
+# -- the glue: the proxy closes what the policy shed, counts it, logs it rate-limited -----------------------------
+class _Transport:
+    """A client socket's transport, as far as admission and closing use it."""
+
+    def __init__(self, ip: str) -> None:
+        self.peer = (ip, 40000)
+        self.closed = False
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+def test_the_proxy_closes_shed_connections_counts_them_and_logs_one_line(caplog):
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from config.model import ProxyConfig
+    from proxy.server import Proxy
+
+    async def main():
+        proxy = Proxy(ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["127.0.0.1:9"]}}))
+        proxy.connection_quotas.max_fds = 4  # as if the open-file limit left four
+
+        def connect(ip: str) -> _Transport:
+            transport = _Transport(ip)
+            proxy._accept(None).connection_made(transport)
+            return transport
+
+        flood = [connect("127.0.0.2") for _ in range(6)]
+        normal = [connect("127.0.0.1") for _ in range(2)]
+        await asyncio.sleep(0)  # the closed connections' callbacks
+        return proxy, flood, normal
+
+    with caplog.at_level("WARNING", logger="proxy.server"):
+        proxy, flood, normal = asyncio.run(main())
+    assert [t.closed for t in flood] == [True, True, False, False, True, True]  # 2 shed (oldest), 2 refused
+    assert not any(t.closed for t in normal)
+    assert proxy.stats.connections_shed == {"never_spoke": 2}
+    assert proxy.stats.connections_refused == {"open_files": 2}
+    assert proxy.connection_quotas.fds == 4 and len(proxy.connections) == 4
+    lines = [r.getMessage() for r in caplog.records if "shed a connection" in r.getMessage()]
+    assert len(lines) == 1 and "127.0.0.2" in lines[0] and "127.0.0.1" in lines[0]
+    text = generate_latest(proxy.registry).decode()
+    assert 'ktp_connections_shed_total{kind="never_spoke"} 2.0' in text
+    assert 'ktp_connections_refused_total{reason="open_files"} 2.0' in text
+
+
+def test_a_first_request_the_proxy_has_no_broker_fd_for_closes_its_connection_uncounted():
+    import asyncio
+
+    from config.model import ProxyConfig
+    from proxy.server import Proxy
+
+    async def main():
+        proxy = Proxy(ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["127.0.0.1:9"]}}))
+        proxy.connection_quotas.max_fds = 1  # room for a client socket, none for its broker's
+        transport = _Transport("127.0.0.1")
+        client = proxy._accept(None)
+        client.connection_made(transport)
+        client.data_received(b"\x00\x00\x00\x0a")
+        await asyncio.sleep(0)
+        return proxy, transport
+
+    proxy, transport = asyncio.run(main())
+    assert transport.closed
+    assert proxy.stats.connections_refused == {"open_files": 1}
+    assert proxy.connection_quotas.fds == 0 and proxy.connection_quotas.total == 0 and not proxy.connections
