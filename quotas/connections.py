@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+import itertools
 import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -234,7 +235,7 @@ class ConnectionQuotas:
         budget = _IDLE_SEARCH
         for ip in biggest:
             spoken = self._addresses[ip].spoken
-            for key in list(spoken)[:budget]:
+            for key in list(itertools.islice(spoken, budget)):  # a copy: the loop moves them
                 if key is not exclude and self.is_idle(key, now_ms):
                     return key, ip, IDLE
                 del spoken[key]  # busy: to the end, so the next search starts with others

@@ -94,6 +94,22 @@ def test_busy_connections_are_not_shed_idle_ones_are_after_shed_idle_ms():
     assert q.fds == 7  # two freed, one taken
 
 
+def test_the_search_for_an_idle_connection_is_bounded_and_moves_on():
+    asked = []
+    q = ConnectionQuotas(max_fds=6000, is_idle=lambda c, now: asked.append(c) or c.last_active_ms < 0)
+    flood = fill(q, "10.0.0.2", 3000)
+    for c in flood:
+        assert q.spoke(c, 0) is None
+    flood[2500].last_active_ms = -1  # the one idle connection, far down the list
+    outcomes = []
+    for _ in range(3):
+        asked.clear()
+        outcomes.append(q.admit(Conn("10.0.0.1"), "10.0.0.1", 0))
+        assert len(asked) <= 1024  # making room never walks all of an address's connections
+    assert [r is None for r in outcomes] == [False, False, True]  # the third search starts where the others ended
+    assert [s.key for s in q.take_shed()] == [flood[2500]]
+
+
 def test_shedding_can_be_switched_off_and_then_refuses_as_kafka_does():
     q = quotas(max_fds=4, shed=False)
     fill(q, "10.0.0.2", 4)
