@@ -113,7 +113,8 @@ class Harness:
 
         services = Services(config, stats, Policy(config, stats), RequestBytesPool(1 << 28),
                             BrokerDirectory("127.0.0.1", None, no_listener), TopicIds(),
-                            decode_caps(DECODED_APIS), lambda ip: None, lambda ip: None)
+                            decode_caps(DECODED_APIS), lambda conn, ip: None, lambda conn: None,
+                            lambda conn: None)
         self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
         self.client, self.upstream = Transport(), Transport()
         self.conn.client.connection_made(self.client)

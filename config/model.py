@@ -337,7 +337,8 @@ class SaslConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    """Kafka's connection limits (``SocketServer.ConnectionQuotas``, KIP-612), at the proxy; unset = unlimited."""
+    """Kafka's connection limits (``SocketServer.ConnectionQuotas``, KIP-612), at the proxy; unset = unlimited,
+    except by the file descriptors the proxy's open-file limit leaves (always counted, shared by shedding)."""
 
     max_connections: int | None = Field(default=None, gt=0)
     """Kafka's max.connections: client connections open at once, proxy-wide."""
@@ -350,6 +351,15 @@ class LimitsConfig(_Strict):
     ip_connection_creation_rate: dict[str, float] = {}
     """KIP-612's connection_creation_rate quota on entity type ips: ip (or ``<default>``) -> new connections per
     second; also set through AlterClientQuotas (kafka-configs.sh --entity-type ips)."""
+    shed_when_full: bool = True
+    """When a new connection does not fit (under max_connections, or the file descriptors the open-file limit
+    leaves), close one of the address holding the most connections, if it holds at least two more than the
+    newcomer's: one that never spoke (oldest first), else one idle for shed_idle_ms. So one address holding
+    thousands of silent or idle connections cannot lock out the others. False: refuse the newcomer (Kafka's
+    behaviour)."""
+    shed_idle_ms: int = Field(default=30_000, gt=0)
+    """A connection that has spoken may be shed (shed_when_full) once it has had nothing in flight and no traffic
+    for this long; one that never spoke may be shed at any time (a Kafka client speaks first, at once)."""
 
     @field_validator("max_connections_per_ip_overrides")
     @classmethod

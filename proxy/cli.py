@@ -120,8 +120,8 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
 
 
 def _raise_fd_limit() -> None:
-    """Every client connection costs two file descriptors (client and broker socket): take the whole hard limit
-    the operator allows, not the small default soft limit a shell hands down."""
+    """Every client connection that speaks costs two file descriptors (client and broker socket): take the whole
+    hard limit the operator allows, not the small default soft limit a shell hands down."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         try:
@@ -130,7 +130,8 @@ def _raise_fd_limit() -> None:
             logging.getLogger(__name__).warning("cannot raise the open-file limit from %d to %s: %s", soft, hard, exc)
             return
         soft = hard
-    logging.getLogger(__name__).info("open-file limit: %s (about half as many client connections)", soft)
+    logging.getLogger(__name__).info("open-file limit: %s (a client connection holds one, two once it "
+                                     "speaks)", soft)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,8 +96,11 @@ class Services:
     topic_ids: TopicIds
     version_caps: dict[int, int]
     """A dict: compiled, the session's per-request ``get`` on it is then native."""
-    admit: Callable[[str], Refusal | None]
-    release: Callable[[str], None]
+    admit: Callable[[Connection, str], Refusal | None]
+    """A new connection from an ip: None to serve it (counted until ``release``), else why not."""
+    release: Callable[[Connection], None]
+    spoke: Callable[[Connection], Refusal | None]
+    """Its first bytes arrived: None when a broker connection (a second fd) may be made, else why not."""
     principal_mapper: PrincipalMapper | None = None
     upstream_ssl: ssl.SSLContext | None = None
 
@@ -198,7 +201,7 @@ class Connection:
         self._pool_waiter: _PoolWaiter | None = None  # queued for the request pool (protocol.frames.RequestBytesPool)
         self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
         self._connecting = False
-        self._admitted_ip: str | None = None  # counted by the connection limits until closed
+        self._admitted = False  # counted by the connection limits until closed (or shed)
         self._refused_timer: Any = None  # the loop's TimerHandle (uvloop's is its own class)
         now = monotonic()
         self.last_active: float = now
@@ -265,7 +268,7 @@ class Connection:
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         ip = str(peer[0]) if peer else "?"
-        refusal = self.services.admit(ip)
+        refusal = self.services.admit(self, ip)
         if refusal is not None:  # over a connection limit: never served, closed at once or after the throttle
             if refusal.close_after_ms > 0:
                 self.pause(self.client, "refused")
@@ -274,7 +277,7 @@ class Connection:
             else:
                 self.close()
             return
-        self._admitted_ip = ip
+        self._admitted = True
         if self.services.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
             try:
                 self.identity.tls_principal = peer_principal(
@@ -374,9 +377,9 @@ class Connection:
             self.services.stats.connection_errors[error_kind(reason)] += 1
         self.closed = True
         self.mute.cancel()
-        if self._admitted_ip is not None:
-            self.services.release(self._admitted_ip)
-            self._admitted_ip = None
+        if self._admitted:
+            self._admitted = False
+            self.services.release(self)
         if self._refused_timer is not None:
             self._refused_timer.cancel()
         if self._pool_waiter is not None:
@@ -406,6 +409,18 @@ class Connection:
             if side.transport is not None:
                 side.transport.abort()
 
+    def shed(self) -> None:
+        """Closed to make room for another address's connection: the limits no longer count it (the caller
+        logs and counts shedding, rate-limited; one line per connection would let a flood flood the log)."""
+        self._admitted = False
+        self.close()
+
+    def idle_for_shedding(self, now: float, min_idle_s: float) -> bool:
+        """Whether closing this connection loses nothing: nothing in flight, in the middle of arriving, or
+        streaming, and no traffic for ``min_idle_s`` (asked only when room must be made, never per request)."""
+        return (not self.closed and not self.inflight and self._requests.idle and not self._responses.streaming
+                and self._waiting is None and now - self.last_active >= min_idle_s)
+
     # -- requests: client → broker -----------------------------------------------------------------
     def requests_received(self, data: bytes) -> None:
         if self.closed or self._refused_timer is not None:
@@ -416,11 +431,15 @@ class Connection:
         if self.upstream.transport is None:
             # Kept (one chunk, and at most one more that raced the pause) and replayed once the broker
             # connection is up.
-            self._early.append(data)
-            self.pause(self.client, "connecting")
             if not self._connecting:
+                if self.services.spoke(self) is not None:  # no fd for a broker connection, none could be shed
+                    self._admitted = False  # no longer counted
+                    self.close()
+                    return
                 self._connecting = True
                 self._spawn(self._connect_upstream())
+            self._early.append(data)
+            self.pause(self.client, "connecting")
             return
         reader = self._requests
         try:

@@ -77,6 +77,11 @@ class _Collector:
         for api, n in list(s.protected_refusals.items()):
             own.add_metric([api], n)
         yield own
+        shed = CounterMetricFamily("ktp_connections_shed", "Connections closed to make room for another address's "
+                                   "(shed_when_full), by kind", labels=["kind"])
+        for kind, n in list(s.connections_shed.items()):
+            shed.add_metric([kind], n)
+        yield shed
         for name, (doc, value) in self.gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)
         d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",

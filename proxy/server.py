@@ -27,7 +27,7 @@ from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
-from quotas.connections import ConnectionQuotas, Refusal
+from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,28 @@ DECODED_APIS = frozenset({
 })
 
 
-def _fd_bound_connections() -> int:
+def _fd_budget() -> int:
+    """File descriptors client connections may hold: the open-file limit less 200 kept for listeners, log files,
+    metrics and discovery. Counted as used (``ConnectionQuotas.max_fds``): one per client socket, one more per
+    broker connection, made when the client first speaks."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 2**31 - 1
-    return max((soft - 200) // 2, 1)  # 200 kept for listeners, log files, metrics and discovery
+    return max(soft - 200, 2)
+
+
+def _line_due(table: dict[str, list[float]], key: str, every_s: float = 10) -> int | None:
+    """One more event of ``key``: how many others came since its last log line when a line is due now (at most one
+    every ``every_s``, so a flood cannot flood the log), else None. ``table``: key -> [last line (monotonic s),
+    events since]."""
+    now = time.monotonic()
+    last = table.setdefault(key, [0.0, 0])
+    if now - last[0] >= every_s:
+        since = int(last[1])
+        last[0], last[1] = now, 0
+        return since
+    last[1] += 1
+    return None
 
 
 class Proxy:
@@ -71,8 +88,9 @@ class Proxy:
         self._configure_limits(config)
         self.services = Services(config, self.stats, self.policy, self.request_pool, self.directory, self.topic_ids,
                                  self.version_caps, self.admit_connection, self.connection_quotas.closed,
-                                 self.principal_mapper, self.upstream_ssl)
+                                 self.connection_spoke, self.principal_mapper, self.upstream_ssl)
         self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
+        self._sheds: dict[str, list[float]] = {}  # kind -> [last logged (monotonic s), shed since]
         self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
                                               self.policy.decision_log_stats, self._gauges)
         self.metrics_port: int | None = None
@@ -180,28 +198,57 @@ class Proxy:
     def _configure_limits(self, config: ProxyConfig) -> None:
         lim = config.limits
         q = self.connection_quotas
-        # Unset, max_connections still stops short of running out of file descriptors (two per client: its
-        # socket and its broker's), so an fd flood is refused with a line and a metric, never a silent reset.
-        q.max_connections = lim.max_connections or _fd_bound_connections()
+        # Whatever max_connections says, connections stop short of running out of file descriptors, so an fd
+        # flood is refused (or shed) with a line and a metric, never a silent reset.
+        q.max_connections = lim.max_connections
+        q.max_fds = _fd_budget()
+        q.shed = lim.shed_when_full
+        idle_s = lim.shed_idle_ms / 1000
+        q.is_idle = lambda conn, now_ms: conn.idle_for_shedding(now_ms / 1000, idle_s)
         q.max_per_ip = lim.max_connections_per_ip
         q.per_ip_overrides = dict(lim.max_connections_per_ip_overrides)
         q.max_creation_rate = lim.max_connection_creation_rate
         q.ip_rate = self.policy.ip_quotas.rate
 
-    def admit_connection(self, ip: str) -> Refusal | None:
-        """A new client connection from ``ip``: None to serve it, else why not (counted, and logged at most once
-        per reason every 10 s with the number refused meanwhile, so a flood cannot flood the log)."""
-        refusal = self.connection_quotas.admit(ip, round(time.monotonic() * 1000))
+    def admit_connection(self, conn: Connection, ip: str) -> Refusal | None:
+        """A new client connection from ``ip``: None to serve it (closing what was shed to make room), else why
+        not (counted, and logged at most once per reason every 10 s with the number refused meanwhile, so a
+        flood cannot flood the log)."""
+        refusal = self.connection_quotas.admit(conn, ip, round(time.monotonic() * 1000))
+        self._close_shed()
         if refusal is not None:
-            self.stats.connections_refused[refusal.reason] += 1
-            now = time.monotonic()
-            last = self._refusals.setdefault(refusal.reason, [0.0, 0])
-            last[1] += 1
-            if now - last[0] >= 10:
-                more = f" ({last[1] - 1} more refused since the last such line)" if last[1] > 1 else ""
-                log.warning("refused a connection from %s: %s%s", ip, refusal.detail, more)
-                last[0], last[1] = now, 0
+            self._refused(ip, refusal)
         return refusal
+
+    def connection_spoke(self, conn: Connection) -> Refusal | None:
+        """``conn`` sent its first bytes: None if its broker connection may take a file descriptor."""
+        refusal = self.connection_quotas.spoke(conn, round(time.monotonic() * 1000))
+        self._close_shed()
+        if refusal is not None:
+            self._refused(conn.peer, refusal)
+        return refusal
+
+    def _refused(self, who: str, refusal: Refusal) -> None:
+        self.stats.connections_refused[refusal.reason] += 1
+        since = _line_due(self._refusals, refusal.reason)
+        if since is not None:
+            more = f" ({since} more refused since the last such line)" if since else ""
+            log.warning("refused a connection from %s: %s%s", who, refusal.detail, more)
+
+    def _close_shed(self) -> None:
+        """Close the connections the limits shed to make room: counted by kind, logged at most once per kind
+        every 10 s with the number shed meanwhile."""
+        for shed in self.connection_quotas.take_shed():
+            if isinstance(shed.key, Connection):  # always, here: the keys are the connections admitted
+                shed.key.shed()
+            self.stats.connections_shed[shed.kind] += 1
+            since = _line_due(self._sheds, shed.kind)
+            if since is not None:
+                more = f" ({since} more shed since the last such line)" if since else ""
+                what = "that never spoke" if shed.kind == NEVER_SPOKE else "idle past shed_idle_ms"
+                log.warning("shed a connection %s from %s (%d still open from it, the most of any address) to make "
+                            "room for one from %s: out of connections or file descriptors%s", what, shed.ip,
+                            shed.held, shed.for_ip, more)
 
     def _forget(self, conn: Connection) -> None:
         """A closed connection: its last summary (traffic since the previous one would be lost otherwise)."""

@@ -41,7 +41,8 @@ class Stats:
     """Counters bumped on the hot path; exported at scrape time."""
 
     __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "by_api",
-                 "connection_errors", "decisions", "passes", "connections_refused", "protected_refusals")
+                 "connection_errors", "decisions", "passes", "connections_refused", "protected_refusals",
+                 "connections_shed")
 
     def __init__(self) -> None:
         self.connections_total = 0
@@ -62,6 +63,8 @@ class Stats:
         """quotas.connections.Refusal.reason -> count."""
         self.protected_refusals: defaultdict[str, int] = defaultdict(int)
         """``protocol.apis.api_label`` -> requests that named the proxy's own topics (``protocol.topic_guard``)."""
+        self.connections_shed: defaultdict[str, int] = defaultdict(int)
+        """quotas.connections.Shed.kind -> connections closed to make room for another address's."""
 
     def api(self, label: str) -> ApiCounters:
         """The counters of the API labelled ``label`` (created at first use)."""

@@ -1,4 +1,5 @@
-"""Kafka's connection limits (``ConnectionQuotas``) and the KIP-612 connection creation rate, as pure policy.
+"""Kafka's connection limits (``ConnectionQuotas``) and the KIP-612 connection creation rate, as pure policy; and
+the proxy's own file-descriptor budget, shared so that no address can lock out the others.
 
 Why here: a client that opens connections without end exhausts the proxy's file descriptors and, through it, the
 brokers' (every client connection the proxy serves becomes a broker connection): the broker's own limits must
@@ -15,6 +16,23 @@ What is matched (Kafka ``SocketServer.ConnectionQuotas``, KIP-612):
   a connection that exceeds it is not served and is closed after the throttle time, as Kafka's acceptor does
   (``ConnectionThrottledException``: the socket is closed once the throttle has passed), so a client that
   reconnects at once is slowed down rather than spinning.
+
+The proxy's own (no Kafka setting): ``max_fds``, the file descriptors connections may hold, counted as they are
+really used. A client that has not spoken yet holds one (its socket: the broker connection is made on its first
+bytes); one that spoke holds two. Counting two for every connection, as the proxy did, handed the whole budget to
+whoever opened the most silent sockets, at half what they really cost.
+
+Shedding (``shed``, on by default), after Envoy's overload manager (under resource pressure, close what costs
+least to lose) and HAProxy's per-source limits (one source cannot take what is meant for all): when a new
+connection does not fit under ``max_connections`` or ``max_fds``, and the address holding the most connections
+holds at least two more than the newcomer's address, one of its connections is closed to make room: one that
+never spoke (oldest first), else one that spoke but has had nothing in flight for a while (``is_idle``). Only
+the biggest address is ever shed, and never below the newcomer's count, so shedding moves towards an equal
+share and two addresses cannot shed each other back and forth; a flood from one address then costs that address
+its own silent connections, and everybody else still gets in. Kafka itself closes a connection to make room in
+one case (KIP-402: the inter-broker listener, when the broker-wide limit is reached, takes the least recently
+used connection of another listener); this does it for every address.
+
 Counts and rates are kept only for IPs with a live connection or an ip quota, and per-IP rate state is capped.
 """
 
@@ -22,13 +40,20 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from quotas.rate import SampledRate, byte_rate_throttle_ms
 
 DEFAULT_IP = "<default>"
+
+NEVER_SPOKE = "never_spoke"
+IDLE = "idle"
+_IDLE_SEARCH = 1024
+"""Connections that spoke looked at per search for an idle one (the rest are looked at by later searches: those
+looked at go to the end), so that making room costs a bounded time however many an address holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,35 +62,87 @@ class Refusal:
 
     reason: str
     """One of ``max_connections``, ``max_connections_per_ip``, ``connection_creation_rate`` (proxy-wide),
-    ``ip_connection_rate``: a fixed vocabulary, used as a metric label."""
+    ``ip_connection_rate``, ``open_files`` (``max_fds``): a fixed vocabulary, used as a metric label."""
     detail: str
     close_after_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """A connection the policy has dropped from its counts to make room: the caller must close it."""
+
+    key: Hashable
+    ip: str
+    kind: str
+    """``never_spoke`` or ``idle``: a fixed vocabulary, used as a metric label."""
+    held: int
+    """Connections its address still holds, after this one."""
+    for_ip: str
+    """The address room was made for."""
+
+
+def _fds_of(victim: tuple[Hashable, str, str]) -> int:
+    """What shedding ``victim`` frees: one fd if it never spoke, two (with its broker connection) if it did."""
+    return 1 if victim[2] == NEVER_SPOKE else 2
+
+
+class _Address:
+    """One address's live connections, each in admission order (the oldest is shed first)."""
+
+    __slots__ = ("quiet", "spoken")
+
+    def __init__(self) -> None:
+        self.quiet: dict[Hashable, None] = {}
+        """Connections that never spoke (one fd each)."""
+        self.spoken: dict[Hashable, None] = {}
+        """Connections that spoke (two fds each); examined busy ones are moved to the end."""
+
+    def __len__(self) -> int:
+        return len(self.quiet) + len(self.spoken)
 
 
 class ConnectionQuotas:
     def __init__(self, max_connections: int | None = None, max_per_ip: int | None = None,
                  per_ip_overrides: Mapping[str, int] | None = None, max_creation_rate: float | None = None,
                  ip_rate: Callable[[str], float | None] = lambda ip: None, samples: int = 11,
-                 window_ms: int = 1000, max_ip_rates: int = 10_000) -> None:
+                 window_ms: int = 1000, max_ip_rates: int = 10_000, max_fds: int | None = None,
+                 shed: bool = True, is_idle: Callable[[Hashable, int], bool] = lambda key, now_ms: False) -> None:
         """``ip_rate(ip)``: the ``connection_creation_rate`` quota that applies to ``ip`` (its own, else the
-        ``<default>`` ip's), None for none."""
+        ``<default>`` ip's), None for none. ``is_idle(key, now_ms)``: whether a connection that spoke may be shed
+        (nothing in flight, quiet long enough); asked only when room must be made."""
         self.max_connections = max_connections
         self.max_per_ip = max_per_ip
         self.per_ip_overrides = dict(per_ip_overrides or {})
         self.max_creation_rate = max_creation_rate
         self.ip_rate = ip_rate
+        self.max_fds = max_fds
+        self.shed = shed
+        self.is_idle = is_idle
         self._samples, self._window_ms, self._max_ip_rates = samples, window_ms, max_ip_rates
         self.total = 0
-        self._per_ip: dict[str, int] = {}
+        self.fds = 0
+        """File descriptors the live connections hold: one each, two once spoken."""
+        self._conns: dict[Hashable, str] = {}  # key -> its ip
+        self._addresses: dict[str, _Address] = {}
+        # Addresses by connection count, and the largest count: the biggest address in O(1), whatever the
+        # number of addresses (a scan of every address per admission would be the flood's lever).
+        self._by_count: dict[int, dict[str, None]] = {}
+        self._max_count = 0
+        self._shed: list[Shed] = []
         self._rate = SampledRate(samples, window_ms)
         self._ip_rates: dict[str, tuple[SampledRate, list[int]]] = {}  # ip -> (rate, [last used ms])
 
-    def admit(self, ip: str, now_ms: int) -> Refusal | None:
-        """A new connection from ``ip``: None when it may be served (it is then counted until :meth:`closed`)."""
-        if self.max_connections is not None and self.total >= self.max_connections:
-            return Refusal("max_connections", f"{self.total} connections open (max_connections)")
+    # -- admission ---------------------------------------------------------------------------------
+    def admit(self, key: Hashable, ip: str, now_ms: int) -> Refusal | None:
+        """A new connection ``key`` from ``ip``: None when it may be served (it is then counted until
+        :meth:`closed`); connections shed to make room for it are then in :meth:`take_shed`."""
+        victim: tuple[Hashable, str, str] | None = None
+        if self._full(1, 1):
+            victim = self._victim(ip, now_ms, admitting=True)
+            if victim is None or self._full(0, 1 - _fds_of(victim)):  # one shed must be enough
+                return self._full_refusal()
         limit = self.per_ip_overrides.get(ip, self.max_per_ip)
-        n = self._per_ip.get(ip, 0)
+        n = self.per_ip(ip)
         if limit is not None and n >= limit:
             return Refusal("max_connections_per_ip", f"{n} connections from {ip} open (max_connections_per_ip)")
         if self.max_creation_rate is not None:
@@ -84,19 +161,125 @@ class ConnectionQuotas:
                 return Refusal("ip_connection_rate",
                                f"{observed:.1f} new connections/s from {ip} (connection_creation_rate {quota:g})",
                                throttle)
+        if victim is not None:  # only now: a newcomer refused for another reason costs nobody a connection
+            self._drop(victim, ip)
+        self._conns[key] = ip
+        address = self._addresses.get(ip)
+        if address is None:
+            address = self._addresses[ip] = _Address()
+        self._move(ip, len(address), len(address) + 1)
+        address.quiet[key] = None
         self.total += 1
-        self._per_ip[ip] = n + 1
+        self.fds += 1
         return None
 
-    def closed(self, ip: str) -> None:
-        """A connection :meth:`admit` let in has closed."""
-        self.total -= 1
-        n = self._per_ip.get(ip, 0) - 1
-        if n > 0:
-            self._per_ip[ip] = n
-        else:
-            self._per_ip.pop(ip, None)
+    def spoke(self, key: Hashable, now_ms: int) -> Refusal | None:
+        """Connection ``key`` sent its first bytes: its broker connection needs a second fd. None when it may
+        have one; else it is no longer counted and must be closed (nothing could be shed for it)."""
+        ip = self._conns.get(key)
+        if ip is None:
+            return None  # not counted (shed meanwhile, or never admitted): nothing to account
+        address = self._addresses[ip]
+        if key not in address.quiet:
+            return None  # spoke before
+        if self.max_fds is not None and self.fds + 1 > self.max_fds:
+            victim = self._victim(ip, now_ms, admitting=False, exclude=key)
+            if victim is None or self.fds + 1 - _fds_of(victim) > self.max_fds:
+                self._forget(key)
+                return Refusal("open_files", f"{self.fds} of {self.max_fds} file descriptors held by connections, "
+                                             f"none can be shed for a broker connection (open-file limit)")
+            self._drop(victim, ip)
+        del address.quiet[key]
+        address.spoken[key] = None
+        self.fds += 1
+        return None
 
+    def closed(self, key: Hashable) -> None:
+        """Connection ``key``, admitted, has closed (a key no longer counted, e.g. shed, is ignored)."""
+        if key in self._conns:
+            self._forget(key)
+
+    def take_shed(self) -> list[Shed]:
+        """The connections shed since the last call, for the caller to close."""
+        out, self._shed = self._shed, []
+        return out
+
+    # -- capacity and victims ----------------------------------------------------------------------
+    def _full(self, more_connections: int, more_fds: int) -> bool:
+        return ((self.max_connections is not None and self.total + more_connections > self.max_connections)
+                or (self.max_fds is not None and self.fds + more_fds > self.max_fds))
+
+    def _full_refusal(self) -> Refusal:
+        if self.max_connections is not None and self.total >= self.max_connections:
+            return Refusal("max_connections", f"{self.total} connections open (max_connections)")
+        return Refusal("open_files", f"{self.fds} of {self.max_fds} file descriptors held by {self.total} "
+                                     f"connections (open-file limit)")
+
+    def _victim(self, for_ip: str, now_ms: int, admitting: bool,
+                exclude: Hashable = None) -> tuple[Hashable, str, str] | None:
+        """A connection of the biggest address to close for one of ``for_ip`` (key, ip, kind), None for none;
+        never ``exclude``. Admitting, the biggest must hold two more than ``for_ip`` (after the shed it still
+        holds at least as many): an address never sheds another for its own growth unless that one holds more.
+        For a broker connection (not ``admitting``) the count does not change; any biggest address may give,
+        ``for_ip`` included."""
+        if not self.shed:
+            return None
+        top = self._max_count
+        if top == 0 or (admitting and top < self.per_ip(for_ip) + 2):
+            return None
+        biggest = self._by_count.get(top, {})
+        for ip in biggest:
+            for key in self._addresses[ip].quiet:  # the oldest first; at most two looked at
+                if key is not exclude:
+                    return key, ip, NEVER_SPOKE
+        budget = _IDLE_SEARCH
+        for ip in biggest:
+            spoken = self._addresses[ip].spoken
+            for key in list(itertools.islice(spoken, budget)):  # a copy: the loop moves them
+                if key is not exclude and self.is_idle(key, now_ms):
+                    return key, ip, IDLE
+                del spoken[key]  # busy: to the end, so the next search starts with others
+                spoken[key] = None
+                budget -= 1
+            if budget <= 0:
+                break
+        return None
+
+    def _drop(self, victim: tuple[Hashable, str, str], for_ip: str) -> None:
+        key, ip, kind = victim
+        self._forget(key)
+        self._shed.append(Shed(key, ip, kind, self.per_ip(ip), for_ip))
+
+    def _forget(self, key: Hashable) -> None:
+        ip = self._conns.pop(key)
+        address = self._addresses[ip]
+        if key in address.quiet:
+            del address.quiet[key]
+            self.fds -= 1
+        else:
+            del address.spoken[key]
+            self.fds -= 2
+        self.total -= 1
+        n = len(address)
+        self._move(ip, n + 1, n)
+        if not n:
+            del self._addresses[ip]
+
+    def _move(self, ip: str, old: int, new: int) -> None:
+        """``ip``'s connection count went from ``old`` to ``new`` (one apart): keep the count index."""
+        if old:
+            bucket = self._by_count[old]
+            del bucket[ip]
+            if not bucket:
+                del self._by_count[old]
+        if new:
+            self._by_count.setdefault(new, {})[ip] = None
+        if new > self._max_count:
+            self._max_count = new
+        elif old == self._max_count and old not in self._by_count:
+            self._max_count = new  # the last address at the top went down by one
+
+    # -- rates -------------------------------------------------------------------------------------
     def _ip_rate_for(self, ip: str, now_ms: int) -> SampledRate:
         entry = self._ip_rates.get(ip)
         if entry is None:
@@ -114,7 +297,12 @@ class ConnectionQuotas:
             del self._ip_rates[ip]
 
     def per_ip(self, ip: str) -> int:
-        return self._per_ip.get(ip, 0)
+        address = self._addresses.get(ip)
+        return len(address) if address is not None else 0
+
+    def addresses(self) -> int:
+        """Addresses with a live connection (what the per-address state costs)."""
+        return len(self._addresses)
 
 
 CONNECTION_CREATION_RATE = "connection_creation_rate"

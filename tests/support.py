@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -22,8 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 class ProxyProcess:
     """``kafka-throttle-proxy run`` in a subprocess, on free ports, logging to a file."""
 
-    def __init__(self, workdir: Path, bootstrap_servers: str, extra: dict | None = None, name: str = "proxy"):
+    def __init__(self, workdir: Path, bootstrap_servers: str, extra: dict | None = None, name: str = "proxy",
+                 fd_limit: int | None = None):
+        """``fd_limit``: the proxy's open-file limit (soft and hard, so it cannot raise it), else this process's."""
         self.workdir = workdir
+        self.fd_limit = fd_limit
         self.config_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
         doc = {
@@ -47,6 +51,7 @@ class ProxyProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "run", "-c", str(self.config_path)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=None if self.fd_limit is None else self._limit_fds,
         )
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
@@ -56,6 +61,10 @@ class ProxyProcess:
             raise RuntimeError(f"proxy did not start: {line!r}\n{self.log()}")
         self.bootstrap = m.group(1)
         return self
+
+    def _limit_fds(self) -> None:
+        """In the child, before exec: lowering a hard limit needs no privilege, raising it back would."""
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     @property
     def port(self) -> int:

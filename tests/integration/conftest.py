@@ -43,10 +43,11 @@ def fresh_proxy(cluster, tmp_path: Path):
     """A proxy of the test's own, for tests that stop or break it."""
     procs: list[ProxyProcess] = []
 
-    def make(sasl: bool = False, **extra) -> ProxyProcess:
-        """``extra``: dotted config keys, e.g. ``**{"quotas.enforce": False}``; ``sasl``: front the SASL listener."""
+    def make(sasl: bool = False, fd_limit: int | None = None, **extra) -> ProxyProcess:
+        """``extra``: dotted config keys, e.g. ``**{"quotas.enforce": False}``; ``sasl``: front the SASL listener;
+        ``fd_limit``: the proxy's open-file limit (else it inherits this process's)."""
         upstream = cluster.sasl_bootstrap if sasl else cluster.bootstrap
-        p = ProxyProcess(tmp_path, upstream, extra, name=f"proxy{len(procs)}").start()
+        p = ProxyProcess(tmp_path, upstream, extra, name=f"proxy{len(procs)}", fd_limit=fd_limit).start()
         procs.append(p)
         return p
 
