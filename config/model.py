@@ -191,7 +191,7 @@ class QuotaConfig(_Strict):
     byte rates and the request quota are paced by a token bucket holding ``smooth_burst_seconds`` of quota; a
     Produce that would overdraw it waits, unread and with nothing behind it read, until it is affordable (then
     goes through with no throttle left to serve), and a Fetch asks the broker for at most what the bucket holds.
-    The same long-run rate, without the bursts and the long silences (README, Enforcement modes)."""
+    The same long-run rate, without the bursts and the long silences (docs/quotas.md, Enforcement modes)."""
     smooth_burst_seconds: float = Field(default=0.1, gt=0, le=60)
     """With ``enforcement: smooth``: the bucket's size, in seconds of quota (the largest burst a tenant gets)."""
     scope: Literal["broker", "cluster", "fleet"] = "broker"
@@ -280,7 +280,7 @@ class FleetConfig(_Strict):
     member: str | None = Field(default=None, max_length=200)
     """This member's id in reports and logs; unset = host-pid."""
     sync_interval_ms: int = Field(default=250, ge=20, le=10_000)
-    """How often usage is published; the enforcement error grows with it (README, Running several instances)."""
+    """How often usage is published; the enforcement error grows with it (docs/fleet.md, the enforcement error)."""
     bootstrap_servers: list[str] | None = None
     """Where the fleet topic lives; unset = upstream.bootstrap_servers (the cluster the proxy fronts)."""
     client: dict[str, str | int | bool] = {}
@@ -417,7 +417,7 @@ class ProxyConfig(_Strict):
     workers: int = Field(default=1, ge=1, le=64)
     """Proxy processes on this host sharing every listener port (SO_REUSEPORT), each accepting its share of new
     connections: one process is one core. Needs fixed ports (a client told broker 2 is at port P must find it at
-    P whichever process answers). Each process enforces quotas on the connections it holds (see README)."""
+    P whichever process answers). Each process enforces quotas on the connections it holds (docs/fleet.md)."""
 
     @model_validator(mode="after")
     def _fleet_named(self):
@@ -425,7 +425,7 @@ class ProxyConfig(_Strict):
             raise ValueError("quotas.scope fleet needs fleet.name (the members that share usage)")
         if self.quotas.scope == "fleet" and self.fleet.secret() is None:
             raise ValueError("quotas.scope fleet needs fleet.secret_file or fleet.secret_env: the members "
-                             "authenticate each other's records with it (README, A fleet)")
+                             "authenticate each other's records with it (docs/fleet.md)")
         return self
 
     @model_validator(mode="after")

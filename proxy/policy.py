@@ -5,7 +5,7 @@ Every request frame passes through :meth:`Policy.on_request`; the response to ev
 synchronously, except when the cluster must be asked first (current partition counts for KIP-599): then the
 connection defers this request, and the ones behind it, until the answer is in.
 
-What is charged where (see README "Quotas" for the why):
+What is charged where (see docs/quotas.md for the why):
 - Produce: the request size (header + body) to ``producer_byte_rate`` when the request arrives; new producer
   ids to ``producer_ids_rate``. The data is always forwarded; acks=0 is muted at once (no response comes).
 - Fetch: the response size to ``consumer_byte_rate`` when the response arrives; the data is delivered, the

@@ -13,7 +13,7 @@ environment); this module only supervises them:
   meet the same error.
 
 What the workers share is the kernel's listening sockets and, through ``quotas.state_file``, the quotas
-altered through the proxy; each enforces quotas on the connections it holds (README, "Running several
+altered through the proxy; each enforces quotas on the connections it holds (docs/fleet.md, "Running several
 instances").
 """
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import uvloop
 
 from config.load import ConfigError, load_config
+from proxy import build_info
 from proxy.server import Proxy
 from tests.harness import KafkaCluster
 from tests.harness.kafka_dist import DEFAULT_KAFKA_VERSION, cache_root, ensure_kafka
@@ -120,6 +121,7 @@ async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
 async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
     config = _config(path, bootstrap, port)
     quota = _demo_quota(config) if demo_seconds is not None else 0.0
+    logging.getLogger(__name__).info("%s", build_info.describe())  # which build runs, as `run` says it
     proxy = Proxy(config)
     await proxy.start()
     print(f"\nKafka is at {bootstrap} (do not use it directly).\n"
