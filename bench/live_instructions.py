@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import re
 import shutil
@@ -144,6 +145,7 @@ def main() -> None:
     ap.add_argument("--java", type=int, metavar="RECORDS",
                     help="count a producer-perf-test run of RECORDS records at 2,000/s instead (per request)")
     ap.add_argument("--keep", help="directory to keep the callgrind files in")
+    ap.add_argument("--json", metavar="FILE", help="also write the per-request counts, by side, as JSON")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ktp-live-cg-"))
     results = {}
@@ -164,6 +166,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print_table(results, "instructions per request, Java producer at 2,000 records/s" if args.java
                 else "instructions per live Produce round trip")
+    if args.json:
+        Path(args.json).write_text(json.dumps({side: round(n) for side, n in results.items()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
