@@ -53,6 +53,28 @@ _SIZE: Final = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
 
+class Pause:
+    """Why one side of a connection is not read. A side keeps the set of reasons that hold it and is read again
+    when the set is empty; each reason is set and cleared by the one event named here."""
+
+    CONNECTING: Final = "connecting"
+    """The broker connection is being made: the client's first bytes wait for it."""
+    MEMORY: Final = "memory"
+    """``queued_max_request_bytes`` is spent: a large frame waits until earlier ones were forwarded."""
+    DECIDING: Final = "deciding"
+    """The policy asks the cluster, or holds a request (a pacing wait, a KIP-936 hold), before deciding."""
+    SASL_HANDSHAKE: Final = "sasl-handshake"
+    """A SaslHandshake v0 is unanswered: whether raw tokens follow depends on its answer."""
+    MUTED: Final = "muted"
+    """A throttle is being served (``mute/``)."""
+    BACKPRESSURE: Final = "backpressure"
+    """The other side's write buffer is above its high-water mark."""
+    TURN: Final = "turn"
+    """``FRAMES_PER_TURN`` requests of one read were handled: the rest waits for the loop's next turn."""
+    NEW_LISTENER: Final = "new-listener"
+    """A response names a broker the proxy has no listener for yet: the broker side waits until it has one."""
+
+
 class Request:
     """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from config.model import ProxyConfig
 from mute import ChannelMute
@@ -43,10 +43,10 @@ from protocol.frames import (
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.inflight import Pending, expects_response
 from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule, PrincipalMapper
-from protocol.session import RAW, Request, Session
+from protocol.session import RAW, Pause, Request, Session
 from protocol.text import printable
 from proxy.brokers import BrokerDirectory
-from proxy.policy import Decision, Policy
+from proxy.policy import Decision, Policy, Verdict
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
 from proxy.stats import ApiCounters, Stats
 from proxy.tls import peer_principal
@@ -129,10 +129,10 @@ class _Side(asyncio.BaseProtocol):
         self.conn.side_closed(self, eof=False)
 
     def pause_writing(self) -> None:
-        self.conn.pause(self.conn.other(self), "backpressure")
+        self.conn.pause(self.conn.other(self), Pause.BACKPRESSURE)
 
     def resume_writing(self) -> None:
-        self.conn.resume(self.conn.other(self), "backpressure")
+        self.conn.resume(self.conn.other(self), Pause.BACKPRESSURE)
 
 
 class _ClientSide(_Side, asyncio.Protocol):
@@ -227,7 +227,7 @@ class Connection:
         # Every attribute is annotated: compiled (mypyc), an attribute holds only its declared type, and one
         # inferred from a first ``None`` would refuse what the policy stores later.
         self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
-        self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, "muted"), self._unmuted)
+        self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
         self._waiting: tuple[Defer, bytes] | None = None  # a deferred request whose decision waits out a mute
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
@@ -253,7 +253,7 @@ class Connection:
             side.transport.resume_reading()
             if side is self.client and self._frame_since is not None:
                 self._frame_since = monotonic()  # time not read is not the client's slowness
-        if reason == "backpressure" and side is self.client:
+        if reason == Pause.BACKPRESSURE and side is self.client:
             self._release_requests()
 
     def _spawn(self, coro) -> None:
@@ -308,7 +308,7 @@ class Connection:
             early, self._early = self._early, []
             for data in early:
                 self.requests_received(data)
-            self.resume(self.client, "connecting")
+            self.resume(self.client, Pause.CONNECTING)
             return
         self.close(f"no broker reachable among {self._candidates_text()}")
 
@@ -439,7 +439,7 @@ class Connection:
                 self._connecting = True
                 self._spawn(self._connect_upstream())
             self._early.append(data)
-            self.pause(self.client, "connecting")
+            self.pause(self.client, Pause.CONNECTING)
             return
         reader = self._requests
         try:
@@ -452,7 +452,7 @@ class Connection:
         elif self._frame_since is None:
             self._frame_since = now
         if reader.waiting and self._pool_waiter is None:
-            self.pause(self.client, "memory")
+            self.pause(self.client, Pause.MEMORY)
             self._pool_waiter = self.services.request_pool.wait(reader.waiting, self._pool_granted)
         if self.session.holding_requests:
             self.session.hold_rest(frames)  # a read that raced the pause
@@ -469,13 +469,13 @@ class Connection:
     def _pool_resume(self) -> None:
         if self.closed:
             return
-        self.resume(self.client, "memory")
+        self.resume(self.client, Pause.MEMORY)
         self.requests_received(b"")
 
     def _release_requests(self) -> None:
         """Give the pool back the bytes of large frames once they are with the broker connection, not held
         in a write buffer above its high-water mark or in a queue of requests waiting here."""
-        if not self.session.holding_requests and "backpressure" not in self.client.pauses:
+        if not self.session.holding_requests and Pause.BACKPRESSURE not in self.client.pauses:
             self._requests.release_forwarded()
 
     def _process_requests(self, frames, now: float) -> None:
@@ -486,7 +486,7 @@ class Connection:
             for i, frame in enumerate(frames):
                 if i == FRAMES_PER_TURN:  # the rest in a later turn of the loop: other connections go first
                     session.hold_rest(frames[i:])
-                    self.pause(self.client, "turn")
+                    self.pause(self.client, Pause.TURN)
                     asyncio.get_running_loop().call_soon(self._next_turn)
                     break
                 item = self._on_request(frame, now)
@@ -495,7 +495,7 @@ class Connection:
                 if type(item) is Defer:
                     # Requests after this one wait, in order, until the policy has decided.
                     session.hold_rest(frames[i + 1:])
-                    self.pause(self.client, "deciding")
+                    self.pause(self.client, Pause.DECIDING)
                     self._start_decision(item, bytes(frame))
                     break
                 out.append(item)
@@ -506,7 +506,7 @@ class Connection:
                     # request depends on the broker's answer, so it waits for that answer.
                     session.hold_rest(frames[i + 1:])
                     if session.sasl_hold:
-                        self.pause(self.client, "sasl-handshake")
+                        self.pause(self.client, Pause.SASL_HANDSHAKE)
                     break
         except ProtocolError as exc:  # the client's bytes: one line, its connection only
             if out:
@@ -528,8 +528,8 @@ class Connection:
         them now (a throttle served, a decision or a SASL answer awaited), whose end releases them."""
         if self.closed:
             return
-        self.resume(self.client, "turn")
-        if self.mute.held or self.session.sasl_hold or "deciding" in self.client.pauses:
+        self.resume(self.client, Pause.TURN)
+        if self.mute.held or self.session.sasl_hold or Pause.DECIDING in self.client.pauses:
             return
         self._release_deferred()
 
@@ -551,25 +551,26 @@ class Connection:
         verdict = services.policy.on_request(self, header, request.frame, now)
         return self._apply(verdict, request, now)
 
-    def _apply(self, verdict, request: Request, now: float):
+    def _apply(self, verdict: Verdict, request: Request, now: float):
+        """Carry out the policy's verdict: what to write to the broker (the frame), None (answered here) or the
+        Defer to start."""
         session = self.session
-        kind = type(verdict)
-        if verdict is None or kind is Decision:  # the usual verdicts first: the others are interpreted classes,
-            if request.answered:  # whose names are looked up in a dict at each use
+        if verdict is None or type(verdict) is Decision:  # the usual verdicts first: the others are interpreted
+            if request.answered:  # classes, whose names are looked up in a dict at each use
                 session.forward(request, verdict, request.frame, now)
             elif verdict is not None:
                 self.services.policy.on_unanswered(self, verdict)
             return request.frame
-        if kind is Defer:
+        if type(verdict) is Defer:
             return verdict
-        if kind is Replace:
+        if type(verdict) is Replace:
             session.forward(request, verdict.decision, verdict.frame, now, whole=verdict.whole)
             return verdict.frame
-        if kind is Answer:  # released in order, once everything before it has been answered
+        if type(verdict) is Answer:  # released in order, once everything before it has been answered
             session.answer(request, verdict.decision, verdict.frame, now)
             self._flush_answers(now)
             return None
-        raise TypeError(f"the policy returned a {kind.__name__}, which is no verdict")
+        raise TypeError(f"the policy returned a {type(verdict).__name__}, which is no verdict")
 
     def _flush_answers(self, now: float) -> None:
         out: list = []
@@ -579,7 +580,7 @@ class Connection:
 
     async def _decide(self, defer: Defer, frame) -> None:
         try:
-            verdict = await defer.decide()
+            verdict = cast(Verdict, await defer.decide())
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
             self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}")
             return
@@ -592,7 +593,7 @@ class Connection:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:
             self.upstream.transport.write(item)
-        self.resume(self.client, "deciding")
+        self.resume(self.client, Pause.DECIDING)
         if self.mute.held:  # this request was charged over quota: the rest waits for its throttle
             return
         self._release_deferred()
@@ -616,7 +617,7 @@ class Connection:
     def _unmuted(self, hold_ended: bool) -> None:
         if self.closed:
             return
-        self.resume(self.client, "muted")
+        self.resume(self.client, Pause.MUTED)
         if self._waiting is not None:
             defer, frame = self._waiting
             self._waiting = None
@@ -629,7 +630,7 @@ class Connection:
         the client sent behind it can be read (put off to the loop: the answer itself goes out first)."""
         if self.closed:
             return
-        self.resume(self.client, "sasl-handshake")
+        self.resume(self.client, Pause.SASL_HANDSHAKE)
         if not self.mute.held:
             self._release_deferred()
 
@@ -829,7 +830,7 @@ class Connection:
             # A broker without a listener yet: hold this and later responses (order is kept) and
             # stop reading the broker until the listener is up.
             session.hold_responses()
-            self.pause(self.upstream, "new-listener")
+            self.pause(self.upstream, Pause.NEW_LISTENER)
             if out:
                 self.client.transport.writelines(out)
                 out.clear()
@@ -868,4 +869,4 @@ class Connection:
         self.client.transport.writelines(out)
         self._deliver(self.session.take_held_responses(), now)
         if self.session.held_responses is None:
-            self.resume(self.upstream, "new-listener")
+            self.resume(self.upstream, Pause.NEW_LISTENER)

@@ -257,6 +257,10 @@ class Decision:
             self.throttle_ms = throttle_ms if throttle_ms < MAX_THROTTLE_MS else MAX_THROTTLE_MS
 
 
+Verdict: TypeAlias = "Decision | Replace | Answer | Defer | None"
+"""Everything :meth:`Policy.on_request` may return (``proxy.verdicts``): the one type the connection executes."""
+
+
 class Policy:
     def __init__(self, config: ProxyConfig, stats: Stats, clock: Callable[[], float] = time.monotonic) -> None:
         self.stats = stats
@@ -356,7 +360,7 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float):
+    def on_request(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
         """Decide on one request: ``frame`` is the whole request frame, size prefix included (``bytes`` for all
         but large ones: the producer-id memo then reads it natively). Views of its body are made only where a
         body is walked: the usual request, charged by its size, needs none (a view and its slice were 1.1k
@@ -398,7 +402,8 @@ class Policy:
             logged[0], logged[1] = now, 0
         return refusal
 
-    def _refuse(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, refusal: Refusal, now: float):
+    def _refuse(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, refusal: Refusal,
+                now: float) -> Verdict:
         """Answer the protected topics' refusal here, or forward the rest of the request (charged as what it
         became) and merge the refusal into whatever answers it: the broker, or the policy itself."""
         if refusal.answer is not None:
@@ -408,8 +413,8 @@ class Policy:
         stripped = _SIZE.pack(len(head) + len(refusal.forward)) + head + refusal.forward
         return self._merged(conn, header, self._decide(conn, header, stripped, now), stripped, refusal.merge)
 
-    def _merged(self, conn: PolicyConnection, header: RequestHeader, verdict: object, frame: bytes,
-                merge: Callable[[memoryview], bytes]):
+    def _merged(self, conn: PolicyConnection, header: RequestHeader, verdict: Verdict, frame: bytes,
+                merge: Callable[[memoryview], bytes]) -> Verdict:
         """``verdict`` (for the stripped request ``frame``) with ``merge`` applied to its answer."""
         if type(verdict) is Defer:
             inner = verdict.decide
@@ -440,7 +445,7 @@ class Policy:
         held = bytes(frame)  # the client's chunk may be reused before the hold ends
         return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
 
-    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, frame: bytes):
+    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, frame: bytes) -> Verdict:
         """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
         return self._decide(conn, header, frame, self._clock())
@@ -498,7 +503,7 @@ class Policy:
         st.bound[key] = (client_id, b)
         return b
 
-    def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float):
+    def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
         key = header.api_key
         now_ms = _ms(now)
         client_id = header.client_id or ""
@@ -557,7 +562,7 @@ class Policy:
             return None
         return d
 
-    async def _paced(self, conn: PolicyConnection, d: Decision):
+    async def _paced(self, conn: PolicyConnection, d: Decision) -> Verdict:
         """A request held for its pacing wait (smooth enforcement), now affordable: it goes to the broker. A
         throttle of its own (KIP-936) still holds the reads behind it until served, as in ``_decide``."""
         if d.throttle_ms > 0:
@@ -648,7 +653,7 @@ class Policy:
     # ------------------------------------------------------------------------------------------ KIP-599
 
     def _mutation_request(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview,
-                          now_ms: int):
+                          now_ms: int) -> Verdict:
         tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
         if tracker is None:
             return d if d.later else None
@@ -807,7 +812,8 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: PolicyConnection, pending: Pending, frame, now: float, total: int | None = None):
+    def on_response(self, conn: PolicyConnection, pending: Pending, frame, now: float,
+                    total: int | None = None) -> list | None:
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream).
         ``now``: monotonic seconds when it was read (the connection reads the clock once a read)."""

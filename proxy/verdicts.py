@@ -5,8 +5,9 @@ never imports the connection (the connection holds the concrete ``proxy.policy.P
 called natively), and :class:`PolicyConnection` names the whole of what a policy may read or do to a connection
 (so a policy can be unit-tested against a plain object, without sockets).
 
-A verdict is one of: ``None`` (forward the frame, nothing to follow), a decision object (forward, and hand the
-response to ``on_response`` with it), :class:`Replace`, :class:`Answer`, or :class:`Defer`.
+A verdict (``proxy.policy.Verdict``, the one type the connection executes) is one of: ``None`` (forward the frame,
+nothing to follow), a decision object (forward, and hand the response to ``on_response`` with it),
+:class:`Replace`, :class:`Answer`, or :class:`Defer`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Defer:
     ``wait_s`` seconds during which the connection is muted (a KIP-936 hold)."""
 
     decide: Callable[[], Awaitable[object]]
+    """Gives a ``proxy.policy.Verdict`` (typed there: the policy's own Decision is one of them)."""
     wait_s: float = 0.0
 
     def __post_init__(self) -> None:

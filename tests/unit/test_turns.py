@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.produce_walk import Harness, _produce
+from protocol.session import Pause
 from proxy.connection import FRAMES_PER_TURN
 
 
@@ -26,13 +27,13 @@ def test_a_read_of_many_requests_is_handled_a_turn_at_a_time_in_order():
         h = Harness({})
         h.conn.client.data_received(b"".join(frames))  # one read holding every request
         forwarded = [_frames_in(h.upstream.written)]
-        assert "turn" in h.conn.client.pauses  # the rest waits, unread meanwhile
+        assert Pause.TURN in h.conn.client.pauses  # the rest waits, unread meanwhile
         while _frames_in(h.upstream.written) < count:
             await asyncio.sleep(0)  # one turn of the loop: other connections' callbacks would run here
             forwarded.append(_frames_in(h.upstream.written))
             assert len(forwarded) < 20
         assert b"".join(h.upstream.written) == b"".join(frames)  # every request once, in order
-        assert "turn" not in h.conn.client.pauses
+        assert Pause.TURN not in h.conn.client.pauses
         return forwarded
 
     forwarded = asyncio.run(run())
@@ -45,7 +46,7 @@ def test_a_few_requests_go_in_one_turn():
     async def run() -> int:
         h = Harness({})
         h.conn.client.data_received(b"".join(_produce(corr) for corr in range(1, 11)))
-        assert "turn" not in h.conn.client.pauses
+        assert Pause.TURN not in h.conn.client.pauses
         return _frames_in(h.upstream.written)
 
     assert asyncio.run(run()) == 10
