@@ -36,7 +36,10 @@ over the settled window, against 5/s. Load averages (1 min) are read before and 
 has two cores and is shared, so every figure here is as noisy as that load.
 
 Issue 30's target: with the flooder at its quota in smooth mode, the victim's settled p99 ≤ 1.5 × its p99 alone
-through the proxy (plus a few ms of scheduling noise on 2 cores).
+through the proxy (plus a few ms of scheduling noise on 2 cores). That reference pools the records of both alone
+phases through the proxy, before and after the floods: in the first full run one of them (473 ms, at load 17) was
+3.5 times the other (134 ms), and a ratio to either alone would say more about the neighbours than the quota.
+Phases straight to the cluster are also divided by alone-direct ("same path").
 """
 
 from __future__ import annotations
@@ -443,7 +446,8 @@ def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float,
             res.notes.append(f"flood produce errors {errs} ({first})")
         if m["errors"]:
             res.notes.append(f"mutation errors {m['errors']} ({m.get('first_error')})")
-        res.notes.append(f"mutation requests throttled {m['throttled']}")
+        if m["throttled"]:  # librdkafka's Create/DeleteTopics predate KIP-599's error: it is held by throttle_time
+            res.notes.append(f"THROTTLING_QUOTA_EXCEEDED answers {m['throttled']}")
         caught_up = _wait_replicated(cluster, flood_topic, assignment)
         res.notes.append("followers caught up " + (f"{caught_up:.0f} s after the flood" if caught_up is not None
                                                    else "NOT within 120 s after the flood"))
@@ -457,18 +461,39 @@ def _dir_bytes(d: Path) -> int:
     return log_bytes([d])
 
 
+def references(results: Sequence[Result]) -> dict[str, float]:
+    """The victim's p99 alone, per path: ``proxy`` pools the records of both alone-through-the-proxy phases (before
+    and after the floods), so one phase caught in a neighbour's load spike does not set every ratio; ``direct``
+    is alone-direct. A path without an alone phase has no entry."""
+    pooled = [x for r in results if r.phase in ("alone-proxy", "alone-proxy-again") for x in r.latencies_ms]
+    direct = [x for r in results if r.phase == "alone-direct" for x in r.latencies_ms]
+    out = {}
+    if pooled:
+        out["proxy"] = percentile(pooled, 99)
+    if direct:
+        out["direct"] = percentile(direct, 99)
+    return out
+
+
+def path_of(phase: str) -> str:
+    """Which path the victim took in a phase: straight to the cluster or through the proxy."""
+    return "direct" if phase in ("alone-direct", "flood-broker") else "proxy"
+
+
 def format_table(results: list[Result]) -> list[str]:
-    ref = next((r for r in results if r.phase == "alone-proxy" and r.latencies_ms), None)
-    lines = ["| phase | victim p50 ms | victim p99 ms | p99 / p99 alone via proxy | p99 ms, librdkafka's clock | "
-             "victim records | flooder 1-s slices / quota per broker: min / median / max | flooder MiB/s, 3 brokers | "
-             "mutations/s (quota 5 per broker) | load avg 1 min before → after | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    refs = references(results)
+    lines = ["| phase | victim p50 ms | victim p99 ms | p99 / alone via proxy (pooled) | p99 / alone, same path | "
+             "p99 ms, librdkafka's clock | victim records | flooder 1-s slices / quota, per broker: "
+             "min / median / max | flooder MiB/s, 3 brokers | mutations/s (quota 5 per broker) | "
+             "load avg 1 min before → after | notes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if not r.latencies_ms:
-            lines.append(f"| {LABELS[r.phase]} | – | – | – | – | 0 | – | – | – | "
+            lines.append(f"| {LABELS[r.phase]} | – | – | – | – | – | 0 | – | – | – | "
                          f"{r.load_before:.1f} → {r.load_after:.1f} | no settled records; {'; '.join(r.notes)} |")
             continue
-        ratio = f"{r.p99 / ref.p99:.2f}" if ref else "–"
+        ratio = f"{r.p99 / refs['proxy']:.2f}" if "proxy" in refs else "–"
+        same = f"{r.p99 / refs[path_of(r.phase)]:.2f}" if path_of(r.phase) in refs else "–"
         rdk = f"{percentile(r.rdk_latencies_ms, 99):.1f}" if r.rdk_latencies_ms else "–"
         sl = "–"
         if r.flood_slices:
@@ -476,27 +501,33 @@ def format_table(results: list[Result]) -> list[str]:
             sl = f"{a:.2f} / {b:.2f} / {c:.2f}"
         fl = f"{r.flood_mib_s:.1f}" if r.flood_mib_s is not None else "–"
         mu = f"{r.mutations_per_s:.1f}" if r.mutations_per_s is not None else "–"
-        lines.append(f"| {LABELS[r.phase]} | {r.p50:.1f} | {r.p99:.1f} | {ratio} | {rdk} | {len(r.latencies_ms):,} | "
-                     f"{sl} | {fl} | {mu} | {r.load_before:.1f} → {r.load_after:.1f} | {'; '.join(r.notes)} |")
+        lines.append(f"| {LABELS[r.phase]} | {r.p50:.1f} | {r.p99:.1f} | {ratio} | {same} | {rdk} | "
+                     f"{len(r.latencies_ms):,} | {sl} | {fl} | {mu} | {r.load_before:.1f} → {r.load_after:.1f} | "
+                     f"{'; '.join(r.notes)} |")
     return lines
 
 
 def target_lines(results: list[Result]) -> list[str]:
     """Issue 30's target, read off the table: smooth ≤ 1.5 × alone; kafka and the brokers' quotas for comparison."""
     by = {r.phase: r for r in results if r.latencies_ms}
-    ref = by.get("alone-proxy")
-    if ref is None:
+    refs = references(results)
+    if "proxy" not in refs:
         return ["(no alone-proxy phase: no ratios)"]
-    out = []
-    for phase in ("flood-smooth", "flood-kafka", "flood-broker", "flood-noquota", "alone-direct",
-                  "alone-proxy-again"):
+    ref = refs["proxy"]
+    each = ", ".join(f"{by[p].p99:.1f} ms ({p})" for p in ("alone-proxy", "alone-proxy-again") if p in by)
+    out = [f"- Reference: the victim's p99 alone through the proxy, both alone phases pooled: {ref:.1f} ms "
+           f"(each: {each})."]
+    for phase in ("flood-smooth", "flood-kafka", "flood-broker", "flood-noquota"):
         if phase in by:
             r = by[phase]
-            verdict = (" — target ≤ 1.5×: " + ("met" if r.p99 <= 1.5 * ref.p99 else
-                       "met within 3 ms of noise" if r.p99 <= 1.5 * ref.p99 + 3 else "NOT met")) \
+            verdict = (" — target ≤ 1.5×: " + ("met" if r.p99 <= 1.5 * ref else
+                       "met within 3 ms of noise" if r.p99 <= 1.5 * ref + 3 else "NOT met")) \
                 if phase == "flood-smooth" else ""
-            out.append(f"- {LABELS[phase]}: victim p99 {r.p99:.1f} ms = {r.p99 / ref.p99:.2f} × alone through the "
-                       f"proxy ({ref.p99:.1f} ms){verdict}")
+            same = path_of(phase)
+            extra = f"; {r.p99 / refs['direct']:.2f} × alone straight to the cluster ({refs['direct']:.1f} ms)" \
+                if same == "direct" and "direct" in refs else ""
+            out.append(f"- {LABELS[phase]}: victim p99 {r.p99:.1f} ms = {r.p99 / ref:.2f} × alone through the "
+                       f"proxy{extra}{verdict}")
     return out
 
 

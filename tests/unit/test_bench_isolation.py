@@ -76,3 +76,17 @@ def test_phases_run_in_canonical_order_and_typos_are_refused():
         parse_phases("alone-proxy,flood-smoth")
     with pytest.raises(ValueError):
         parse_phases(" , ")
+
+
+def test_the_proxy_reference_pools_both_alone_phases_and_direct_phases_compare_with_direct():
+    from bench.isolation import Result, path_of, references
+
+    before = Result("alone-proxy", latencies_ms=[1.0] * 99 + [500.0])  # a neighbour's spike in the first phase
+    after = Result("alone-proxy-again", latencies_ms=[1.0] * 100)
+    direct = Result("alone-direct", latencies_ms=[2.0] * 100)
+    refs = references([before, direct, Result("flood-smooth", latencies_ms=[9.0] * 100), after])
+    assert refs["proxy"] == pytest.approx(1.0)  # 1 spike in 200 records is not the p99
+    assert refs["direct"] == 2.0
+    assert references([direct]) == {"direct": 2.0}
+    assert path_of("flood-broker") == "direct" and path_of("alone-direct") == "direct"
+    assert path_of("flood-smooth") == "proxy" and path_of("alone-proxy-again") == "proxy"
