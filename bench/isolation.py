@@ -16,7 +16,8 @@ brokers little. Three brokers (tests.harness), one proxy, two client ids:
     2 MiB/s and controller_mutation_rate 5 (per broker, as Kafka means them: the proxy's default scope).
 
 Phases (each ``--seconds`` long; the first ``--settle`` seconds, while connections open and a windowed quota's
-first burst passes, are not counted; a fresh pair of topics each; a ``--cooldown`` pause after each flood):
+first burst passes, are not counted; a fresh pair of topics each; after each flood a ``--cooldown`` pause, then a
+wait, at most 60 s, until the kernel has written the flood's dirty pages back):
 
   alone-proxy    victim alone, through the proxy (no quota): the reference every ratio divides by
   alone-direct   victim alone, straight to the cluster
@@ -77,6 +78,7 @@ MUTATION_MAX_CYCLES = 5_000
 BYTE_QUOTA = 2 * MIB
 MUTATION_QUOTA = 5
 SAMPLE_S = 0.1
+DIRTY_LIMIT = 64 * MIB  # a cool-down ends once the page cache holds less than this to write back
 TAIL_S = 0.5  # the last half second of a phase: clients winding down
 
 PHASES = ("alone-proxy", "alone-direct", "flood-noquota", "flood-kafka", "flood-smooth", "flood-broker",
@@ -141,6 +143,17 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
 def settled_latencies(rows: Sequence[Sequence[float]], start: float, end: float) -> list[float]:
     """Latencies (column 1) of the records sent (column 0) in [start, end)."""
     return [r[1] for r in rows if start <= r[0] < end]
+
+
+def dirty_bytes(meminfo: str) -> int:
+    """``Dirty`` + ``Writeback`` from /proc/meminfo's text, in bytes: page cache the kernel still has to write."""
+    total = 0
+    for line in meminfo.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Dirty", "Writeback"):
+            number, _, unit = rest.strip().partition(" ")
+            total += int(number) * (1024 if unit.strip() == "kB" else 1)
+    return total
 
 
 def parse_phases(text: str) -> list[str]:
@@ -347,6 +360,18 @@ def _wait_replicated(cluster, topic: str, assignment: list[list[int]], timeout: 
     return None
 
 
+def _cool_down(pause: float, limit_bytes: int = DIRTY_LIMIT, timeout: float = 60) -> float:
+    """Pause, then wait (bounded) until the page cache's dirty bytes are written back; returns the seconds waited.
+    A flood leaves gigabytes dirty that the kernel writes back up to 30 s later (dirty_expire_centisecs), in the
+    middle of the next phase: the first runs' alone phase right after the warm-up flood read 172-473 ms p99,
+    the same phase at the end 31-134 ms."""
+    t0 = time.monotonic()
+    time.sleep(pause)
+    while time.monotonic() - t0 < timeout and dirty_bytes(Path("/proc/meminfo").read_text()) > limit_bytes:
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def _delete_topics(cluster, prefix: str) -> None:
     """Best effort: the phase's topics (and a mutation topic the loop left behind) go, so disks do not fill."""
     from confluent_kafka.admin import AdminClient
@@ -541,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=40.0, help="length of each phase (default 40)")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds at the start of a phase not counted")
     ap.add_argument("--warmup", type=float, default=20.0, help="unmeasured victim + flood, straight to the cluster")
-    ap.add_argument("--cooldown", type=float, default=5.0, help="pause after each flood")
+    ap.add_argument("--cooldown", type=float, default=5.0,
+                    help="pause after each flood, then a wait (≤ 60 s) for the page cache to be written back")
     ap.add_argument("--phases", default="all", help=f"comma list of {', '.join(PHASES)} (default all)")
     ap.add_argument("--flood", default="producers,mutations",
                     help="what the flooder runs: producers, mutations or both (default both; one alone tells which "
@@ -563,12 +589,14 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     workdir = Path(tempfile.mkdtemp(prefix="ktp-iso-"))
     warnings = 0
-    with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
+    # Deleted topics' files go 1 s after the delete (Kafka's default 60 s would land a flood's gigabytes of unlinks
+    # in a later phase); the cool-down covers that second.
+    with KafkaCluster(3, workdir=workdir / "kafka", server_props={"file.delete.delay.ms": 1000}) as cluster:
         info = machine_info(cluster, code)
         if args.warmup > 0:
             print(f"warm-up: victim + flood straight to the cluster, {args.warmup:.0f} s", flush=True)
             run_phase(cluster, workdir, "warmup", args.warmup, 0, True, cluster.bootstrap)
-            time.sleep(args.cooldown)
+            print(f"cool-down after the warm-up: {_cool_down(args.cooldown):.0f} s", flush=True)
         for phase in phases:
             flood = phase.startswith("flood")
             cfg = proxy_config(phase)
@@ -587,14 +615,14 @@ def main(argv: list[str] | None = None) -> int:
                     warnings += sum(1 for ln in proxy.log().splitlines() if " WARNING " in ln or " ERROR " in ln)
                 if phase == "flood-broker":
                     _set_broker_quotas(cluster, add=False)
+            if flood:
+                res.notes.append(f"cool-down after it {_cool_down(args.cooldown):.0f} s")
             results.append(res)
             print(f"{phase}: " + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else
                                   "no victim records") +
                   (f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota {spread(res.flood_slices)}"
                    if res.flood_slices else "") +
                   f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}", flush=True)
-            if flood:
-                time.sleep(args.cooldown)
     minutes = (time.monotonic() - t_start) / 60
     table = format_table(results)
     targets = target_lines(results)

@@ -90,3 +90,12 @@ def test_the_proxy_reference_pools_both_alone_phases_and_direct_phases_compare_w
     assert references([direct]) == {"direct": 2.0}
     assert path_of("flood-broker") == "direct" and path_of("alone-direct") == "direct"
     assert path_of("flood-smooth") == "proxy" and path_of("alone-proxy-again") == "proxy"
+
+
+def test_dirty_bytes_adds_dirty_and_writeback_from_meminfo():
+    from bench.isolation import dirty_bytes
+
+    meminfo = "MemTotal:       24684132 kB\nDirty:              1864 kB\nWriteback:           100 kB\n" \
+              "WritebackTmp:          7 kB\nHugePages_Total:       0\n"
+    assert dirty_bytes(meminfo) == (1864 + 100) * 1024  # not WritebackTmp, not MemTotal
+    assert dirty_bytes("MemTotal: 1 kB\n") == 0
