@@ -51,6 +51,8 @@ WARN_EVERY_S = 60.0
 HEARTBEAT_S = 2.0
 #: Quota alters kept for publishing while the topic is unreachable.
 MAX_PENDING_ALTERS = 10_000
+MAX_UNACKED = 8
+"""Reports sent and not yet acknowledged, at most (two seconds of reports at the default interval)."""
 MAX_FOLD_ENTRIES = 1_000_000
 """Entries of other members' reports waiting for the next fold, at most (16 MB): past that they are folded at
 once (a slow loop, or a burst of reports, must not grow memory)."""
@@ -260,22 +262,46 @@ class FleetSync:
             self.alters_published += 1
 
     async def _publish(self, producer) -> None:
+        """Every interval, on a fixed cadence: drain the ledger and send its reports without waiting for their
+        acknowledgements (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
+        make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
+        and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
         ledger = self.manager.ledger
         last_sent = 0.0
+        unacked: set[asyncio.Future] = set()
+        failed: list[BaseException] = []
+
+        def acked(fut: asyncio.Future) -> None:
+            unacked.discard(fut)
+            exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+            if exc is None:
+                self.sent += 1
+            else:
+                self.dropped += 1
+                failed.append(exc)
+
+        tick = time.monotonic()
         while True:
-            await asyncio.sleep(self.interval_s)
+            tick = max(tick + self.interval_s, time.monotonic())  # behind (a stalled loop): no catching up
+            await asyncio.sleep(tick - time.monotonic())
+            if failed:
+                raise failed[0]
             reports = ledger.drain(self.member, self.now_ms()) if ledger is not None else []
             if not reports and time.monotonic() - last_sent >= HEARTBEAT_S:
                 reports = [UsageReport(self.member, self.now_ms())]  # empty: "still here", for ktp_fleet_members
             for report in reports:
+                if len(unacked) >= MAX_UNACKED:
+                    self.dropped += 1
+                    continue
                 try:
                     value = report.encode()
-                    await producer.send_and_wait(self.topic, value, headers=self._mac(self.topic, None, value))
-                    self.sent += 1
-                    last_sent = time.monotonic()
+                    fut = await producer.send(self.topic, value, headers=self._mac(self.topic, None, value))
                 except Exception:
                     self.dropped += 1
                     raise
+                unacked.add(fut)
+                fut.add_done_callback(acked)
+                last_sent = time.monotonic()
 
     async def _read(self, consumer) -> None:
         """Read as records come (quota alters are taken in at once); fold usage once per interval."""
