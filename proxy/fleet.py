@@ -31,6 +31,7 @@ from proxy.workers import worker_index
 from quotas.entities import QuotaEntity
 from quotas.fleet import (
     MAC_HEADER,
+    MAX_NAMES,
     FleetFold,
     ReportError,
     UsageReport,
@@ -39,7 +40,7 @@ from quotas.fleet import (
     encode_quota_record,
     record_mac,
 )
-from quotas.manager import QuotaManager
+from quotas.manager import Bound, QuotaManager
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ MAX_FOLD_ENTRIES = 1_000_000
 """Entries of other members' reports waiting for the next fold, at most (16 MB): past that they are folded at
 once (a slow loop, or a burst of reports, must not grow memory)."""
 MAX_FOLD_REPORTS = 10_000
+
+
+_UNBOUND = object()
 
 
 def topic_name(fleet: str) -> str:
@@ -97,6 +101,8 @@ class FleetSync:
         """Reports read since the last fold: folded into the trackers once per ``sync_interval_ms``, summed per
         bucket (a member folds as often as it publishes)."""
         self._folding_ts: list[int] = []  # the ts of every report in self.fold
+        self._bound: dict[int, Bound | None] = {}  # bucket id -> its tracker's handle, while the stamp holds
+        self._bound_stamp = -1
         self.delays: deque[int] = deque(maxlen=4096)
         """ms from a report's ts (drained at its member) to its fold here, for the last reports: the sync delay
         (both clocks are wall clocks: a skew between hosts shows up here)."""
@@ -317,11 +323,25 @@ class FleetSync:
                 self._apply_pending()
 
     def _apply_pending(self) -> None:
-        """Fold every report read since the last fold into the trackers: one ``apply_remote`` per bucket."""
-        usages = self.fold.drain()
+        """Fold every report read since the last fold into the trackers: one record per bucket, through a handle
+        kept per bucket id while the manager's stamp holds (quotas altered or trackers dropped: bound anew)."""
+        ids, amounts = self.fold.drain_ids()
         now = self.now_ms()
-        for usage in usages:
-            if self.manager.apply_remote(usage, now):
+        manager = self.manager
+        stamp = manager.stamp()
+        if stamp != self._bound_stamp or len(self._bound) > MAX_NAMES:
+            self._bound.clear()
+            self._bound_stamp = stamp
+        bound = self._bound
+        names = self.fold.names
+        apply = manager.apply_bound
+        for bid, amount in zip(ids, amounts, strict=True):
+            b = bound.get(bid, _UNBOUND)
+            if b is _UNBOUND:
+                key, user, client_id = names[bid]
+                b = bound[bid] = manager.bind(key, user, client_id, "", now)  # None: no quota applies here
+            if b is not None:
+                apply(b, amount, now)
                 self.applied += 1
         self.delays.extend(now - ts for ts in self._folding_ts)
         self._folding_ts.clear()

@@ -336,15 +336,20 @@ class FleetFold:
 
     def drain(self) -> list[Usage]:
         """The usage taken in since the last drain, one :class:`Usage` per bucket (its amounts summed)."""
+        names = self.names
+        return [Usage(*names[bid], amount) for bid, amount in zip(*self.drain_ids(), strict=True)]
+
+    def drain_ids(self) -> tuple[list[int], list[float]]:
+        """:meth:`drain` as bucket ids (each in :attr:`names`) and amounts: a member keeps a handle per id."""
         if not self._ids:
-            return []
+            return [], []
         ids = np.concatenate(self._ids) if len(self._ids) > 1 else self._ids[0]
         amounts = np.concatenate(self._amounts) if len(self._amounts) > 1 else self._amounts[0]
         self._ids, self._amounts, self.entries = [], [], 0
         known = self._known
         if not len(known):
             self.unnamed += len(ids)
-            return []
+            return [], []
         slots = np.searchsorted(known, ids)
         np.minimum(slots, len(known) - 1, out=slots)
         hit = known[slots] == ids
@@ -353,12 +358,7 @@ class FleetFold:
             slots, amounts = slots[hit], amounts[hit]
         sums = np.bincount(slots, weights=amounts, minlength=len(known))
         used = np.flatnonzero(sums)
-        names = self.names
-        out: list[Usage] = []
-        for bid, amount in zip(known[used].tolist(), sums[used].tolist(), strict=True):
-            key, user, client_id = names[bid]
-            out.append(Usage(key, user, client_id, amount))
-        return out
+        return known[used].tolist(), sums[used].tolist()
 
 
 # ------------------------------------------------------------------------------------------ shared quota config
