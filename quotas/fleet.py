@@ -28,7 +28,7 @@ import json
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -131,19 +131,22 @@ class UsageReport:
     usage: list[Usage] = field(default_factory=list)
     named: list[bool] | None = None
     """Per entry: whether this report names its bucket (None: every entry is named)."""
+    ids: list[int] | None = None
+    """Per entry: its :func:`bucket_id`, when the ledger already has them (None: computed here)."""
 
     def encode(self) -> bytes:
         member = self.member.encode()[:MAX_MEMBER_BYTES]
         usage = self.usage
-        ids = np.array([bucket_id(u.key, u.user, u.client_id) for u in usage], dtype=_IDS)
-        amounts = np.array([u.amount for u in usage], dtype=_AMOUNTS)
+        ids = np.array(self.ids if self.ids is not None else [bucket_id(u[0], u[1], u[2]) for u in usage],
+                       dtype=_IDS)
+        amounts = np.fromiter([u[3] for u in usage], dtype=_AMOUNTS, count=len(usage))
         order = np.argsort(ids, kind="stable")  # sorted by id: the receivers' binary search is then a merge
         where = np.empty_like(order)
         where[order] = np.arange(len(order))
         ids, amounts = ids[order], amounts[order]
         named = range(len(usage)) if self.named is None else [i for i, yes in enumerate(self.named) if yes]
         index = where[np.array(named, dtype=np.intp)].astype(_INDEX)
-        names = b"".join(_name_bytes(usage[i].key, usage[i].user, usage[i].client_id) for i in named)
+        names = b"".join(_name_bytes(usage[i][0], usage[i][1], usage[i][2]) for i in named)
         return b"".join((_HEAD.pack(MAGIC, self.ts_ms, len(usage), len(index), len(member)), member,
                          ids.tobytes(), amounts.tobytes(), index.tobytes(), names))
 
@@ -257,33 +260,50 @@ class FleetLedger:
 
     def drain(self, member: str, now_ms: int) -> list[UsageReport]:
         """Everything added since the last drain, as reports of at most :data:`MAX_ENTRIES` entries and half of
-        :data:`MAX_REPORT_BYTES`."""
+        :data:`MAX_REPORT_BYTES`.
+
+        Per entry only comprehensions and cached lookups (the id, when its name is due): at 10,000 buckets a
+        member drains 40,000 entries a second, and a loop of Python statements per entry cost ~1.5 us of them."""
         if not self._pending:
             return []
-        if len(self._named) > MAX_PENDING:  # bounded: forgetting only means naming those buckets again
-            self._named.clear()
-        reports: list[UsageReport] = []
-        current, size = UsageReport(member, now_ms, [], []), 0
+        pending, self._pending = self._pending, {}
+        entries = [e for e in map(_as_usage, pending.values()) if e[3] > 0]
+        if not entries:
+            return []
+        ids = [bucket_id(e[0], e[1], e[2]) for e in entries]
         named_at = self._named
-        for k, u, c, a in self._pending.values():
-            if a <= 0:
-                continue
-            name = (k, u, c)
-            last = named_at.get(name)
-            named = last is None or now_ms - last >= NAMES_REFRESH_MS
-            cost = 20 + len(k) + len(u.encode()) + len(c.encode()) + 13 if named else 16
-            if current.usage and (len(current.usage) >= MAX_ENTRIES or size + cost > MAX_REPORT_BYTES // 2):
-                reports.append(current)
-                current, size = UsageReport(member, now_ms, [], []), 0
-            current.usage.append(Usage(k, u, c, a))
-            current.named.append(named)  # type: ignore[union-attr]  # built with a list just above
-            if named:
-                named_at[name] = now_ms
-            size += cost
-        if current.usage:
-            reports.append(current)
-        self._pending = {}
+        if len(named_at) > MAX_PENDING:  # bounded: forgetting only means naming those buckets again
+            named_at.clear()
+        due = [i for i, bid in enumerate(ids) if now_ms - named_at.get(bid, _NEVER) >= NAMES_REFRESH_MS]
+        named = [False] * len(entries)
+        for i in due:
+            named[i] = True
+            named_at[ids[i]] = now_ms
+        cost = {i: 20 + _name_cost(entries[i]) for i in due}  # u32 index + name, beside the 16 of every entry
+        if len(entries) <= MAX_ENTRIES and 16 * len(entries) + sum(cost.values()) <= MAX_REPORT_BYTES // 2:
+            return [UsageReport(member, now_ms, entries, named, ids)]
+        reports: list[UsageReport] = []
+        start, size = 0, 0
+        for i in range(len(entries)):
+            c = cost.get(i, 16)
+            if i > start and (i - start >= MAX_ENTRIES or size + c > MAX_REPORT_BYTES // 2):
+                reports.append(UsageReport(member, now_ms, entries[start:i], named[start:i], ids[start:i]))
+                start, size = i, 0
+            size += c
+        reports.append(UsageReport(member, now_ms, entries[start:], named[start:], ids[start:]))
         return reports
+
+
+_NEVER = -(1 << 62)
+
+
+def _name_cost(u: Usage) -> int:
+    return 9 + len(u[0]) + len(u[1].encode()) + len(u[2].encode())
+
+
+_as_usage = partial(tuple.__new__, Usage)
+"""A ledger entry ([key, user, client id, amount]) as a :class:`Usage`, without NamedTuple's Python-level
+``__new__``: C calls only (the drain makes one per bucket)."""
 
 
 class FleetFold:
