@@ -9,7 +9,7 @@ Why not N full members: a machine of two shared cores cannot run 100 receivers o
 So ``--observers`` of them (2) are full members (publish and fold; their fold CPU, sync delay and process CPU are
 what the table reports), the others publish only (a FleetSync whose read side is parked): the topic and every
 observer see exactly the traffic of N members. The publishing members run in worker processes of ``--per-process``
-(25) each: on a host loaded by other work one process gets one share of the CPU, too little to make the reports
+(10) each: on a host loaded by other work one process gets one share of the CPU, too little to make the reports
 of 100 members in time. Publish CPU is the drain + encode of all members' reports (the ledger's adds for the E
 entities are the charge path's cost, not counted), divided by N; "loop lag" is how late any process's event loop
 woke (a starved process shows there, and its reports are late).
@@ -27,6 +27,7 @@ Columns, per member and second of run:
   D = interval + delay p99 (a usage is up to one interval old when drained, then a sync delay late).
 
     .venv/bin/python -m bench.fleet_scale --members 3 10 30 100 --entities 1000 --seconds 20
+    .venv/bin/python -m bench.fleet_scale --members 3 10 30 --entities 10000 --seconds 20
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ class BenchSync(FleetSync):
         self.listen = listen
         self.fold_cpu = 0.0
         self.delay_ms: list[int] = []
+        self.peers: frozenset[str] = frozenset()
+        self._peer_ts: list[int] = []
+        self.peer_delays: list[int] = []
 
     async def _read(self, consumer) -> None:
         if self.listen:
@@ -117,10 +121,25 @@ class BenchSync(FleetSync):
             if m:
                 self.delay_ms.append(self.now_ms() - int(m.group(1)))
 
+    def _fold(self, value) -> None:
+        """Also note the reports of the other observers (same process, so the same loop lag): their delay is
+        the design's, not that of a starved worker process's late sends."""
+        received = self.received
+        super()._fold(value)
+        if self.received > received and self.peers:
+            from quotas.fleet import _HEAD
+
+            _magic, ts, _n, _m, length = _HEAD.unpack_from(value)
+            if value[_HEAD.size:_HEAD.size + length].decode() in self.peers:
+                self._peer_ts.append(ts)
+
     def _apply_pending(self) -> None:  # the binary design: reports are folded in batches, later
         t0 = time.thread_time()
         super()._apply_pending()  # type: ignore[misc]
         self.fold_cpu += time.thread_time() - t0
+        now = self.now_ms()
+        self.peer_delays.extend(now - ts for ts in self._peer_ts)
+        self._peer_ts.clear()
 
 
 def _now_ms() -> int:
@@ -155,6 +174,7 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
     for s in syncs:
         s.fold_cpu = 0.0
         s.delay_ms.clear()
+        s.peer_delays.clear()
         if hasattr(s, "delays"):
             s.delays.clear()
     CPU.update(publish=0.0, bytes=0, reports=0)
@@ -178,7 +198,8 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
             "process": proc, "members": len(syncs), "lag_p99": _pct(sorted(lags), 0.99) * 1000,
             "fold": [s.fold_cpu / wall for s, _ in listening],
             "received": [(s.received - r0) / wall for s, r0 in listening],
-            "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)]}
+            "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)],
+            "peer_delays": [d for s, _ in listening for d in s.peer_delays]}
 
 
 def _worker(bootstrap: str, fleet: str, interval_ms: int, members: list[str], entities: int, out, cmd) -> None:
@@ -209,6 +230,8 @@ async def _run(bootstrap: str, members: int, entities: int, seconds: float, obse
     config = _config(bootstrap, fleet, interval_ms)
     names = [f"c{j:05d}" for j in range(entities)]
     syncs = [_member(config, f"m{i:03d}", names, listen=True) for i in range(observers)]
+    for s in syncs:
+        s.peers = frozenset(o.member for o in syncs if o is not s)
     await _connect(syncs)
     loop = asyncio.get_running_loop()
     ctx = multiprocessing.get_context("spawn")
@@ -254,6 +277,9 @@ async def _run(bootstrap: str, members: int, entities: int, seconds: float, obse
         "received_s": statistics.median(mine["received"]),
         "process_cpu": mine["process"] / wall,
         "lag_p99": max(p["lag_p99"] for p in parts),
+        "observer_lag_p99": mine["lag_p99"],
+        "peer_p99": _pct(sorted(mine["peer_delays"]), 0.99),
+        "workers_cpu": sum(p["process"] for p in theirs) / wall,
         "delays": delays,
     }
 
@@ -329,7 +355,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--observers", type=int, default=2)
     ap.add_argument("--interval-ms", type=int, default=250)
-    ap.add_argument("--per-process", type=int, default=25, help="publishing members per worker process")
+    ap.add_argument("--per-process", type=int, default=10, help="publishing members per worker process")
     ap.add_argument("--max-entries-per-s", type=float, default=2.5e6,
                     help="skip runs whose fleet publishes more entries a second than one process can make")
     args = ap.parse_args()
@@ -351,7 +377,9 @@ def main() -> None:
                 d_s = (args.interval_ms + r["delay_p99"]) / 1000
                 r.update(err_peak=peak, err_run=whole, err_stale=peak - peak0, formula=(n - 1) * d_s / WINDOW_S)
                 rows.append(r)
-                print(_row(r), flush=True)
+                print(_row(r), f"(observers' loop lag p99 {r['observer_lag_p99']:.0f} ms, delay p99 of the "
+                      f"observers' own reports {r['peer_p99']:.0f} ms; publishing processes: "
+                      f"{r['processes'] - 1}, {100 * r['workers_cpu']:.0f} % of a core together)", flush=True)
     print()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     print(HEADER)
