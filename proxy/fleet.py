@@ -3,8 +3,9 @@
 Why a topic: the cluster is an existing, replicated, ordered log every member can reach; no consensus of our own,
 no extra server. Topic ``__ktp_fleet_<name>``, one partition (every member reads every report, in one order),
 short retention (a report older than a quota window changes nothing). Each member publishes what
-``quotas.fleet.FleetLedger`` collected every ``fleet.sync_interval_ms`` and folds every other member's reports
-into its trackers (``QuotaManager.apply_remote``).
+``quotas.fleet.FleetLedger`` collected every ``fleet.sync_interval_ms`` and, once per interval, folds every
+other member's reports read since into its trackers (``quotas.fleet.FleetFold`` sums them per bucket, then one
+``QuotaManager.apply_remote`` per bucket: at 100 members that is 1 call where there were 99).
 
 Never in the clients' way: publishing and reading run as tasks on the event loop through aiokafka; when the
 topic is unreachable, the member keeps enforcing its own usage (the local charges never stopped), logs one
@@ -20,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 
 from config.model import ProxyConfig
@@ -29,6 +31,8 @@ from proxy.workers import worker_index
 from quotas.entities import QuotaEntity
 from quotas.fleet import (
     MAC_HEADER,
+    MAX_NAMES,
+    FleetFold,
     ReportError,
     UsageReport,
     authentic,
@@ -36,7 +40,7 @@ from quotas.fleet import (
     encode_quota_record,
     record_mac,
 )
-from quotas.manager import QuotaManager
+from quotas.manager import Bound, QuotaManager
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,15 @@ WARN_EVERY_S = 60.0
 HEARTBEAT_S = 2.0
 #: Quota alters kept for publishing while the topic is unreachable.
 MAX_PENDING_ALTERS = 10_000
+MAX_UNACKED = 8
+"""Reports sent and not yet acknowledged, at most (two seconds of reports at the default interval)."""
+MAX_FOLD_ENTRIES = 1_000_000
+"""Entries of other members' reports waiting for the next fold, at most (16 MB): past that they are folded at
+once (a slow loop, or a burst of reports, must not grow memory)."""
+MAX_FOLD_REPORTS = 10_000
+
+
+_UNBOUND = object()
 
 
 def topic_name(fleet: str) -> str:
@@ -84,6 +97,15 @@ class FleetSync:
         self.sent = self.received = self.applied = self.errors = self.dropped = self.bad = 0
         self.unauthenticated = 0
         """Records on the fleet's topics without a valid MAC: ignored (not a member's, or altered)."""
+        self.fold = FleetFold()
+        """Reports read since the last fold: folded into the trackers once per ``sync_interval_ms``, summed per
+        bucket (a member folds as often as it publishes)."""
+        self._folding_ts: list[int] = []  # the ts of every report in self.fold
+        self._bound: dict[int, Bound | None] = {}  # bucket id -> its tracker's handle, while the stamp holds
+        self._bound_stamp = -1
+        self.delays: deque[int] = deque(maxlen=4096)
+        """ms from a report's ts (drained at its member) to its fold here, for the last reports: the sync delay
+        (both clocks are wall clocks: a skew between hosts shows up here)."""
         self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
         self.connected = False
         self._tasks: list[asyncio.Task] = []
@@ -118,6 +140,10 @@ class FleetSync:
                                         "ledger's bound", self.dropped + (self.manager.ledger.dropped
                                                                           if self.manager.ledger else 0)),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
+            "ktp_fleet_usage_unnamed": ("Bucket usages of other members dropped before any report had named the "
+                                        "bucket here (a member's first seconds)", self.fold.unnamed),
+            "ktp_fleet_sync_delay_p99_ms": ("99th percentile of the last 4096 reports' delay from their member's "
+                                            "drain to their fold here (ms)", self.delay_p99()),
             "ktp_fleet_records_unauthenticated": ("Records on the fleet's topics ignored for a missing or wrong MAC "
                                                   "(written by something other than a member)",
                                                   self.unauthenticated),
@@ -125,6 +151,12 @@ class FleetSync:
                                                  self.alters_published),
             "ktp_fleet_quota_alters_taken_in": ("Quota alters of other members taken in", self.alters_taken_in),
         }
+
+    def delay_p99(self) -> float:
+        if not self.delays:
+            return float("nan")
+        ordered = sorted(self.delays)
+        return float(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
 
     def _altered_here(self, entity: QuotaEntity, layer: dict) -> None:
         """QuotaSources' hook, on the event loop: queue the entity's new layer for every member. Kept while the
@@ -236,29 +268,83 @@ class FleetSync:
             self.alters_published += 1
 
     async def _publish(self, producer) -> None:
+        """Every interval, on a fixed cadence: drain the ledger and send its reports without waiting for their
+        acknowledgements (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
+        make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
+        and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
         ledger = self.manager.ledger
         last_sent = 0.0
+        unacked: set[asyncio.Future] = set()
+        failed: list[BaseException] = []
+
+        def acked(fut: asyncio.Future) -> None:
+            unacked.discard(fut)
+            exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+            if exc is None:
+                self.sent += 1
+            else:
+                self.dropped += 1
+                failed.append(exc)
+
+        tick = time.monotonic()
         while True:
-            await asyncio.sleep(self.interval_s)
+            tick = max(tick + self.interval_s, time.monotonic())  # behind (a stalled loop): no catching up
+            await asyncio.sleep(tick - time.monotonic())
+            if failed:
+                raise failed[0]
             reports = ledger.drain(self.member, self.now_ms()) if ledger is not None else []
             if not reports and time.monotonic() - last_sent >= HEARTBEAT_S:
                 reports = [UsageReport(self.member, self.now_ms())]  # empty: "still here", for ktp_fleet_members
             for report in reports:
+                if len(unacked) >= MAX_UNACKED:
+                    self.dropped += 1
+                    continue
                 try:
                     value = report.encode()
-                    await producer.send_and_wait(self.topic, value, headers=self._mac(self.topic, None, value))
-                    self.sent += 1
-                    last_sent = time.monotonic()
+                    fut = await producer.send(self.topic, value, headers=self._mac(self.topic, None, value))
                 except Exception:
                     self.dropped += 1
                     raise
+                unacked.add(fut)
+                fut.add_done_callback(acked)
+                last_sent = time.monotonic()
 
     async def _read(self, consumer) -> None:
+        """Read as records come (quota alters are taken in at once); fold usage once per interval."""
+        last_fold = time.monotonic()
         while True:
-            batches = await consumer.getmany(timeout_ms=1000, max_records=500)
+            wait = self.interval_s - (time.monotonic() - last_fold)
+            batches = await consumer.getmany(timeout_ms=max(10, round(wait * 1000)), max_records=500)
             for tp, records in batches.items():
                 for record in records:
                     self.take(tp.topic, record.key, record.value, record.headers)
+            if time.monotonic() - last_fold >= self.interval_s:
+                last_fold = time.monotonic()
+                self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        """Fold every report read since the last fold into the trackers: one record per bucket, through a handle
+        kept per bucket id while the manager's stamp holds (quotas altered or trackers dropped: bound anew)."""
+        ids, amounts = self.fold.drain_ids()
+        now = self.now_ms()
+        manager = self.manager
+        stamp = manager.stamp()
+        if stamp != self._bound_stamp or len(self._bound) > MAX_NAMES:
+            self._bound.clear()
+            self._bound_stamp = stamp
+        bound = self._bound
+        names = self.fold.names
+        apply = manager.apply_bound
+        for bid, amount in zip(ids, amounts, strict=True):
+            b = bound.get(bid, _UNBOUND)
+            if b is _UNBOUND:
+                key, user, client_id = names[bid]
+                b = bound[bid] = manager.bind(key, user, client_id, "", now)  # None: no quota applies here
+            if b is not None:
+                apply(b, amount, now)
+                self.applied += 1
+        self.delays.extend(now - ts for ts in self._folding_ts)
+        self._folding_ts.clear()
 
     def _mac(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
         return [(MAC_HEADER, record_mac(self.secret, topic, key, value))]
@@ -292,19 +378,19 @@ class FleetSync:
     def _fold(self, value: bytes | None) -> None:
         try:
             report = UsageReport.decode(value or b"")
+            if report.member == self.member:
+                return
+            self.fold.add(report)  # reads the names it does not know yet: may refuse the report
         except ReportError as exc:
             self.bad += 1
             if self.bad == 1 or self.bad % 1000 == 0:
                 log.warning("fleet %s: %s (%d refused so far)", self.topic, exc, self.bad)
-            return
-        if report.member == self.member:
             return
         self.heard[report.member] = time.monotonic()
         if len(self.heard) > 10_000:  # bounded: anyone who can write the topic could invent members
             oldest = min(self.heard, key=self.heard.__getitem__)
             del self.heard[oldest]
         self.received += 1
-        now = self.now_ms()
-        for usage in report.usage:
-            if self.manager.apply_remote(usage, now):
-                self.applied += 1
+        self._folding_ts.append(report.ts_ms)
+        if self.fold.entries >= MAX_FOLD_ENTRIES or len(self._folding_ts) >= MAX_FOLD_REPORTS:
+            self._apply_pending()

@@ -347,6 +347,19 @@ class QuotaManager:
         t.remote_total += usage.amount
         return True
 
+    def apply_bound(self, b: Bound, amount: float, now_ms: int) -> None:
+        """:meth:`apply_remote` through a kept handle (:meth:`bind` with scope ``""``; valid while :meth:`stamp`
+        is unchanged). Why: a fleet member folds the same buckets every interval, and resolving each again cost
+        four times the recording (10,000 buckets x 4 folds a second: ~100 ms of CPU a second against ~25)."""
+        t = b.tracker
+        t.last_used_ms = now_ms
+        t.stat.record(amount, now_ms)
+        if t.pace is not None:
+            t.pace.record(amount, now_ms)
+        if t.mutations is not None:
+            t.mutations.record(amount, now_ms)
+        t.remote_total += amount
+
     # ------------------------------------------------------------------------------------------ upkeep
 
     def expire(self, now_ms: int) -> int:

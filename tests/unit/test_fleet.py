@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotas.entities import QuotaEntity, QuotaStore
-from quotas.fleet import MAX_ENTRIES, MAX_REPORT_BYTES, FleetLedger, ReportError, Usage, UsageReport
+from quotas.fleet import (
+    MAGIC,
+    MAX_ENTRIES,
+    MAX_REPORT_BYTES,
+    NAMES_REFRESH_MS,
+    FleetFold,
+    FleetLedger,
+    ReportError,
+    Usage,
+    UsageReport,
+    bucket_id,
+)
+from quotas.kinds import BY_KEY
 from quotas.manager import QuotaManager
 
 
@@ -22,10 +37,15 @@ def _member(limit: float = 500.0) -> QuotaManager:
     return qm
 
 
+_folds: dict[int, FleetFold] = {}  # per receiving manager: the names it learnt stay with it, as on a member
+
+
 def _sync(src: QuotaManager, dst: QuotaManager, now_ms: int) -> None:
+    fold = _folds.setdefault(id(dst), FleetFold())
     for report in src.ledger.drain("src", now_ms):
-        for usage in UsageReport.decode(report.encode()).usage:
-            dst.apply_remote(usage, now_ms)
+        fold.add(UsageReport.decode(report.encode()))
+    for usage in fold.drain():
+        dst.apply_remote(usage, now_ms)
 
 
 def test_two_members_together_hit_the_single_member_reference_vector():
@@ -77,7 +97,7 @@ def test_drained_reports_carry_exactly_what_was_charged(charges):
     reports = qm.ledger.drain("m", 100)
     per_user: dict[str, float] = {}
     for r in reports:
-        for u in UsageReport.decode(r.encode()).usage:
+        for u in UsageReport.decode(r.encode()).usage():
             per_user[u.user] = per_user.get(u.user, 0) + u.amount
     want: dict[str, float] = {}
     for user, _cid, amount in charges:
@@ -91,7 +111,11 @@ def test_reports_are_split_by_entries_and_by_size():
     ledger = FleetLedger()
     for i in range(MAX_ENTRIES + 10):
         ledger.add(("k", i), "producer_byte_rate", f"u{i}", "c", 1.0)
-    assert [len(r.usage) for r in ledger.drain("m", 0)] == [MAX_ENTRIES, 10]
+    first = ledger.drain("m", 0)  # every bucket named: split by size
+    assert all(len(r.encode()) <= MAX_REPORT_BYTES for r in first) and sum(len(r.usage) for r in first) == 20_010
+    for i in range(MAX_ENTRIES + 10):
+        ledger.add(("k", i), "producer_byte_rate", f"u{i}", "c", 1.0)
+    assert [len(r.usage) for r in ledger.drain("m", 1)] == [MAX_ENTRIES, 10]  # ids only: by entries
     long = "x" * 60_000  # client ids are the client's choice
     for i in range(40):
         ledger.add(("k", i), "producer_byte_rate", f"u{i}", long, 1.0)
@@ -100,17 +124,102 @@ def test_reports_are_split_by_entries_and_by_size():
     assert sum(len(r.usage) for r in reports) == 40
 
 
+def _report(usage: list[Usage], member: str = "x", ts: int = 0) -> bytes:
+    return UsageReport(member, ts, usage).encode()
+
+
+def _decoded(data: bytes) -> dict:
+    """Everything a receiver reads of a report: the framing, then the names."""
+    return UsageReport.decode(data).names()
+
+
+def _renamed(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new) and data.count(old) == 1
+    return data.replace(old, new)
+
+
+_GOOD = _report([Usage("producer_byte_rate", "u", "victim", 1.0)])
+
+
 @pytest.mark.parametrize("data, why", [
     (b"not json", "malformed"),
-    (json.dumps({"v": 2, "m": "x", "t": 0, "u": []}).encode(), "version"),
-    (json.dumps({"v": 1, "m": "x", "t": 0, "u": [["no_such_quota", "u", "c", 1]]}).encode(), "unknown quota key"),
-    (json.dumps({"v": 1, "m": "x", "t": 0, "u": [["producer_byte_rate", "u", "c", -5]]}).encode(), "finite"),
-    (json.dumps({"v": 1, "m": "x", "t": 0, "u": [["producer_byte_rate", "u"]]}).encode(), "malformed"),
+    (json.dumps({"v": 1, "m": "x", "t": 0, "u": []}).encode(), "version"),  # format 1: members upgrade together
+    (b"KTP\x01" + _GOOD[4:], "version"),
+    (_renamed(_GOOD, b"producer_byte_rate", b"producer_byte_ratf"), "unknown quota key"),
+    (_renamed(_GOOD, b"victim", b"victin"), "not its id"),  # a name that is not the id's
+    (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", -5.0)), "finite"),
+    (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", math.nan)), "finite"),
+    (_GOOD[:-3], "malformed"),
+    (_GOOD + b"\x00", "after its names"),
+    (MAGIC + b"\x00" * 8 + struct.pack("<IIH", 10**6, 0, 0), "malformed"),  # more entries than bytes
     (b" " * (MAX_REPORT_BYTES + 1), "over"),
 ])
 def test_bad_reports_are_refused_with_a_reason(data, why):
     with pytest.raises(ReportError, match=why):
-        UsageReport.decode(data)
+        _decoded(data)
+
+
+_names = st.text(max_size=40)
+_usages = st.lists(st.builds(Usage, st.sampled_from(sorted(BY_KEY)), _names, _names,
+                             st.floats(0, 1e15, allow_nan=False, allow_infinity=False)), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_usages, st.text(max_size=50), st.integers(-(2**63), 2**63 - 1), st.data())
+def test_reports_round_trip_what_they_name(usage, member, ts, data):
+    named = data.draw(st.lists(st.booleans(), min_size=len(usage), max_size=len(usage)))
+    got = UsageReport.decode(UsageReport(member, ts, usage, named).encode())
+    assert (got.member, got.ts_ms) == (member, ts)
+    pairs = sorted((bucket_id(u.key, u.user, u.client_id), u.amount) for u in usage)
+    assert sorted(zip(got.ids.tolist(), got.amounts.tolist(), strict=True)) == pairs
+    assert got.ids.tolist() == sorted(got.ids.tolist())  # sorted by id, for the receivers' binary search
+    assert got.names() == {bucket_id(u.key, u.user, u.client_id): (u.key, u.user, u.client_id)
+                           for u, yes in zip(usage, named, strict=True) if yes}
+    if all(named):
+        def order(us):
+            return sorted(us, key=lambda u: (bucket_id(u.key, u.user, u.client_id), u.amount))
+
+        assert order(UsageReport.decode(UsageReport(member, ts, usage).encode()).usage()) == order(usage)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_hostile_bytes_raise_report_error_and_nothing_else(data):
+    for candidate in (data, MAGIC + data, _GOOD[:22] + data, _GOOD[:len(data) % len(_GOOD)] + data):
+        with contextlib.suppress(ReportError):
+            _decoded(candidate)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, len(_GOOD) - 1), st.integers(0, 255), st.integers(1, len(_GOOD)))
+def test_altered_reports_raise_report_error_or_decode(at, byte, cut):
+    altered = _GOOD[:at] + bytes((byte,)) + _GOOD[at + 1:]
+    for candidate in (altered, altered[:cut]):
+        with contextlib.suppress(ReportError):
+            FleetFold().add(UsageReport.decode(candidate))
+
+
+def test_the_fold_sums_each_bucket_over_reports_and_drops_the_unnamed_ones():
+    fold = FleetFold()
+    a, b = Usage("producer_byte_rate", "", "a", 1.5), Usage("producer_byte_rate", "", "b", 2.0)
+    fold.add(UsageReport.decode(_report([a, b], "m1")))
+    unnamed = Usage("consumer_byte_rate", "", "c", 4.0)
+    fold.add(UsageReport.decode(UsageReport("m2", 0, [a, unnamed], [True, False]).encode()))
+    got = sorted(fold.drain(), key=lambda u: u.client_id)
+    assert got == [Usage("producer_byte_rate", "", "a", 3.0), b]
+    assert fold.unnamed == 1 and fold.entries == 0 and fold.drain() == []
+
+
+def test_a_ledger_names_a_bucket_first_then_every_few_seconds():
+    ledger = FleetLedger()
+
+    def named_at(now_ms: int) -> list[bool]:
+        ledger.add(("k",), "producer_byte_rate", "u", "c", 1.0)
+        (report,) = ledger.drain("m", now_ms)
+        return report.named
+
+    assert [named_at(t) for t in (0, 250, NAMES_REFRESH_MS - 1, NAMES_REFRESH_MS, NAMES_REFRESH_MS + 250)] == [
+        [True], [False], [False], [True], [False]]
 
 
 def test_quota_records_round_trip_and_are_checked_like_an_alter():
@@ -153,3 +262,38 @@ def test_the_ledger_is_bounded_whatever_client_ids_arrive(monkeypatch):
     ledger.add(("k", 3), "controller_mutation_rate", "u", "client-3", 1.0)  # a known bucket still adds up
     assert len(ledger) == 10 and ledger.dropped == 15
     assert sum(u.amount for r in ledger.drain("m", 0) for u in r.usage) == 11
+
+
+def test_a_member_folds_what_it_read_once_per_interval_through_kept_handles(monkeypatch):
+    import asyncio
+
+    from config.model import ProxyConfig
+    from proxy.fleet import FleetSync
+
+    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
+    config = ProxyConfig.model_validate({
+        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+        "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"}, "quotas": {"scope": "fleet"}})
+    qm = _member()
+
+    def rate(now_ms: int) -> float:
+        return qm.charge_rate("producer_byte_rate", "alice", "c", "", 0, now_ms).observed
+
+    async def run():
+        sync = FleetSync(config, qm, lambda: 1000)
+        value = _report([Usage("producer_byte_rate", "alice", "c", 300.0)], member="other", ts=900)
+        for _ in range(2):
+            sync.take(sync.topic, None, value, sync._mac(sync.topic, None, value))
+        own = _report([Usage("producer_byte_rate", "alice", "c", 1e6)], member="me")
+        sync.take(sync.topic, None, own, sync._mac(sync.topic, None, own))  # its own echo: not folded
+        assert sync.received == 2 and sync.applied == 0 and rate(1000) == 0  # read, not folded yet
+        sync._apply_pending()
+        assert sync.applied == 1 and list(sync.delays) == [100, 100]  # one record for the bucket's sum
+        first = rate(1000)
+        assert first > 0
+        qm.store.set(QuotaEntity(user="alice"), "producer_byte_rate", 600.0)  # the handle is stale now
+        sync.take(sync.topic, None, value, sync._mac(sync.topic, None, value))
+        sync._apply_pending()
+        assert sync.applied == 2 and rate(1000) == pytest.approx(first * 1.5)
+
+    asyncio.run(run())
