@@ -111,7 +111,7 @@ def test_quotas_alter_describe_delete_over_scram_and_non_admins_are_refused(clus
     assert "request_percentage=50.0" in shown(*admin) and "consumer_byte_rate" not in shown(*admin)
     gone = _quotas(tmp_path, *bs, *admin, "delete", "--user", "alice", "--client-id", "<default>")
     assert gone.returncode == 0 and "Completed updating config" in gone.stdout, gone
-    assert shown(*admin).strip() == ""
+    assert shown(*admin).strip() == "No quota configs for user-principal 'alice', the default client-id"
     again = _quotas(tmp_path, *bs, *admin, "delete", "--user", "alice", "--client-id", "<default>")
     assert again.returncode == 0 and "nothing to delete" in again.stdout, again
 
@@ -148,7 +148,8 @@ def test_quotas_and_kafka_configs_over_sasl_ssl_with_one_command_config(cluster,
     out = _kafka_tool(tmp_path, "configs", *bs, "--describe", "--entity-type", "users", "--entity-name", user)
     assert "producer_byte_rate=16384.0" in out.stdout and "consumer_byte_rate=8192.0" in out.stdout, out
     assert _quotas(tmp_path, "delete", *bs, "--user", user).returncode == 0
-    assert _quotas(tmp_path, "describe", *bs, "--user", user).stdout.strip() == ""
+    described = _quotas(tmp_path, "describe", *bs, "--user", user).stdout.strip()
+    assert described == f"No quota configs for user-principal '{user}'"  # said, not silence
     # Flags instead of the file, and a CA that did not sign the proxy's certificate: one line, exit 1.
     flags = ["--bootstrap-server", proxy.bootstrap, "--security-protocol", "SASL_SSL", *_scram(cluster, "admin")]
     assert _quotas(tmp_path, *flags, "--ssl-cafile", str(pki["ca"]), "describe").returncode == 0
