@@ -31,6 +31,14 @@ def _metric_name(group: str, name: str) -> str:
     return f"ktp_{group.lower()}_{name.replace('-', '_')}"
 
 
+
+def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one series per key of ``counts`` (a bounded vocabulary: reasons, kinds, API labels)."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in list(counts.items()):
+        family.add_metric([key], n)
+    return family
+
 class _Collector:
     def __init__(self, stats: Stats, live_connections: Callable[[], int],
                  quota_samples: Callable[[], Iterable[QuotaSample]],
@@ -62,26 +70,14 @@ class _Collector:
             if c.latency_count:
                 lat.add_metric([api], count_value=c.latency_count, sum_value=c.latency_sum)
         yield lat
-        e = CounterMetricFamily("ktp_connection_errors", "Connections closed on an error, by reason",
-                                labels=["reason"])
-        for reason, n in list(s.connection_errors.items()):
-            e.add_metric([reason], n)
-        yield e
-        refused = CounterMetricFamily("ktp_connections_refused", "New connections refused at a connection limit, "
-                                      "by limit", labels=["reason"])
-        for reason, n in list(s.connections_refused.items()):
-            refused.add_metric([reason], n)
-        yield refused
-        own = CounterMetricFamily("ktp_protected_topic_refusals", "Requests that named the proxy's own topics (the "
-                                  "fleet's, the decision log's) and were refused, by API", labels=["api"])
-        for api, n in list(s.protected_refusals.items()):
-            own.add_metric([api], n)
-        yield own
-        shed = CounterMetricFamily("ktp_connections_shed", "Connections closed to make room for another address's "
-                                   "(shed_when_full), by kind", labels=["kind"])
-        for kind, n in list(s.connections_shed.items()):
-            shed.add_metric([kind], n)
-        yield shed
+        yield _by_label("ktp_connection_errors", "Connections closed on an error, by reason", "reason",
+                        s.connection_errors)
+        yield _by_label("ktp_connections_refused", "New connections refused at a connection limit, by limit",
+                        "reason", s.connections_refused)
+        yield _by_label("ktp_protected_topic_refusals", "Requests that named the proxy's own topics (the fleet's, "
+                        "the decision log's) and were refused, by API", "api", s.protected_refusals)
+        yield _by_label("ktp_connections_shed", "Connections closed to make room for another address's "
+                        "(shed_when_full), by kind", "kind", s.connections_shed)
         for name, (doc, value) in self.gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)
         d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",
