@@ -34,16 +34,19 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
 
-from protocol.apis import Api, DecodeError, api_name, decode_body, request_class, response_class
+from protocol.apis import REQUESTS, Api, DecodeError, api_name, decode_body, request_class, response_class
 from protocol.errors import ProtocolError
+from protocol.headers import RequestHeader, parse_request_header
+from protocol.record_batches import record_spans
 
 TOPIC_AUTHORIZATION_FAILED: Final = 29
 RESERVED_PREFIX: Final = "__ktp_"
 """Every topic whose name starts with this belongs to the proxy (the fleet's are ``__ktp_fleet_<name>``)."""
 TOPIC_RESOURCE: Final = 2
 """``resource_type`` of a topic in the config APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs)."""
-MAX_KNOWN_IDS: Final = 10_000
-"""Ids kept for protected topics: learned from responses, so bounded (a fleet has two topics per name)."""
+MAX_KNOWN_IDS: Final = 64
+"""Ids kept for protected topics, the oldest dropped first: each is one more byte search on every request that can
+name a topic, and a fleet has two topics (a few more ids only when they are deleted and created again)."""
 
 _NAME_FIELDS: Final = ("name", "topic", "topic_name")
 _INDEX_FIELDS: Final = ("partition_index", "partition", "index", "partition_id")
@@ -108,8 +111,6 @@ def _names_topics(fields: Iterable[Any]) -> bool:
 
 
 def _guarded_apis() -> frozenset[int]:
-    from protocol.apis import REQUESTS
-
     out = {key for key, cls in REQUESTS.items() if _names_topics(cls._struct.fields.values())}
     return frozenset(out | set(_SPECS) | set(_RESOURCE_APIS))
 
@@ -150,16 +151,17 @@ class ProtectedTopics:
             if topic_id is None or topic_id == _ZERO_ID or not self.protects(name) or topic_id in self.ids:
                 continue
             if len(self.ids) >= MAX_KNOWN_IDS:
-                break
+                del self.ids[next(iter(self.ids))]
             self.ids[topic_id] = str(name)
             changed = True
         if changed:
             self._rebuild()
 
-    def may_name(self, api_key: int, frame: Any) -> bool:
+    def may_name(self, api_key: int, frame: Any, header: RequestHeader | None = None) -> bool:
         """Whether the request ``frame`` (size prefix included) may name a protected topic: a byte search for
         every protected name (and the prefix) and id. False is certain; True is checked by :func:`check`. A
-        large Produce is searched outside its records only (the names and ids sit between them)."""
+        large Produce is searched outside its records only (the names and ids sit between them); ``header``,
+        when the caller has read it, spares reading it again."""
         if api_key not in GUARDED_APIS:
             return False
         if isinstance(frame, bytes):
@@ -167,16 +169,14 @@ class ProtectedTopics:
                 if m in frame:
                     return True
             return False
-        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(frame)
+        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(frame, header)
         return any(m in data for m in self._markers)
 
 
-def _outside_records(frame: Any) -> bytes:
+def _outside_records(frame: Any, header: RequestHeader | None) -> bytes:
     """A large Produce frame without its record sets: where its topic names and ids are."""
-    from protocol.headers import parse_request_header
-    from protocol.record_batches import record_spans
-
-    header = parse_request_header(frame, 4)
+    if header is None:
+        header = parse_request_header(frame, 4)
     view = memoryview(frame)[4:]
     if header.body_offset is None:
         return bytes(view)

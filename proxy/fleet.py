@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 
@@ -243,8 +244,6 @@ class FleetSync:
         """The fleet topics' ids, for the guard: a client fetching by id (Fetch v13+) is refused as by name."""
         if self.guard is None:
             return
-        import uuid
-
         pairs: dict[uuid.UUID, str] = {}
         for t in await admin.describe_topics([self.topic, self.quota_topic]):
             topic_id = t.get("topic_id") if isinstance(t, dict) else None

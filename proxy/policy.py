@@ -367,7 +367,7 @@ class Policy:
         instructions a request, plain path included)."""
         key = header.api_key
         guard = self.guard
-        if guard is not None and guard.may_name(key, frame):
+        if guard is not None and guard.may_name(key, frame, header):
             refusal = self._refusal(conn, header, frame, guard)
             if refusal is not None:
                 return self._refuse(conn, header, frame, refusal, now)
