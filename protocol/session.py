@@ -10,8 +10,15 @@ The asyncio glue (:mod:`proxy.connection`) feeds it frames, asks the policy, and
 Requests: :meth:`Session.receive` reads one frame (header, SASL state, version caps) and returns a
 :class:`Request` for the policy, the frame itself to forward as is (a raw SASL token), or None (answered here).
 The glue then records what it did with :meth:`forward` or :meth:`answer`; :meth:`ready_answers` releases the
-proxy's own answers once everything before them is answered. :meth:`hold_rest` keeps frames already read
-behind one that must wait, :meth:`take_held_requests` gives them back in order.
+proxy's own answers once everything before them is answered.
+
+What waits, and until when, is decided here too; the glue only carries it out (pauses the socket, schedules the
+next turn, starts the decision). After each request :meth:`after` says whether the frames read behind it go on
+or wait, and why (a :class:`Pause` reason: a decision, the mute of a request over quota, a SaslHandshake v0's
+answer, the end of a turn); the frames that wait are kept in order. Each reason ends with one event
+(:meth:`end_hold`, :meth:`unmuted`), which says whether nothing holds them any more, so the glue takes them back
+(:meth:`take_held_requests`) and handles them. Frames read while others wait queue behind them (:meth:`queue`).
+A request whose decision must wait out a mute first (a KIP-936 hold) is kept here too (:meth:`defer_decision`).
 
 Responses: :meth:`may_stream` says whether a large response can be forwarded as it arrives;
 :meth:`response` matches a whole response to its request (updating the SASL identity); :meth:`streamed` does
@@ -49,6 +56,11 @@ from protocol.throttle_field import needs_walk
 RAW = RequestHeader(-1, 0, 0, None, None)
 """The header of a raw SASL token (SaslHandshake v0 is followed by frames without Kafka headers)."""
 OWN_CLIENT_ID: Final = "kafka-throttle-proxy"
+FRAMES_PER_TURN: Final = 64
+"""Requests handled from one read before the event loop serves the other connections (the rest wait for a later
+turn, :attr:`Pause.TURN`). One read holds up to 256 KiB: a client pipelining tiny requests could otherwise keep
+the loop for thousands of them (issue 30: no connection monopolises the loop); 64 keep a turn near a
+millisecond, and a client sending fewer never notices."""
 _SIZE: Final = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
@@ -99,8 +111,8 @@ def _body(frame: Any, header: RequestHeader) -> memoryview:
 class Session:
     """Ordering state of one client connection (see the module docstring)."""
 
-    __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests",
-                 "held_responses", "_own_corr", "_walk_kv", "_walk")
+    __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests", "_holds",
+                 "deferred", "held_responses", "_own_corr", "_walk_kv", "_walk")
 
     def __init__(self, identity: ConnectionIdentity, version_caps: dict[int, int]) -> None:
         self.inflight = InFlight()
@@ -110,6 +122,10 @@ class Session:
         self.sasl_hold = False
         """A SaslHandshake v0 is unanswered: what follows it is read only after its answer."""
         self._held_requests: deque | None = None
+        self._holds: set[str] = set()
+        """Why the frames in ``_held_requests`` wait, besides the mute and ``sasl_hold`` (Pause.DECIDING, TURN)."""
+        self.deferred: tuple[Any, bytes] | None = None
+        """A deferred request (the policy's verdict, its frame) whose decision waits until the mute is over."""
         self.held_responses: deque | None = None
         """Responses held behind one that waits for a new broker listener (None when none waits)."""
         self._own_corr = -1
@@ -185,9 +201,63 @@ class Session:
             out.append(self.inflight.pop(head.header.correlation_id))
         return out
 
-    def hold_rest(self, frames) -> None:
-        """Frames already read behind one that must wait (a decision, a throttle, a SASL answer): kept, copied,
-        in order. Copies: the views may point into a receive buffer about to be reused."""
+    def after(self, frames: Any, i: int, deferred: bool, muted: bool) -> str | None:
+        """``frames[i]`` was handled (forwarded, answered, or ``deferred`` for a decision; ``muted``: the mute
+        holds, a request over quota). None: go on with ``frames[i + 1]``. Otherwise the :class:`Pause` reason the
+        frames behind it wait for (kept here, in order), until :meth:`end_hold` or :meth:`unmuted` says nothing
+        holds them any more. The order of the checks is the order of the reasons' strength: a request being
+        decided is not forwarded yet, so nothing behind it may be; a mute stops reading like a broker's; a
+        SaslHandshake v0 decides what the next frames are; a turn only yields to the other connections."""
+        if deferred:
+            reason: str = Pause.DECIDING
+            self._holds.add(reason)
+        elif muted:
+            reason = Pause.MUTED
+        elif self.sasl_hold:
+            reason = Pause.SASL_HANDSHAKE
+        elif i + 1 == FRAMES_PER_TURN and i + 1 < len(frames):
+            reason = Pause.TURN
+            self._holds.add(reason)
+        else:
+            return None
+        self.hold_rest(frames[i + 1:])
+        return reason
+
+    def queue(self, frames: Any) -> bool:
+        """Frames just read: True when they queue behind requests that wait (kept, in order), False when they are
+        to be handled now."""
+        if self._held_requests is None:
+            return False
+        self.hold_rest(frames)
+        return True
+
+    def end_hold(self, reason: str, muted: bool) -> bool:
+        """``reason`` holds the requests no more (the decision was made, the turn came, the SaslHandshake was
+        answered). True when nothing else holds them (``muted``: the mute still does): take them back now."""
+        self._holds.discard(reason)
+        return not self._holds and not muted and not self.sasl_hold
+
+    def defer_decision(self, deferred: Any, frame: bytes, muted: bool) -> bool:
+        """A deferred request (``after`` said DECIDING) whose decision must first wait out a mute (``muted``):
+        True when it is kept for :meth:`unmuted`, False when it is decided now."""
+        if not muted:
+            return False
+        self.deferred = (deferred, frame)
+        return True
+
+    def unmuted(self, hold_ended: bool) -> tuple[Any, bytes] | bool:
+        """The mute is over (``hold_ended``: it held a request over quota, whose response has now been served for
+        its throttle). The deferred request that waited for it, to decide now; else True when the held requests
+        may be taken back (nothing else holds them), False when they still wait."""
+        deferred = self.deferred
+        if deferred is not None:
+            self.deferred = None
+            return deferred
+        return hold_ended and self.end_hold(Pause.MUTED, False)
+
+    def hold_rest(self, frames: Any) -> None:
+        """Frames already read behind one that must wait: kept, copied, in order. Copies: the views may point
+        into a receive buffer about to be reused."""
         if self._held_requests is None:
             self._held_requests = deque()
         self._held_requests.extend(bytes(f) for f in frames)
@@ -197,7 +267,7 @@ class Session:
         return self._held_requests is not None
 
     def take_held_requests(self) -> list:
-        """The frames :meth:`hold_rest` kept, in order; nothing is held afterwards."""
+        """The frames kept behind the requests that waited, in order; nothing is held afterwards."""
         held, self._held_requests = self._held_requests, None
         return list(held) if held else []
 
@@ -272,9 +342,18 @@ class Session:
             self.identity.on_other_response()
         return pending, released
 
-    def hold_responses(self) -> None:
-        """A response waits for a new broker listener: later ones queue behind it, in order."""
+    def hold_responses(self) -> str:
+        """A response waits for a new broker listener: later ones queue behind it, in order, and the broker side
+        is not read until it has one (the reason returned)."""
         self.held_responses = deque()
+        return Pause.NEW_LISTENER
+
+    def queue_response(self, frame: Any) -> bool:
+        """A response (or a piece of one) just read: True when it queues behind one that waits for a listener."""
+        if self.held_responses is None:
+            return False
+        self.held_responses.append(frame)
+        return True
 
     def take_held_responses(self) -> list:
         held, self.held_responses = self.held_responses, None

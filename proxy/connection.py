@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from config.model import ProxyConfig
 from mute import ChannelMute
@@ -48,7 +48,7 @@ from protocol.text import printable
 from proxy.brokers import BrokerDirectory
 from proxy.policy import Decision, Policy, Verdict
 from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
-from proxy.stats import ApiCounters, Stats
+from proxy.stats import ApiCounters, Stats, Traffic
 from proxy.tls import peer_principal
 from proxy.verdicts import Answer, Defer, Replace
 from quotas.connections import Refusal
@@ -75,11 +75,6 @@ def error_kind(reason: str) -> str:
             return kind
     return "protocol"
 
-
-FRAMES_PER_TURN: Final = 64
-"""Requests handled from one read before the event loop serves the other connections. One read holds up to 256 KiB:
-a client pipelining tiny requests could otherwise keep the loop for thousands of them (issue 30: no connection
-monopolises the loop); 64 keep a turn near a millisecond, and a client sending fewer never notices."""
 
 
 @dataclass(slots=True)
@@ -218,17 +213,13 @@ class Connection:
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
         self._shape = ResponseShape()  # its last untagged Produce/Fetch response: the next alike is not walked
         self.id = str(services.stats.connections_total)
-        # Traffic since the last decision-log summary of this connection.
         self._api_key = -(1 << 20)  # no int16 api key: see _api_counters
         self._api = ApiCounters()
-        self.sum_requests: int = 0
-        self.sum_bytes_in: int = 0
-        self.sum_bytes_out: int = 0
+        self.traffic = Traffic()  # since the last decision-log summary of this connection
         # Every attribute is annotated: compiled (mypyc), an attribute holds only its declared type, and one
         # inferred from a first ``None`` would refuse what the policy stores later.
         self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
-        self._waiting: tuple[Defer, bytes] | None = None  # a deferred request whose decision waits out a mute
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self.draining = False
         self.closed = False
@@ -419,14 +410,14 @@ class Connection:
         """Whether closing this connection loses nothing: nothing in flight, in the middle of arriving, or
         streaming, and no traffic for ``min_idle_s`` (asked only when room must be made, never per request)."""
         return (not self.closed and not self.inflight and self._requests.idle and not self._responses.streaming
-                and self._waiting is None and now - self.last_active >= min_idle_s)
+                and self.session.deferred is None and now - self.last_active >= min_idle_s)
 
     # -- requests: client → broker -----------------------------------------------------------------
     def requests_received(self, data: bytes) -> None:
         if self.closed or self._refused_timer is not None:
             return
         self.services.stats.bytes_from_clients += len(data)
-        self.sum_bytes_in += len(data)
+        self.traffic.bytes_in += len(data)
         self.last_active = now = monotonic()  # bound at import: time.monotonic is a lookup each call
         if self.upstream.transport is None:
             # Kept (one chunk, and at most one more that raced the pause) and replayed once the broker
@@ -454,8 +445,7 @@ class Connection:
         if reader.waiting and self._pool_waiter is None:
             self.pause(self.client, Pause.MEMORY)
             self._pool_waiter = self.services.request_pool.wait(reader.waiting, self._pool_granted)
-        if self.session.holding_requests:
-            self.session.hold_rest(frames)  # a read that raced the pause
+        if self.session.queue(frames):  # a read that raced the pause
             return
         self._process_requests(frames, now)
 
@@ -479,34 +469,23 @@ class Connection:
             self._requests.release_forwarded()
 
     def _process_requests(self, frames, now: float) -> None:
-        """``now``: the clock when the frames were read, or when they stopped waiting."""
+        """Handle the requests of one read (or those that stopped waiting), in order, until the session says the
+        rest wait: then carry that out. ``now``: the clock when the frames were read, or stopped waiting."""
         out: list = []
         session = self.session
         try:
             for i, frame in enumerate(frames):
-                if i == FRAMES_PER_TURN:  # the rest in a later turn of the loop: other connections go first
-                    session.hold_rest(frames[i:])
-                    self.pause(self.client, Pause.TURN)
-                    asyncio.get_running_loop().call_soon(self._next_turn)
-                    break
                 item = self._on_request(frame, now)
-                if item is None:
-                    continue
-                if type(item) is Defer:
-                    # Requests after this one wait, in order, until the policy has decided.
-                    session.hold_rest(frames[i + 1:])
-                    self.pause(self.client, Pause.DECIDING)
-                    self._start_decision(item, bytes(frame))
-                    break
-                out.append(item)
-                if self.mute.held or session.sasl_hold:
-                    # A request charged over quota: like a broker, read nothing more from this client
-                    # until its response is sent and the throttle is over (the mute is held); what was
-                    # already read waits. A SaslHandshake v0: whether what follows is a raw token or a
-                    # request depends on the broker's answer, so it waits for that answer.
-                    session.hold_rest(frames[i + 1:])
-                    if session.sasl_hold:
-                        self.pause(self.client, Pause.SASL_HANDSHAKE)
+                deferred = type(item) is Defer
+                if item is not None and not deferred:
+                    out.append(item)
+                reason = session.after(frames, i, deferred, self.mute.held)
+                if reason is not None:
+                    self.pause(self.client, reason)
+                    if deferred:
+                        self._start_decision(item, bytes(frame))
+                    elif reason is Pause.TURN:  # other connections go first
+                        asyncio.get_running_loop().call_soon(self._next_turn)
                     break
         except ProtocolError as exc:  # the client's bytes: one line, its connection only
             if out:
@@ -524,14 +503,12 @@ class Connection:
         self._release_requests()
 
     def _next_turn(self) -> None:
-        """Requests held at the end of a turn (``FRAMES_PER_TURN``): the next ones, unless something else holds
-        them now (a throttle served, a decision or a SASL answer awaited), whose end releases them."""
+        """The turn the held requests yielded came (``FRAMES_PER_TURN``)."""
         if self.closed:
             return
         self.resume(self.client, Pause.TURN)
-        if self.mute.held or self.session.sasl_hold or Pause.DECIDING in self.client.pauses:
-            return
-        self._release_deferred()
+        if self.session.end_hold(Pause.TURN, self.mute.held):
+            self._release_deferred()
 
     def _on_request(self, frame: bytes | bytearray | memoryview, now: float):
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
@@ -546,7 +523,7 @@ class Connection:
         services = self.services
         stats = services.stats
         stats.requests += 1
-        self.sum_requests += 1
+        self.traffic.requests += 1
         self._api_counters(header.api_key).requests += 1
         verdict = services.policy.on_request(self, header, request.frame, now)
         return self._apply(verdict, request, now)
@@ -594,9 +571,8 @@ class Connection:
         if item is not None:
             self.upstream.transport.write(item)
         self.resume(self.client, Pause.DECIDING)
-        if self.mute.held:  # this request was charged over quota: the rest waits for its throttle
-            return
-        self._release_deferred()
+        if self.session.end_hold(Pause.DECIDING, self.mute.held):
+            self._release_deferred()
 
     def _release_deferred(self) -> None:
         held = self.session.take_held_requests()
@@ -609,8 +585,7 @@ class Connection:
         """Decide a deferred request now, or once the mute it asks for (a KIP-936 hold) has run out."""
         if defer.wait_s > 0:
             self.mute.mute_for(defer.wait_s)
-            if self.mute.muted:
-                self._waiting = (defer, frame)
+            if self.session.defer_decision(defer, frame, self.mute.muted):
                 return
         self._spawn(self._decide(defer, frame))
 
@@ -618,11 +593,10 @@ class Connection:
         if self.closed:
             return
         self.resume(self.client, Pause.MUTED)
-        if self._waiting is not None:
-            defer, frame = self._waiting
-            self._waiting = None
-            self._spawn(self._decide(defer, frame))
-        elif hold_ended and not self.session.sasl_hold:
+        then = self.session.unmuted(hold_ended)
+        if type(then) is tuple:  # a decision that waited out the mute
+            self._spawn(self._decide(*then))
+        elif then:
             self._release_deferred()
 
     def _sasl_handshake_answered(self) -> None:
@@ -631,7 +605,7 @@ class Connection:
         if self.closed:
             return
         self.resume(self.client, Pause.SASL_HANDSHAKE)
-        if not self.mute.held:
+        if self.session.end_hold(Pause.SASL_HANDSHAKE, self.mute.held):
             self._release_deferred()
 
     def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
@@ -707,7 +681,7 @@ class Connection:
         """Count a read of ``nbytes`` from the broker, either way it arrived; the clock it was read at."""
         self.last_active = now = monotonic()
         self.services.stats.bytes_to_clients += nbytes
-        self.sum_bytes_out += nbytes
+        self.traffic.bytes_out += nbytes
         return now
 
     def _deliver(self, held: list | None, now: float) -> None:
@@ -729,8 +703,8 @@ class Connection:
                     i += 1
                 else:
                     break
-                if session.held_responses is not None:
-                    session.held_responses.append(frame)
+                if session.queue_response(frame):
+                    pass
                 elif type(frame) is StreamPiece:
                     if self._tail is None:
                         out.append(frame.data)
@@ -761,10 +735,11 @@ class Connection:
         for pending in self.session.ready_answers():
             self._finish(pending, pending.local, out, now)
 
-    def _finish(self, pending: Pending, frame, out: list, now: float) -> None:
-        """Last stop of every response: the policy may raise throttle_time_ms and mute the client."""
+    def _finish(self, pending: Pending, frame, out: list, now: float, total: int | None = None) -> None:
+        """Last stop of every response, whole or the head of a streamed one (``total``: its full length): the
+        policy may raise throttle_time_ms and mute the client."""
         if pending.decision is not None:
-            pieces = self.services.policy.on_response(self, pending, frame, now)
+            pieces = self.services.policy.on_response(self, pending, frame, now, total)
             if pieces is not None:
                 out.extend(pieces)
                 return
@@ -791,16 +766,15 @@ class Connection:
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
             pending = session.streamed()
             self._count_latency(pending, now)
-            pieces = None
-            if pending.decision is not None:
-                pieces = self.services.policy.on_response(self, pending, frame.data, now, frame.total)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
+                pieces: list = []
+                self._finish(pending, frame.data, pieces, now, frame.total)
                 body_start = 4 + response_body_offset(frame.data[4:], key, version)
                 self._tail = StreamedTail(key, version, body_start, self.services.directory)
-                self._tail.pass_on(pieces or (frame.data,), False, out)
+                self._tail.pass_on(pieces, False, out)
             else:
-                out.extend(pieces or (frame.data,))
+                self._finish(pending, frame.data, out, now, frame.total)
             return
         pending, sasl_released = session.response(frame)
         if pending.header is RAW:
@@ -829,8 +803,7 @@ class Connection:
         elif isinstance(result, AddressEdit):
             # A broker without a listener yet: hold this and later responses (order is kept) and
             # stop reading the broker until the listener is up.
-            session.hold_responses()
-            self.pause(self.upstream, Pause.NEW_LISTENER)
+            self.pause(self.upstream, session.hold_responses())
             if out:
                 self.client.transport.writelines(out)
                 out.clear()

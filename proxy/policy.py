@@ -174,7 +174,7 @@ class _PidMemo:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("bound", "identity", "last", "last_client_id", "last_key", "last_response_at", "pid_memo",
+    __slots__ = ("identity", "last", "last_client_id", "last_key", "last_response_at", "pid_memo",
                  "produce_shape", "scope", "stamp", "user")
 
     def __init__(self, identity: Identity) -> None:
@@ -187,15 +187,14 @@ class _ConnState:
         self.stamp = -1
         self.user = ""
         self.scope = ""
-        self.bound: dict[int, tuple[str, _Bound | None]] = {}
-        """API key -> (client id, its bound plan or None: no quota applies to that client); valid while
-        ``stamp`` and ``user`` are the policy's and the client id is the request's."""
         self.last_key = -1
         self.last_client_id = ""
         self.last: _Bound | None = None
-        """The API key and client id of the last request that had a plan, and its bound plan: valid while ``stamp``
-        and ``user`` are current. A producer sends one API with one client id, request after request, so its
-        decision finds its handles here without the plan table, the ``bound`` dict or their checks."""
+        """The API key and client id of the last request that had a plan, and its bound plan (None: no quota
+        applies to that client): valid while ``stamp`` and ``user`` are current. The one memo of the charging
+        path. A producer sends one API with one client id, request after request, and a consumer mostly Fetch, so
+        the decision finds its handles here; a request of another API binds its plan again (a few lookups in the
+        manager's tables), which clients do seconds apart (metadata, heartbeats, commits)."""
         self.pid_memo: _PidMemo | None = None
         """The last producer id seen and until when the filters know it."""
         self.produce_shape: Shape | None = None
@@ -204,8 +203,6 @@ class _ConnState:
 
 _PIDS_BIT: Final = BIT[PRODUCER_IDS_RATE]
 _MUTATION_BIT: Final = BIT[CONTROLLER_MUTATION_RATE]
-_MAX_BOUND_APIS: Final = 64
-"""Bound plans kept per connection: API keys come from the client, so the memo is bounded."""
 
 
 class Decision:
@@ -477,18 +474,13 @@ class Policy:
 
     def _bind(self, conn: PolicyConnection, st: _ConnState, plan: _Plan, key: int, client_id: str,
               now_ms: int) -> _Bound | None:
-        """The connection's bound plan for API ``key`` (None: nothing charges it), binding it when the quotas,
-        the principal or the client id changed since it was kept."""
-        stamp = self.quotas.stamp()
+        """API ``key``'s plan bound to the connection's principal, client id and scope (None: no quota applies to
+        this client); the scope is looked up again when the quotas or the principal changed."""
+        q = self.quotas
         user = st.identity.principal
-        if st.stamp != stamp or st.user != user:
-            st.bound.clear()
-            st.stamp, st.user, st.scope = stamp, user, self._scope(conn)
-        else:
-            kept = st.bound.get(key)
-            if kept is not None and kept[0] == client_id:
-                return kept[1]
-        q, scope = self.quotas, st.scope
+        if st.stamp != q.stamp() or st.user != user:
+            st.user, st.scope = user, self._scope(conn)
+        scope = st.scope
         at_request = tuple((k, h, basis(k, key)) for k in plan.at_request
                            if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
         later = tuple((k, h, basis(k, key)) for k in plan.at_response
@@ -498,9 +490,6 @@ class Policy:
         if at_request or later or pids is not None or plan.mutation:  # else no quota applies to this client
             b = _Bound(plan, at_request, later, pids)
         st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
-        if len(st.bound) >= _MAX_BOUND_APIS:
-            st.bound.clear()
-        st.bound[key] = (client_id, b)
         return b
 
     def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
@@ -529,8 +518,7 @@ class Policy:
         size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
         d = Decision(st, client_id, header, size, self.keep_values)
         if self.decision_log is not None:  # it gets its own event: out of the summary (sums count the size prefix)
-            conn.sum_requests = max(0, conn.sum_requests - 1)
-            conn.sum_bytes_in = max(0, conn.sum_bytes_in - size - 4)
+            conn.traffic.logged_request(size + 4)
         d.charged_ms = now_ms
         quotas = self.quotas
         for kind, h, how in b.at_request:
@@ -893,8 +881,7 @@ class Policy:
             return
         # This request has its own event: the connection's next summary covers only the traffic that met no
         # decision, so summing any column over all events counts each request once.
-        # (the request's own share was taken out of the summary sums when it was decided, in _decide)
-        conn.sum_bytes_out = max(0, conn.sum_bytes_out - bytes_out - (4 if bytes_out else 0))
+        conn.traffic.logged_response(bytes_out + 4 if bytes_out else 0)
         off = self._epoch_offset_ms
         self.decision_log.emit(request_event(
             ts_ms=now_ms + off, req_ts_ms=d.charged_ms + off, conn=conn.id, user=d.user, client_id=d.client_id,
@@ -905,13 +892,16 @@ class Policy:
 
     def summarise(self, conn: PolicyConnection) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
-        if self.decision_log is None or not (conn.sum_requests or conn.sum_bytes_in or conn.sum_bytes_out):
+        if self.decision_log is None:
             return
+        counts = conn.traffic.take()
+        if counts is None:
+            return
+        requests, bytes_in, bytes_out = counts
         self.decision_log.emit(summary_event(
             ts_ms=round(time.time() * 1000), conn=conn.id, user=conn.identity.principal, client_id=conn.client_id,
-            requests=conn.sum_requests, bytes_in=conn.sum_bytes_in, bytes_out=conn.sum_bytes_out,
-            shadow=not self.enforce, scope=self._scope(conn)))
-        conn.sum_requests = conn.sum_bytes_in = conn.sum_bytes_out = 0
+            requests=requests, bytes_in=bytes_in, bytes_out=bytes_out, shadow=not self.enforce,
+            scope=self._scope(conn)))
 
     def decision_log_stats(self) -> dict[str, int]:
         out = dict(self.decision_log.stats()) if self.decision_log is not None else {}

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from quotas.kinds import KIND_SETS, keys_of
 
-__all__ = ["ApiCounters", "Stats"]
+__all__ = ["ApiCounters", "Stats", "Traffic"]
 
 
 class ApiCounters:
@@ -25,6 +25,44 @@ class ApiCounters:
         self.latency_sum = 0.0
         """Seconds from forwarding a request to its response, summed."""
         self.latency_count = 0
+
+
+class Traffic:
+    """One connection's traffic since its last decision-log summary, and the part of it that had events of its
+    own. One owner for both: the connection counts what it reads and writes, the policy what it logged with a
+    request's own event, and :meth:`take` leaves the latter out, so summing any column over every event counts
+    each request once."""
+
+    __slots__ = ("requests", "bytes_in", "bytes_out", "logged_requests", "logged_in", "logged_out")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes_in = 0
+        """Bytes read from the client, size prefixes included."""
+        self.bytes_out = 0
+        """Bytes read from the broker for the client, size prefixes included."""
+        self.logged_requests = 0
+        self.logged_in = 0
+        self.logged_out = 0
+
+    def logged_request(self, frame_bytes: int) -> None:
+        """A request of ``frame_bytes`` (its size prefix included) has an event of its own."""
+        self.logged_requests += 1
+        self.logged_in += frame_bytes
+
+    def logged_response(self, frame_bytes: int) -> None:
+        """The response of a request with its own event: ``frame_bytes`` (size prefix included; 0: none)."""
+        self.logged_out += frame_bytes
+
+    def take(self) -> tuple[int, int, int] | None:
+        """Requests, bytes in and bytes out since the last take that no event of their own counted (None when
+        there were none); the counts start again from zero. A request read before a take and logged after it
+        is left out of both summaries, never counted twice (hence the floor at zero)."""
+        out = (max(0, self.requests - self.logged_requests), max(0, self.bytes_in - self.logged_in),
+               max(0, self.bytes_out - self.logged_out))
+        self.requests = self.bytes_in = self.bytes_out = 0
+        self.logged_requests = self.logged_in = self.logged_out = 0
+        return out if any(out) else None
 
 
 class Tally:

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from proxy.stats import Traffic
+
 
 @dataclass(slots=True)
 class Defer:
@@ -81,10 +83,9 @@ class PolicyConnection(Protocol):
     @property
     def mute(self) -> Mute: ...
 
+    traffic: Traffic
+    """Its traffic since the last decision-log summary (the policy leaves out what it logged on its own)."""
     # Written by the policy too.
-    sum_requests: int
-    sum_bytes_in: int
-    sum_bytes_out: int
     policy_state: Any
     """What the policy keeps per connection (None at first): the last producer id seen and until when it is known."""
 

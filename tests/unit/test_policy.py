@@ -22,7 +22,7 @@ from config.model import ProxyConfig
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending
 from proxy.policy import Decision, Policy
-from proxy.stats import Stats
+from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Defer, Replace
 from quotas.entities import QuotaEntity
 from quotas.kinds import (
@@ -68,7 +68,7 @@ class FakeConn:
         self.identity = type("I", (), {"principal": principal})()
         self.upstream_addr = ("127.0.0.1", 9092)
         self.mute = FakeMute()
-        self.sum_requests = self.sum_bytes_in = self.sum_bytes_out = 0
+        self.traffic = Traffic()
         self.policy_state = None
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:

@@ -18,7 +18,7 @@ from protocol.apis import Api
 from protocol.errors import ProtocolError, ProtocolViolation
 from protocol.headers import encode_response_header
 from protocol.principal import ConnectionIdentity
-from protocol.session import RAW, Request, Session
+from protocol.session import FRAMES_PER_TURN, RAW, Pause, Request, Session
 
 _SIZE = struct.Struct(">i")
 CAPS = {Api.API_VERSIONS: 3, Api.PRODUCE: 11, Api.FETCH: 17, Api.SASL_HANDSHAKE: 1}
@@ -128,6 +128,125 @@ def test_held_requests_are_copies_given_back_in_order():
     held = s.take_held_requests()
     assert held == [bytes(metadata(2)), bytes(metadata(3))]
     assert not s.holding_requests and s.take_held_requests() == []
+
+
+def test_after_a_request_the_rest_go_on_unless_something_holds_them():
+    s = _session()
+    frames = [metadata(c) for c in range(1, 5)]
+    assert s.after(frames, 0, deferred=False, muted=False) is None
+    assert not s.holding_requests
+    assert s.after(frames, 1, deferred=True, muted=True) == Pause.DECIDING  # not forwarded yet: nothing behind it
+    assert s.take_held_requests() == [bytes(f) for f in frames[2:]]
+
+
+@pytest.mark.parametrize("why", ["muted", "sasl"])
+def test_a_mute_or_a_sasl_handshake_holds_the_rest_until_it_ends(why):
+    s = _session()
+    frames = [metadata(c) for c in range(1, 4)]
+    s.sasl_hold = why == "sasl"
+    reason = s.after(frames, 0, deferred=False, muted=why == "muted")
+    assert reason == (Pause.MUTED if why == "muted" else Pause.SASL_HANDSHAKE)
+    assert s.queue([metadata(9)])  # read meanwhile: queues behind them
+    if why == "muted":
+        assert s.unmuted(hold_ended=False) is False  # a plain mute's end holds nothing back
+        assert s.unmuted(hold_ended=True) is True
+    else:
+        assert not s.end_hold(Pause.SASL_HANDSHAKE, muted=False)  # not answered yet
+        s.sasl_hold = False  # (Session.response clears it when the answer comes)
+        assert not s.end_hold(Pause.SASL_HANDSHAKE, muted=True)  # a mute began meanwhile: it holds them still
+        assert s.end_hold(Pause.SASL_HANDSHAKE, muted=False)
+    assert s.take_held_requests() == [bytes(f) for f in frames[1:]] + [bytes(metadata(9))]
+    assert not s.queue([metadata(10)])
+
+
+def test_a_turn_ends_after_frames_per_turn_requests_of_one_read_and_only_if_more_follow():
+    s = _session()
+    frames = [metadata(c) for c in range(FRAMES_PER_TURN + 2)]
+    assert all(s.after(frames, i, False, False) is None for i in range(FRAMES_PER_TURN - 1))
+    assert s.after(frames, FRAMES_PER_TURN - 1, False, False) == Pause.TURN
+    assert len(s.take_held_requests()) == 2
+    exactly = frames[:FRAMES_PER_TURN]
+    assert s.after(exactly, FRAMES_PER_TURN - 1, False, False) is None  # nothing left for a later turn
+
+
+def test_every_hold_must_end_before_the_held_requests_go_on():
+    s = _session()
+    frames = [metadata(c) for c in range(FRAMES_PER_TURN + 3)]
+    for i in range(FRAMES_PER_TURN - 1):
+        s.after(frames, i, False, False)
+    assert s.after(frames, FRAMES_PER_TURN - 1, False, False) == Pause.TURN
+    held = s.take_held_requests()
+    s.hold_rest(held)  # (as if still held) a decision starts on the first of them before the turn came
+    s._holds.add(Pause.DECIDING)
+    assert not s.end_hold(Pause.TURN, muted=False)  # the decision still holds them
+    assert s.end_hold(Pause.DECIDING, muted=False)
+
+
+def test_a_deferred_decision_waits_out_the_mute_then_is_given_back():
+    s = _session()
+    frames = [metadata(1), metadata(2)]
+    assert s.after(frames, 0, deferred=True, muted=False) == Pause.DECIDING
+    assert not s.defer_decision("verdict", bytes(frames[0]), muted=False)  # not muted: decided at once
+    assert s.defer_decision("verdict", bytes(frames[0]), muted=True)
+    assert s.deferred is not None
+    assert s.unmuted(hold_ended=False) == ("verdict", bytes(frames[0]))  # decide it now; the rest still wait
+    assert s.deferred is None and s.holding_requests
+    assert s.end_hold(Pause.DECIDING, muted=False)
+    assert s.take_held_requests() == [bytes(frames[1])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["read", "req", "defer", "mute", "sasl", "decided", "unmute", "answered", "turn"]),
+                max_size=40))
+def test_held_requests_come_back_once_in_order_and_only_when_nothing_holds_them(ops):
+    """A model of the glue: frames come in reads; holds start and end in any order. Every frame read is handed
+    on exactly once, in order, and never while a decision, the mute, a SASL answer or a turn still holds it."""
+    s = _session()
+    handled: list[bytes] = []
+    sent = 0
+    muted = deciding = turn = False
+
+    def handle(frames, deferred=False):
+        nonlocal deciding, turn
+        for i, f in enumerate(frames):
+            handled.append(bytes(f))
+            reason = s.after(frames, i, deferred and i == 0, muted)
+            if reason is not None:
+                deciding = deciding or reason == Pause.DECIDING
+                turn = turn or reason == Pause.TURN
+                return
+
+    def release(ok):
+        if ok:
+            assert not (muted or deciding or turn or s.sasl_hold)
+            handle(s.take_held_requests())
+        else:  # and never kept back once nothing holds them
+            assert muted or deciding or turn or s.sasl_hold
+
+    for op in ops:
+        if op in ("read", "req", "defer", "sasl"):
+            sent += 1
+            frame = metadata(sent)
+            if op == "sasl" and not s.holding_requests:
+                s.sasl_hold = True
+            if not s.queue([frame]):
+                handle([frame], deferred=op == "defer")
+        elif op == "mute":
+            muted = True
+        elif op == "decided" and deciding:
+            deciding = False
+            release(s.end_hold(Pause.DECIDING, muted))
+        elif op == "unmute" and muted:
+            muted = False
+            release(s.unmuted(hold_ended=True) is True)
+        elif op == "answered" and s.sasl_hold:
+            s.sasl_hold = False
+            release(s.end_hold(Pause.SASL_HANDSHAKE, muted))
+        elif op == "turn" and turn:
+            turn = False
+            release(s.end_hold(Pause.TURN, muted))
+    held = s.take_held_requests() if s.holding_requests else []
+    assert handled + held == [bytes(metadata(c)) for c in range(1, sent + 1)]
 
 
 def test_own_requests_are_answered_in_turn_and_never_reach_the_client():

@@ -29,7 +29,7 @@ from protocol.topic_guard import (
     filter_listing,
 )
 from proxy.policy import Decision, Policy
-from proxy.stats import Stats
+from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Replace
 from quotas.fleet import MAC_HEADER, authentic, record_mac
 
@@ -316,7 +316,7 @@ class _Conn:
         self.identity = type("I", (), {"principal": "mallory"})()
         self.upstream_addr = ("127.0.0.1", 9092)
         self.mute = None
-        self.sum_requests = self.sum_bytes_in = self.sum_bytes_out = 0
+        self.traffic = Traffic()
         self.policy_state = None
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.produce_walk import Harness, _produce
-from protocol.session import Pause
-from proxy.connection import FRAMES_PER_TURN
+from protocol.session import FRAMES_PER_TURN, Pause
 
 
 def _frames_in(chunks: list[bytes]) -> int:
