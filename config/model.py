@@ -5,12 +5,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from protocol.principal import PrincipalMapper
-from quotas.entities import DEFAULT, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
+from quotas.entities import DEFAULT, EntityName, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
 
 
 class _Strict(BaseModel):
@@ -53,7 +53,7 @@ class UpstreamTlsConfig(_Strict):
     _files = field_validator("ca_file", "cert_file", "key_file")(_existing_file)
 
     @model_validator(mode="after")
-    def _pair(self):
+    def _pair(self) -> Self:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
         return self
@@ -81,7 +81,7 @@ class ListenTlsConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _ca(self):
+    def _ca(self) -> Self:
         if self.client_auth != "none" and self.ca_file is None:
             raise ValueError(f"client_auth {self.client_auth} needs ca_file to verify client certificates")
         return self
@@ -95,7 +95,7 @@ class UpstreamConfig(_Strict):
 
     @field_validator("bootstrap_servers", mode="before")
     @classmethod
-    def _split(cls, v):
+    def _split(cls, v: Any) -> Any:
         if isinstance(v, str):
             v = [s.strip() for s in v.split(",") if s.strip()]
         return v
@@ -124,7 +124,7 @@ class ListenConfig(_Strict):
 
     @field_validator("broker_ports", mode="before")
     @classmethod
-    def _range(cls, v):
+    def _range(cls, v: Any) -> Any:
         if isinstance(v, str) and v != "ephemeral":
             first, sep, last = v.partition("-")
             if not sep:
@@ -133,7 +133,7 @@ class ListenConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check(self) -> Self:
         if self.broker_ports != "ephemeral":
             first, last = self.broker_ports
             if not 0 < first <= last < 65536:
@@ -148,7 +148,7 @@ class ListenConfig(_Strict):
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
 
 
-def _entity_name(value: str | None):
+def _entity_name(value: str | None) -> EntityName:
     if value is None:
         return None
     return DEFAULT if value == "<default>" else value
@@ -167,7 +167,7 @@ class QuotaEntry(_Strict):
         return QuotaEntity(_entity_name(self.entity.get("user")), _entity_name(self.entity.get("client-id")))
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check(self) -> Self:
         try:
             entity = self.quota_entity()
         except QuotaEntityError as exc:
@@ -226,7 +226,7 @@ class QuotaConfig(_Strict):
     entities: list[QuotaEntry] = []
 
     @model_validator(mode="after")
-    def _unique(self):
+    def _unique(self) -> Self:
         seen: set[QuotaEntity] = set()
         for i, entry in enumerate(self.entities):
             entity = entry.quota_entity()
@@ -296,7 +296,7 @@ class FleetConfig(_Strict):
     _secret: bytes | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _read_secret(self):
+    def _read_secret(self) -> Self:
         if self.secret_file is not None and self.secret_env is not None:
             raise ValueError("fleet: give the secret in secret_file or secret_env, not both")
         raw: bytes | None = None
@@ -420,7 +420,7 @@ class ProxyConfig(_Strict):
     P whichever process answers). Each process enforces quotas on the connections it holds (docs/fleet.md)."""
 
     @model_validator(mode="after")
-    def _fleet_named(self):
+    def _fleet_named(self) -> Self:
         if self.quotas.scope == "fleet" and not self.fleet.name:
             raise ValueError("quotas.scope fleet needs fleet.name (the members that share usage)")
         if self.quotas.scope == "fleet" and self.fleet.secret() is None:
@@ -429,7 +429,7 @@ class ProxyConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _fixed_ports_for_workers(self):
+    def _fixed_ports_for_workers(self) -> Self:
         if self.workers > 1:
             if self.listen.bootstrap_port == 0:
                 raise ValueError(f"workers: {self.workers} needs a fixed listen.bootstrap_port, not 0 (every "

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from config.load import ConfigError
-from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
+from quotas.entities import DEFAULT, EntityName, QuotaEntity, QuotaStore
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ class StateFileError(ConfigError):
     """The state file exists but cannot be used; the message names the file and the reason."""
 
 
-def _name_to_json(name) -> str | None:
+def _name_to_json(name: EntityName) -> str | None:
     return None if name is None else ("<default>" if name is DEFAULT else name)
 
 
-def _name_from_json(name: str | None):
+def _name_from_json(name: str | None) -> EntityName:
     return None if name is None else (DEFAULT if name == "<default>" else name)
 
 

@@ -9,9 +9,12 @@ it lives in this neutral module both import. Its per-kind columns come from the 
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from quotas.kinds import BY_KEY, NAMES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_VERSION: Final = 1
 
@@ -60,7 +63,7 @@ def column_names() -> list[str]:
     return [name for name, _ in COLUMNS]
 
 
-def arrow_schema():
+def arrow_schema() -> pa.Schema:
     """The schema as a ``pyarrow.Schema`` (imports pyarrow lazily: the proxy needs it only with Parquet)."""
     import pyarrow as pa
 

@@ -632,6 +632,7 @@ class QuotaStore:
         tag_client = client_id if keep_client else ""
         # Step 2, Kafka's quotaLimit: the limit is looked up from the tags alone. For non-empty names this
         # finds `walked` again; it differs only for empty names (see the module docstring).
+        search: tuple[Level, ...]
         if tag_user and tag_client:
             search = _BOTH_TAGS_LEVELS
         elif tag_user:

@@ -116,9 +116,12 @@ class Tracker:
     __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "last_throttle_ms", "mutations",
                  "recorded_total", "remote_total", "pace")
 
-    def __init__(self, stat, limit: float, now_ms: int, mutations: SampledRate | None = None,
+    def __init__(self, stat: Any, limit: float, now_ms: int, mutations: SampledRate | None = None,
                  pace: TokenBucket | None = None) -> None:
         self.stat = stat
+        """A :class:`TokenBucket` (the controller-mutation quota) or a :class:`SampledRate` (the rest). Typed Any,
+        not the union: each reader takes it as the one type its path knows (``stat: SampledRate = t.stat``, a
+        checked assignment when compiled), where the union would need a ``cast()``, a call per request when not."""
         self.pace = pace
         """With smooth enforcement, for byte rates and the request quota: the bucket that paces the client (its
         throttle is the time until the bucket is back to zero); ``stat`` still measures the rate."""
@@ -388,7 +391,7 @@ class QuotaManager:
         made a scrape slow). The label set then stays bounded whatever clients do."""
         items = list(self._trackers.items())
         if top is not None and len(items) > top:
-            by_key: dict[str, list] = {}
+            by_key: dict[str, list[tuple[tuple[str, str, BucketKey], Tracker]]] = {}
             for item in items:
                 by_key.setdefault(item[0][0], []).append(item)
             items = []

@@ -138,6 +138,7 @@ def ship_code(spark: SparkSession) -> None:
     :data:`EXECUTOR_PACKAGES` import, so a worker without them fails here with the package named instead of
     deep in the what-if replay. Local masters see the repository through PYTHONPATH already."""
     master = spark.sparkContext.master
+    assert master is not None  # a running context has its master
     if master.startswith("local"):
         return
     import tempfile
@@ -205,15 +206,17 @@ def overview(events: DataFrame) -> dict[str, Any]:
     ).first()
     ov = row.asDict() if row is not None else {}
     # per member of a fleet (or instance): its traffic and throttles, and the events its log is missing
-    proxies = (events.groupBy("proxy")
-               .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
-                    F.sum("requests").alias("requests"), F.sum("bytes_in").alias("bytes_in"),
-                    F.sum("bytes_out").alias("bytes_out"),
-                    F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
-                    F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
-                    F.sum(F.when(F.col("action") == "reject", 1).otherwise(0)).alias("rejects"))
-               .withColumn("missing", F.greatest(F.lit(0), F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")))
-               .orderBy("proxy").limit(1000).toPandas())
+    proxies: pd.DataFrame = (
+        events.groupBy("proxy")
+        .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
+             F.sum("requests").alias("requests"), F.sum("bytes_in").alias("bytes_in"),
+             F.sum("bytes_out").alias("bytes_out"),
+             F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+             F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
+             F.sum(F.when(F.col("action") == "reject", 1).otherwise(0)).alias("rejects"))
+        .withColumn("missing", F.greatest(F.lit(0), F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")))
+        .orderBy("proxy").limit(1000).toPandas()
+    )
     ov["proxies"] = proxies
     ov["missing_events"] = int(proxies["missing"].fillna(0).sum()) if len(proxies) else 0
     return ov
@@ -342,7 +345,9 @@ def finish_recommendations(rec: pd.DataFrame, percentile: float, headroom: float
     if rec.empty:
         return rec.assign(recommended=[], budget_share=[], reasoning=[])
     pct = f"p{percentile * 100:g}"
-    recommended, reasons, shares = [], [], []
+    recommended: list[float] = []
+    reasons: list[str] = []
+    shares: list[float | None] = []
     for r in rec.itertuples(index=False):
         integral = r.kind in ("produce", "fetch")
         value = _nice_ceil(r.pct_rate * headroom, integral)
@@ -572,7 +577,8 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
             from spark_analysis import report as report_mod
 
             plots = report_mod.plot_data(spark, usage_1s, windows, top, ov, opts)
-        summary_pd = agreement_pd = None
+        summary_pd: pd.DataFrame | None = None
+        agreement_pd: pd.DataFrame | None = None
         if opts.quotas:
             with prog.stage("what-if replay through quotas/"):
                 skipped: dict[str, Any] = {}
@@ -585,7 +591,10 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
                 try:
                     _write(replayed, out, "whatif_charges", tables)
                 finally:
-                    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", coalesce)
+                    if coalesce is None:  # it had no value: leave it without one again
+                        spark.conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
+                    else:
+                        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", coalesce)
                 replayed = spark.read.parquet(tables["whatif_charges"])
                 summary, agreement = whatif_summaries(replayed)
                 _write(summary, out, "whatif_summary", tables)
@@ -593,8 +602,10 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
                               .orderBy(F.desc("throttle_ms"), F.desc("rejected_topics")).limit(200).toPandas())
                 agreement_pd = agreement.orderBy("kind").toPandas()
                 plots["whatif_bins"] = report_mod.whatif_bins(replayed, summary_pd, ov, opts)
-                log.info("  replay: %d buckets, %d throttled charges",
-                         len(summary_pd), int(summary_pd["throttled"].sum()) if len(summary_pd) else 0)
+                # The ignore: mypy leaves the pandas class pyspark's toPandas() is annotated with unresolved (an
+                # unknown type, not Any: pandas has no stubs here), and the assignment above narrowed summary_pd to it.
+                log.info("  replay: %d buckets, %d throttled charges", len(summary_pd),
+                         int(summary_pd["throttled"].sum()) if len(summary_pd) else 0)  # type: ignore[index]
         report_path = None
         if opts.report:
             with prog.stage("HTML report"):

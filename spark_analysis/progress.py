@@ -30,7 +30,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if sc is not None and heartbeat_s > 0:
-            self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True,
+            self._thread = threading.Thread(target=self._beat, args=(sc, heartbeat_s), daemon=True,
                                             name="spark-analysis-progress")
             self._thread.start()
 
@@ -49,10 +49,10 @@ class Progress:
             self._current = None
             log.info("%s %s done in %.1f s (total %.1f s)", label, name, took, time.monotonic() - self.started)
 
-    def _beat(self, every: float) -> None:
+    def _beat(self, sc: SparkContext, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                tracker = self.sc.statusTracker()
+                tracker = sc.statusTracker()
                 parts = []
                 for sid in tracker.getActiveStageIds():
                     info = tracker.getStageInfo(sid)

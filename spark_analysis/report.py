@@ -79,12 +79,12 @@ def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top:
     kind_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}`" for k in KIND_KEYS) + " END")
     limit_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}_limit`" for k in KIND_KEYS) + " END")
     thr_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}_throttle_ms`" for k in KIND_KEYS) + " END")
-    series = (usage_1s.join(F.broadcast(sel), ["user", "client_id"])
-              .withColumn("bin", ((F.col("sec") - first) / bin_s).cast("long"))
-              .groupBy("user", "client_id", "kind", "bin")
-              .agg((F.sum(kind_expr) / bin_s).alias("rate"), F.max(limit_expr).alias("limit"),
-                   F.sum(thr_expr).alias("throttle_ms"))
-              .toPandas())
+    series: pd.DataFrame = (usage_1s.join(F.broadcast(sel), ["user", "client_id"])
+                            .withColumn("bin", ((F.col("sec") - first) / bin_s).cast("long"))
+                            .groupBy("user", "client_id", "kind", "bin")
+                            .agg((F.sum(kind_expr) / bin_s).alias("rate"), F.max(limit_expr).alias("limit"),
+                                 F.sum(thr_expr).alias("throttle_ms"))
+                            .toPandas())
     store = opts.quotas.store() if opts.quotas else None
     out["series"] = []
     for user, client, kind in picks:
@@ -102,9 +102,11 @@ def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top:
         out["heatmap"] = pd.DataFrame()
     else:
         hs = spark.createDataFrame(throttled[["user", "client_id"]].reset_index(drop=True))
-        hm = (usage_1s.join(F.broadcast(hs), ["user", "client_id"])
-              .withColumn("bin", ((F.col("sec") - first) / hbin).cast("long"))
-              .groupBy("user", "client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms")).toPandas())
+        hm: pd.DataFrame = (
+            usage_1s.join(F.broadcast(hs), ["user", "client_id"])
+            .withColumn("bin", ((F.col("sec") - first) / hbin).cast("long"))
+            .groupBy("user", "client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms")).toPandas()
+        )
         hm["entity"] = [_label(u, c) for u, c in zip(hm["user"], hm["client_id"], strict=True)]
         out["heatmap"] = hm.pivot_table(index="entity", columns="bin", values="throttle_ms", aggfunc="sum")
         out["heatmap_bin_s"] = hbin
@@ -122,10 +124,12 @@ def whatif_bins(replayed: DataFrame, summary: pd.DataFrame, ov: dict[str, Any], 
         return pd.DataFrame()
     spark = replayed.sparkSession
     sel = spark.createDataFrame(top[["kind", "bucket_user", "bucket_client_id"]].reset_index(drop=True))
-    hm = (replayed.join(F.broadcast(sel), ["kind", "bucket_user", "bucket_client_id"])
-          .withColumn("bin", ((F.floor(F.col("ts_ms") / 1000) - first) / hbin).cast("long"))
-          .groupBy("kind", "bucket_user", "bucket_client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms"))
-          .toPandas())
+    hm: pd.DataFrame = (
+        replayed.join(F.broadcast(sel), ["kind", "bucket_user", "bucket_client_id"])
+        .withColumn("bin", ((F.floor(F.col("ts_ms") / 1000) - first) / hbin).cast("long"))
+        .groupBy("kind", "bucket_user", "bucket_client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms"))
+        .toPandas()
+    )
     hm["entity"] = [f"{k}: {_label(u, c)}" for k, u, c in
                     zip(hm["kind"], hm["bucket_user"], hm["bucket_client_id"], strict=True)]
     piv = hm.pivot_table(index="entity", columns="bin", values="throttle_ms", aggfunc="sum")

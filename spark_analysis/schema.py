@@ -6,6 +6,8 @@ translates it, so the writer and the reader cannot drift apart.
 
 from __future__ import annotations
 
+from typing import cast
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -21,7 +23,8 @@ _DDL = {"int32": "int", "int64": "bigint", "float64": "double", "string": "strin
 
 def event_schema() -> StructType:
     """Spark schema of decision-log schema version 1."""
-    return StructType.fromDDL(", ".join(f"`{n}` {_DDL[t]}" for n, t in COLUMNS))
+    # fromDDL is typed to return any DataType; a list of columns parses to a StructType.
+    return cast(StructType, StructType.fromDDL(", ".join(f"`{n}` {_DDL[t]}" for n, t in COLUMNS)))
 
 
 def _looks_like_json(path: str) -> bool:

@@ -302,11 +302,12 @@ def small_traffic(n: int, *, seed: int = 7, start_ms: int = 1_767_225_600_000, s
             api = int(rng.choice([0, 1, 3, 19])) if rng.random() < 0.02 else int(rng.choice([0, 1]))
             size = int(rng.integers(500, 5_000))
         up = float(rng.lognormal(0.5, 0.5))
-        e = {"schema": SCHEMA_VERSION, "event": "request", "ts_ms": t, "req_ts_ms": t - int(up), "proxy": "p1",
-             "conn": f"c-{user}-{client}", "user": user, "client_id": client, "api_key": api,
-             "api_version": _VERSIONS.get(api, 1), "requests": 1, "bytes_in": size if api == 0 else 100,
-             "bytes_out": int(rng.integers(1_000, 20_000)) if api == 1 else 50, "mutations": 0, "new_pids": 0,
-             "upstream_ms": up, "shadow": False, "seq": i, "scope": "broker 1"}
+        e: dict[str, Any] = {
+            "schema": SCHEMA_VERSION, "event": "request", "ts_ms": t, "req_ts_ms": t - int(up), "proxy": "p1",
+            "conn": f"c-{user}-{client}", "user": user, "client_id": client, "api_key": api,
+            "api_version": _VERSIONS.get(api, 1), "requests": 1, "bytes_in": size if api == 0 else 100,
+            "bytes_out": int(rng.integers(1_000, 20_000)) if api == 1 else 50, "mutations": 0, "new_pids": 0,
+            "upstream_ms": up, "shadow": False, "seq": i, "scope": "broker 1"}
         if api == 19:
             e["topic_partitions"] = [int(rng.integers(1, 30))]
             e["mutations"] = e["topic_partitions"][0]
