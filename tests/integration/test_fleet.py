@@ -30,7 +30,7 @@ os.environ.setdefault("KTP_TEST_FLEET_SECRET", "fleet-test-secret-" + uuid.uuid4
 QUOTA = 2 * MIB
 MEMBERS = 3
 STEADY_S = 60
-TOLERANCE = 0.05
+"""Seconds of steady rate the producers' records last (the kafka-mode fleet case: half as long again, below)."""
 
 
 def _gauge(port: int, name: str) -> float:
@@ -41,8 +41,19 @@ def _gauge(port: int, name: str) -> float:
     return float("nan")
 
 
-@pytest.mark.parametrize("scope, factor", [("fleet", 1), ("cluster", MEMBERS)])
-def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, scope, factor):
+# Why the kafka-mode fleet gets 10 % and a longer window where smooth gets 5 %: with Kafka's enforcement the members
+# throttle together (each sees the same fleet usage a sync late) and burst together when their mutes end, so the
+# landed rate saw-tooths between 5 s slices of ~0 and ~3x the quota (sync delay p99 ~300 ms). A window of a few such
+# periods is off by part of one period's payback at either end: 1.872 MiB/s over 49 s in one CI run, 2.143 over
+# 111 s at load 8, 2.007-2.057 on quieter runs. Smooth enforcement paces each member's client instead, which is what
+# docs/fleet.md recommends for a fleet. Scope cluster: three buckets, about three times the quota, 15 %.
+@pytest.mark.parametrize("scope, factor, enforcement, steady_s, tolerance", [
+    ("fleet", 1, "smooth", STEADY_S, 0.05),
+    ("fleet", 1, "kafka", STEADY_S * 3 // 2, 0.10),
+    ("cluster", MEMBERS, "kafka", STEADY_S, 0.15),
+])
+def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, scope, factor, enforcement, steady_s,
+                                                         tolerance):
     """With scope fleet the three producers share the quota; with scope cluster each member has its own bucket
     for the client id, so together they get about three times the quota (what two proxies used to do)."""
     fleet = f"t{uuid.uuid4().hex[:8]}"
@@ -50,7 +61,7 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     ports = [free_port() for _ in range(MEMBERS)]
     members = [fresh_proxy(**{
         "quotas.scope": scope, "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-        "fleet.sync_interval_ms": 250,
+        "fleet.sync_interval_ms": 250, "quotas.enforcement": enforcement,
         "metrics.port": ports[i],
         "quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"producer_byte_rate": QUOTA}}],
     }) for i in range(MEMBERS)]
@@ -63,7 +74,7 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     # the burst (10 s of quota), settling, the steady minute and a margin, shared by three producers; with scope
     # cluster three buckets drain it, so three times the records keep them busy for the same steady minute (with
     # the fleet's count they finished in ~30 s, and a short steady window measured 0.69-0.94 of the 3x rate)
-    n = int((10 + 3 + STEADY_S + 20) * factor * QUOTA / (RECORD + 10) / MEMBERS)  # 20 s spare: a late start
+    n = int((10 + 3 + steady_s + 20) * factor * QUOTA / (RECORD + 10) / MEMBERS)  # 20 s spare: a late start
     results: list[dict] = [{} for _ in range(MEMBERS)]
 
     def produce(i: int) -> None:
@@ -78,18 +89,20 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     for res in results:
         assert res.get("sent") == n and not res["errors"], (res.get("errors") or [])[:5]
     rate = steady_rate(s.samples, factor * QUOTA)
-    print(f"scope {scope}, {MEMBERS} members: {rate.rate / MIB:.3f} MiB/s over {rate.seconds:.1f} s (quota "
-          f"{QUOTA / MIB:.0f} MiB/s)")
+    print(f"scope {scope}, {enforcement} enforcement, {MEMBERS} members: {rate.rate / MIB:.3f} MiB/s over "
+          f"{rate.seconds:.1f} s (quota {QUOTA / MIB:.0f} MiB/s)")
     if scope == "cluster":  # each member its own bucket: three times the fleet's rate
-        assert rate.seconds >= STEADY_S * 0.75, f"only {rate.seconds:.1f} s steady"
-        assert abs(rate.rate / (factor * QUOTA) - 1) <= 0.15, f"{rate.rate / MIB:.3f} MiB/s"
+        assert rate.seconds >= steady_s * 0.75, f"only {rate.seconds:.1f} s steady"
+        assert abs(rate.rate / (factor * QUOTA) - 1) <= tolerance, f"{rate.rate / MIB:.3f} MiB/s"
         return
     heard = [_gauge(p, "ktp_fleet_members") for p in ports]
     applied = [_gauge(p, "ktp_fleet_usage_applied") for p in ports]
-    print(f"members heard {heard}, remote usages applied {applied}")
+    delays = [_gauge(p, "ktp_fleet_sync_delay_p99_ms") for p in ports]
+    print(f"members heard {heard}, remote usages applied {applied}, sync delay p99 {delays} ms, 5 s slices "
+          f"{[round(w / MIB, 2) for w in rate.windows]} MiB/s")
     assert all(h == MEMBERS for h in heard), heard
-    assert rate.seconds >= STEADY_S * 0.75, f"only {rate.seconds:.1f} s steady"
-    assert abs(rate.rate / QUOTA - 1) <= TOLERANCE, f"{rate.rate / MIB:.3f} MiB/s against {QUOTA / MIB} MiB/s"
+    assert rate.seconds >= steady_s * 0.75, f"only {rate.seconds:.1f} s steady"
+    assert abs(rate.rate / QUOTA - 1) <= tolerance, f"{rate.rate / MIB:.3f} MiB/s against {QUOTA / MIB} MiB/s"
 
 
 def test_an_alter_through_one_member_is_in_force_on_another_within_two_seconds(cluster, fresh_proxy, tmp_path):
