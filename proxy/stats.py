@@ -36,14 +36,11 @@ class Traffic:
     __slots__ = ("requests", "bytes_in", "bytes_out", "logged_requests", "logged_in", "logged_out")
 
     def __init__(self) -> None:
-        self.requests = 0
-        self.bytes_in = 0
-        """Bytes read from the client, size prefixes included."""
-        self.bytes_out = 0
-        """Bytes read from the broker for the client, size prefixes included."""
-        self.logged_requests = 0
-        self.logged_in = 0
-        self.logged_out = 0
+        self.requests = self.bytes_in = self.bytes_out = 0
+        """The connection's counts: requests, and bytes read from the client and from the broker for it (size
+        prefixes included)."""
+        self.logged_requests = self.logged_in = self.logged_out = 0
+        """The policy's: the same, of the requests that had decision-log events of their own."""
 
     def logged_request(self, frame_bytes: int) -> None:
         """A request of ``frame_bytes`` (its size prefix included) has an event of its own."""
