@@ -28,7 +28,7 @@ from collections.abc import Callable
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
-from proxy.workers import worker_index
+from proxy.cli.supervisor import worker_index
 from quotas.entities import QuotaEntity
 from quotas.fleet import (
     MAC_HEADER,
