@@ -61,7 +61,7 @@ from proxy.verdicts import Answer, Defer, Identity, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event
 from quotas.entities import QuotaStore
-from quotas.fleet import FleetLedger
+from quotas.fleet_reports import FleetLedger
 from quotas.kinds import (
     BIT,
     CONTROLLER_MUTATION_RATE,
