@@ -928,8 +928,8 @@ def _open_decision_log(config: ProxyConfig):
     dc = config.decision_log
     if dc.directory is None and dc.topic is None:
         return None
-    from proxy.decision_log import DecisionLog  # pyarrow is loaded only when the log is on
-    from proxy.decision_topic import TopicSink
+    from proxy.decision_log.topic import TopicSink
+    from proxy.decision_log.writer import DecisionLog  # pyarrow is loaded only when the log is on
 
     member = config.fleet.member if config.fleet.name else None
     instance = dc.instance or member or f"{socket.gethostname()}-{os.getpid()}"
