@@ -3,7 +3,7 @@
 N simulated members publish every ``sync_interval_ms`` (250) to a real Kafka (``tests.harness.KafkaCluster``, one
 broker) with E active entities each (buckets with usage in every interval: the same E client ids at every member,
 the worst case for a receiver, which must fold all of them from every other member). Every member is a real
-``proxy.fleet.FleetSync`` with its own ``QuotaManager`` and ``FleetLedger``, all in one asyncio loop.
+``proxy.fleet_member.FleetSync`` with its own ``QuotaManager`` and ``FleetLedger``, all in one asyncio loop.
 
 Why not N full members: a machine of two shared cores cannot run 100 receivers of 100 x E entries a second each.
 So ``--observers`` of them (2) are full members (publish and fold; their fold CPU, sync delay and process CPU are
@@ -42,9 +42,9 @@ import time
 import uuid
 
 from config.model import ProxyConfig
-from proxy.fleet import FleetSync
+from proxy.fleet_member import FleetSync
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
-from quotas.fleet import FleetLedger, UsageReport
+from quotas.fleet_reports import FleetLedger, UsageReport
 from quotas.manager import QuotaManager
 
 KEY = "producer_byte_rate"
@@ -127,7 +127,7 @@ class BenchSync(FleetSync):
         received = self.received
         super()._fold(value)
         if self.received > received and self.peers:
-            from quotas.fleet import _HEAD
+            from quotas.fleet_reports import _HEAD
 
             _magic, ts, _n, _m, length = _HEAD.unpack_from(value)
             if value[_HEAD.size:_HEAD.size + length].decode() in self.peers:
@@ -343,7 +343,7 @@ def _enforcement(members: int, delays_ms: list[int], interval_ms: int, seconds: 
 
 
 def _usage(amount: float):
-    from quotas.fleet import Usage
+    from quotas.fleet_reports import Usage
 
     return Usage(KEY, "", "hot", amount)
 

@@ -29,8 +29,8 @@ import psutil
 
 from bench.attacks import Normal, Sampler
 from tests.harness import KafkaCluster
+from tests.harness.request_bodies import BODIES
 from tests.support import ProxyProcess
-from tests.unit.test_hostile_input import BODIES
 
 MiB = 1 << 20
 QUOTAS = {"quotas.entities": [{"entity": {"user": "<default>"}, "quotas": {

@@ -19,14 +19,15 @@ import subprocess
 import sys
 import tempfile
 
-from bench.produce_walk import EVERY_QUOTA, Harness, _answer, _produce
+from bench.produce_walk import EVERY_QUOTA
+from tests.harness.connection_rig import ConnectionRig, produce_request, produce_response
 
 SIDES = {"no quota": {}, "every quota, none binding": EVERY_QUOTA}
 
 
 async def _run(quotas: dict, frames: int, run: int) -> None:
-    h = Harness(quotas)
-    built = [(_produce(c), _answer(c)) for c in range(1, frames + 1)]
+    h = ConnectionRig(quotas)
+    built = [(produce_request(c), produce_response(c)) for c in range(1, frames + 1)]
     for c in range(1, 51):  # warm, as bench.request_cpu
         h.round_trip(c, *built[c - 1])
     for c in range(51, 51 + run):

@@ -54,7 +54,6 @@ import functools
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +63,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.harness.measure import (
+    Sampler,
+    dirty_bytes,
+    log_bytes,
+    percentile,
+    settled_latencies,
+    slice_increments,
+    spread,
+    value_at,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -96,68 +106,7 @@ LABELS = {
 }
 
 
-# ------------------------------------------------------------------------------------------ pure helpers
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} outside 0-100")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def value_at(points: Sequence[tuple[float, float]], t: float) -> float:
-    """A cumulative count at time ``t``, interpolated linearly between (time, value) samples sorted by time;
-    clamped to the first/last sample outside them (nothing is known there, and a count does not run backwards)."""
-    if not points:
-        raise ValueError("no samples")
-    if t <= points[0][0]:
-        return points[0][1]
-    for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
-        if t <= t1:
-            return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-    return points[-1][1]
-
-
-def slice_increments(points: Sequence[tuple[float, float]], start: float, end: float,
-                     width: float = 1.0) -> list[float]:
-    """The increase of a cumulative count in each whole ``width``-second slice of [start, end): a partial slice at
-    the end is dropped (it would read as a slow second)."""
-    out = []
-    t = start
-    while t + width <= end + 1e-9:
-        out.append(value_at(points, t + width) - value_at(points, t))
-        t += width
-    return out
-
-
-def spread(values: Sequence[float]) -> tuple[float, float, float]:
-    """(min, median, max)."""
-    if not values:
-        raise ValueError("spread of no values")
-    return min(values), statistics.median(values), max(values)
-
-
-def settled_latencies(rows: Sequence[Sequence[float]], start: float, end: float) -> list[float]:
-    """Latencies (column 1) of the records sent (column 0) in [start, end)."""
-    return [r[1] for r in rows if start <= r[0] < end]
-
-
-def dirty_bytes(meminfo: str) -> int:
-    """``Dirty`` + ``Writeback`` from /proc/meminfo's text, in bytes: page cache the kernel still has to write."""
-    total = 0
-    for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("Dirty", "Writeback"):
-            number, _, unit = rest.strip().partition(" ")
-            total += int(number) * (1024 if unit.strip() == "kB" else 1)
-    return total
-
-
+# ------------------------------------------------------------------------------------------ phases
 def parse_phases(text: str) -> list[str]:
     """``--phases``: a comma list of phase names (or ``all``), run in the canonical order whatever the list's:
     the reference (alone-proxy) comes first, every ratio divides by it."""
@@ -348,8 +297,6 @@ def _wait_replicated(cluster, topic: str, assignment: list[list[int]], timeout: 
     """Seconds until every follower of ``topic`` holds as many log bytes as its leader (None: not within
     ``timeout``). A flood leaves followers behind; the next phase's victim (acks=all) would wait for the very
     replica fetchers still copying it, so a phase starts only once they have caught up."""
-    from bench.quota_fidelity import log_bytes
-
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         behind = False
@@ -425,8 +372,6 @@ def proxy_config(phase: str) -> dict | None:
 
 def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float, flood: bool,
               bootstrap: str, parts: str = "producers,mutations") -> Result:
-    from bench.quota_fidelity import Sampler
-
     tag = uuid.uuid4().hex[:6]
     prefix = f"iso-{phase}-{tag}"
     nodes = [b.node_id for b in cluster.brokers]
@@ -483,8 +428,6 @@ def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float,
 
 
 def _dir_bytes(d: Path) -> int:
-    from bench.quota_fidelity import log_bytes
-
     return log_bytes([d])
 
 

@@ -2,7 +2,7 @@
 
 Why: on 2 shared cores the end-to-end figures of ``bench/run.py`` mix the proxy's CPU with the brokers' and the
 clients'; this isolates the Python work the proxy does per request (frame split, header read, session, policy,
-quota charges, response rewrite) on the real ``Connection`` with stand-in transports (``bench.produce_walk``),
+quota charges, response rewrite) on the real ``Connection`` with stand-in transports (``tests.harness.connection_rig``),
 so a change to the per-request path can be measured to a microsecond. Sides interleave, rounds repeat, medians
 and ranges are printed with the load average. ``--profile`` prints the top of a cProfile of the quotas side.
 
@@ -20,7 +20,8 @@ import pstats
 import statistics
 import time
 
-from bench.produce_walk import EVERY_QUOTA, Harness, _answer, _produce
+from bench.produce_walk import EVERY_QUOTA
+from tests.harness.connection_rig import ConnectionRig, produce_request, produce_response
 
 SIDES = {"no quota": {}, "every quota, none binding": EVERY_QUOTA}
 
@@ -31,8 +32,8 @@ def run_side(quotas: dict, requests: int, records: int, prof: cProfile.Profile |
 
 
 async def _run_side(quotas: dict, requests: int, records: int, prof: cProfile.Profile | None) -> float:
-    h = Harness(quotas, records=records)
-    frames = [(_produce(c, records), _answer(c)) for c in range(1, requests + 1)]
+    h = ConnectionRig(quotas, records=records)
+    frames = [(produce_request(c, records), produce_response(c)) for c in range(1, requests + 1)]
     for c in range(1, 51):  # warm: per-version tables, first-time allocations
         h.round_trip(c, *frames[c - 1])
     gc.collect()

@@ -12,8 +12,9 @@ Why it is built this way:
   * Java perf tools print latency percentiles in whole milliseconds, too coarse for a 0.2 ms target, so
     a sequential confluent-kafka producer (one 1 KiB acks=all record in flight at a time) measures
     round trips with sub-millisecond resolution.
-  * The proxy's CPU (its threads' schedstat before/after each proxy run, bench.peers.cpu_reading) shows how
-    close it is to saturating its single event-loop thread, which is what limits a Python proxy.
+  * The proxy's CPU (its threads' schedstat before/after each proxy run, tests.harness.process_tree's
+    cpu_reading) shows how close it is to saturating its single event-loop thread, which is what limits a
+    Python proxy.
   * Peer proxies (``--kroxylicious``, ``--kafka-proxy``: Kroxylicious and grepplabs kafka-proxy, see
     bench/peers.py) can run as further sides, started once like ours and measured the same way (CPU of
     their process tree), so their CPU per GiB and per round trip stand beside ours.
@@ -44,17 +45,9 @@ from pathlib import Path
 
 import psutil
 
-from bench.peers import (
-    PEER_ENV,
-    PEER_NAMES,
-    PEER_SIDES,
-    PeerProcess,
-    cpu_between,
-    cpu_reading,
-    start_peers,
-    tree_peak_rss,
-)
+from bench.peers import PEER_ENV, PEER_NAMES, PEER_SIDES, PeerProcess, start_peers
 from tests.harness import KafkaCluster
+from tests.harness.process_tree import cpu_between, cpu_reading, tree_peak_rss
 from tests.support import REPO, ProxyProcess
 
 TOPIC = "bench"
@@ -565,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                              45 if args.quick else 150, 3 * n)
             if args.only and "java-produce" not in args.only.split(","):
                 del wl["java-produce"]  # it was kept for the warm-up only
-            inexact: dict[str, int] = {}  # side -> runs measured in clock ticks (a thread exited: bench.peers)
+            inexact: dict[str, int] = {}  # side -> runs measured in clock ticks (a thread exited: see cpu_between)
             for r in range(repeats):
                 for w in wl.values():
                     for side in sides if r % 2 == 0 else sides[::-1]:
@@ -575,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                         m = w.run(bs)
                         cpu1, wall = cpu_reading(ps), time.perf_counter() - t0
                         w.machine[side].append((_busy() - all0, wall))
-                        cpu, exact = cpu_between(cpu0, cpu1)  # the process tree's, to the ns (bench.peers)
+                        cpu, exact = cpu_between(cpu0, cpu1)  # the process tree's, to the ns
                         if not exact:
                             inexact[side] = inexact.get(side, 0) + 1
                         w.samples[side].append(m)

@@ -9,7 +9,7 @@ wall time, events/s, the time per stage, and the peak RSS of the driver: the Pyt
 it started (in local mode the JVM is also the executor), sampled every 0.2 s. The machine's load average is
 printed too: on a shared 2-core box other work inflates every figure.
 
-Writer mode: the cost of :meth:`proxy.decision_log.DecisionLog.emit` on the caller's thread (the event loop),
+Writer mode: the cost of :meth:`proxy.decision_log.writer.DecisionLog.emit` on the caller's thread (the event loop),
 and the background writer's throughput, for Parquet and JSON lines.
 """
 
@@ -119,7 +119,7 @@ def bench_job(args: argparse.Namespace) -> int:
 
 
 def bench_writer(args: argparse.Namespace) -> int:
-    from proxy.decision_log import DecisionLog
+    from proxy.decision_log.writer import DecisionLog
 
     n = args.events
 

@@ -61,7 +61,7 @@ from proxy.verdicts import Answer, Defer, Identity, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.decision_events import request_event, summary_event
 from quotas.entities import QuotaStore
-from quotas.fleet import FleetLedger
+from quotas.fleet_reports import FleetLedger
 from quotas.kinds import (
     BIT,
     CONTROLLER_MUTATION_RATE,
@@ -918,8 +918,8 @@ def _open_decision_log(config: ProxyConfig):
     dc = config.decision_log
     if dc.directory is None and dc.topic is None:
         return None
-    from proxy.decision_log import DecisionLog  # pyarrow is loaded only when the log is on
-    from proxy.decision_topic import TopicSink
+    from proxy.decision_log.topic import TopicSink
+    from proxy.decision_log.writer import DecisionLog  # pyarrow is loaded only when the log is on
 
     member = config.fleet.member if config.fleet.name else None
     instance = dc.instance or member or f"{socket.gethostname()}-{os.getpid()}"

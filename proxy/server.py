@@ -21,7 +21,7 @@ from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
 from proxy.discovery import discover_brokers
-from proxy.fleet import FleetSync
+from proxy.fleet_member import FleetSync
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds

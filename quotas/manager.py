@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from quotas.entities import BucketKey, QuotaStore, Resolved
-from quotas.fleet import FleetLedger, Usage
+from quotas.fleet_reports import FleetLedger, Usage
 from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
 from quotas.rate import SampledRate, byte_rate_throttle_ms, request_throttle_ms
 from quotas.token_bucket import TokenBucket, admit

@@ -1,4 +1,11 @@
-"""Test harness: a real Apache Kafka (fetched from Maven Central) run as a local KRaft cluster.
+"""Test harness: a real Apache Kafka (fetched from Maven Central) run as a local KRaft cluster, and the helpers the
+tests and the benchmarks (``bench/``, which imports them from here, never the other way round) share:
+
+* ``measure``: what the cluster received or served, measured where the bytes land, and the arithmetic of samples;
+* ``traffic``: the clients that make the load (Kafka's perf tools, librdkafka) and check what landed;
+* ``process_tree``: the CPU and peak memory of a process tree;
+* ``connection_rig``: a real ``proxy.connection.Connection`` with stand-in sockets, and Produce frames for it;
+* ``request_bodies``: a valid body of every API the proxy decodes, for the fuzzers.
 
 Exports are resolved lazily so ``python -m tests.harness.cluster`` does not
 import the module twice.

@@ -2,7 +2,7 @@
 
 The rate is never the client's own report: produce is the growth of the partition's segment files on the
 leader's disk, consume is the group's committed offset read straight from the cluster, mapped to batch bytes
-(helpers in ``bench.quota_fidelity``, whose docstring explains the method). Each run measures ~20 s of steady
+(helpers in ``tests.harness.measure``, whose docstring explains the method). Each run measures ~20 s of steady
 rate; the start is excluded up to the moment the 1 s rate is first within [0.9, 1.3] × quota, plus 1 s (a cold
 JVM client may start below the quota; a fast one starts above it): a fresh
 client's rate window is padded to (samples − 1) × 1 s = 10 s, so Kafka — and the proxy, which reproduces it —
@@ -28,25 +28,27 @@ import uuid
 
 import pytest
 
-from bench.quota_fidelity import (
+from tests.harness.measure import (
     MIB,
-    RECORD,
     Sampler,
     batch_index,
-    check_sequence,
     committed_sampler,
     create_topic,
     end_offsets,
-    fill_topic,
-    java_consume,
-    java_produce,
     log_bytes,
     offset_to_bytes,
     produce_rate,
-    rdkafka_consume,
-    rdkafka_produce,
     steady_rate,
     topic_dirs,
+)
+from tests.harness.traffic import (
+    RECORD,
+    check_sequence,
+    fill_topic,
+    java_consume,
+    java_produce,
+    rdkafka_consume,
+    rdkafka_produce,
 )
 
 pytestmark = pytest.mark.cluster

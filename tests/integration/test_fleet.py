@@ -2,7 +2,7 @@
 
 Three proxies of one fleet in front of the cluster, three Java producers with the same client id, each
 bootstrapped at a different member: together they are held to the one quota. The rate is measured where the
-bytes land (the partition's log on the leader's disk, ``bench.quota_fidelity``), never from the clients.
+bytes land (the partition's log on the leader's disk, ``tests.harness.measure``), never from the clients.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import uuid
 
 import pytest
 
-from bench.quota_fidelity import MIB, RECORD, Sampler, create_topic, java_produce, log_bytes, steady_rate, topic_dirs
 from tests.harness.cluster import free_port
+from tests.harness.measure import MIB, Sampler, create_topic, log_bytes, steady_rate, topic_dirs
+from tests.harness.traffic import RECORD, java_produce
 from tests.support import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -198,7 +199,7 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
 def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(cluster, fresh_proxy):
     """Kill the member an idempotent producer is using: it bootstraps again from its list (the other members)
     and every record arrives once, in order (read back straight from the cluster)."""
-    from bench.quota_fidelity import check_sequence, rdkafka_produce
+    from tests.harness.traffic import check_sequence, rdkafka_produce
 
     fleet = f"f{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]

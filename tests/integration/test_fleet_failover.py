@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.quota_fidelity import MIB, Sampler, create_topic, log_bytes, rdkafka_produce, topic_dirs
 from tests.harness.cluster import free_port
+from tests.harness.measure import MIB, Sampler, create_topic, log_bytes, topic_dirs
+from tests.harness.traffic import rdkafka_produce
 from tests.support import wait_until
 
 pytestmark = pytest.mark.cluster

@@ -264,7 +264,7 @@ def test_fuzzed_frames_with_every_quota_on_close_quietly_and_lose_nothing(cluste
     no record lost or reordered, memory back where it was."""
     import random
 
-    from tests.unit.test_hostile_input import BODIES
+    from tests.harness.request_bodies import BODIES
 
     proxy = fresh_proxy(**ALL_QUOTAS_NONE_BINDING)
     topic = f"fuzz-{uuid.uuid4().hex[:6]}"

@@ -89,7 +89,7 @@ def test_fetch_long_poll_is_not_charged(cluster, fresh_proxy):
     proxy = fresh_proxy(**{"quotas.entities": [
         {"entity": {"client-id": "poller"}, "quotas": {"request_percentage": 1}}]})
     topic = f"longpoll-{uuid.uuid4().hex[:8]}"
-    from bench.quota_fidelity import create_topic
+    from tests.harness.measure import create_topic
 
     create_topic(cluster, topic, [2])
     wire = KafkaWire(proxy.bootstrap)

@@ -14,17 +14,8 @@ import uuid
 
 import pytest
 
-from bench.quota_fidelity import (
-    MIB,
-    RECORD,
-    Sampler,
-    create_topic,
-    fill_topic,
-    log_bytes,
-    rdkafka_consume,
-    rdkafka_produce,
-    topic_dirs,
-)
+from tests.harness.measure import MIB, Sampler, create_topic, log_bytes, topic_dirs
+from tests.harness.traffic import RECORD, fill_topic, rdkafka_consume, rdkafka_produce
 
 pytestmark = pytest.mark.cluster
 

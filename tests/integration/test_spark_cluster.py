@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from proxy.decision_log import DecisionLog
+from proxy.decision_log.writer import DecisionLog
 from spark_analysis.quota_config import parse_quota_config
 from spark_analysis.synthetic import NOISY_USER, ProxySimulator, small_traffic
 from tests.harness.spark import SparkStandalone, bare_env

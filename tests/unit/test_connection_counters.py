@@ -1,7 +1,7 @@
 """The per-API request and latency counters a connection bumps, as the metrics endpoint exports them.
 
-A real ``proxy.connection.Connection`` with the real policy and stand-in transports (``bench.produce_walk``'s
-harness): Produce round trips, then a Metadata request, so the API the connection remembers changes.
+A real ``proxy.connection.Connection`` with the real policy and stand-in transports (``tests.harness.connection_rig``):
+Produce round trips, then a Metadata request, so the API the connection remembers changes.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import asyncio
 
 from kafka.protocol.metadata import MetadataRequest
 
-from bench.produce_walk import Harness
 from proxy.metrics import _Collector
+from tests.harness.connection_rig import ConnectionRig
 
 
 def _metadata_frame(corr: int) -> bytes:
@@ -21,8 +21,8 @@ def _metadata_frame(corr: int) -> bytes:
 
 
 def test_requests_and_latencies_are_counted_per_api_and_exported():
-    async def run() -> Harness:
-        h = Harness({})
+    async def run() -> ConnectionRig:
+        h = ConnectionRig({})
         for corr in (1, 2, 3):
             h.round_trip(corr)
         h.conn.client.data_received(_metadata_frame(4))  # forwarded; its answer never comes

@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.decision_log import COLUMNS, SCHEMA_VERSION, DecisionLog, arrow_schema, iter_events
+from proxy.decision_log.writer import COLUMNS, SCHEMA_VERSION, DecisionLog, arrow_schema, iter_events
 
 
 def _event(i: int, **extra) -> dict:

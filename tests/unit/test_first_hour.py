@@ -64,7 +64,7 @@ def test_run_embedded_with_a_bad_config_file_says_so_in_one_line_before_starting
 
 
 def test_every_subcommand_takes_kafkas_spelling_of_bootstrap_server_and_the_old_one():
-    from proxy.cli import _parser, config_from_args
+    from proxy.cli.main import _parser, config_from_args
 
     for flag in ("--bootstrap-server", "--bootstrap-servers"):
         args = _parser().parse_args(["run", flag, "10.0.0.1:9092,10.0.0.2:9092"])

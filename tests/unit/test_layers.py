@@ -4,11 +4,17 @@ Data flows one way: ``proxy`` is the glue above everything; ``config`` reads ``q
 ``protocol`` may read the quota catalogue (pure data); ``quotas`` and ``mute`` read nothing of the project but
 themselves; ``spark_analysis`` reads ``quotas`` only (its executors run on a Spark cluster without the proxy).
 And no module imports itself back through a circle.
+
+Tests and benchmarks: ``bench`` measures with the tests' helpers, never the other way round. Nothing under
+``tests/`` imports ``bench`` (a benchmark may be run as a program, as the instruction guard runs
+``bench.live_instructions``); ``bench`` imports only public names of the test-support modules (``tests.support``,
+``tests.harness`` and its modules), never a test module's or an underscored name.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +93,68 @@ def test_no_import_circle():
 def test_the_check_sees_imports_at_all():
     graph = _graph()
     assert "proxy.verdicts" in graph["proxy.policy"] and "quotas.kinds" in graph["spark_analysis.job"]
+
+
+TEST_SUPPORT = ("tests.support", "tests.harness")
+"""The modules bench may import from tests (``tests.harness`` with its submodules)."""
+
+
+def _absolute_imports(source: str, filename: str) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) for each absolute import statement; ``import a.b`` gives (a.b, [])."""
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
+def _bench_imports_in(source: str, filename: str) -> list[str]:
+    return [f"{filename} imports {module}" for module, _ in _absolute_imports(source, filename)
+            if module == "bench" or module.startswith("bench.")]
+
+
+def _wrong_test_imports_in(source: str, filename: str) -> list[str]:
+    """What a bench file imports from tests that is not a public name of a test-support module."""
+    wrong = []
+    for module, names in _absolute_imports(source, filename):
+        if module != "tests" and not module.startswith("tests."):
+            continue
+        parts = module.split(".")
+        if not any(module == m or module.startswith(m + ".") for m in TEST_SUPPORT) or len(parts) > 3:
+            wrong.append(f"{filename} imports {module}: not a test-support module")
+        elif any(p.startswith("_") for p in parts):
+            wrong.append(f"{filename} imports {module}: a private module")
+        wrong += [f"{filename} imports {module}.{n}: a private name" for n in names if n.startswith("_")]
+    return wrong
+
+
+def test_tests_import_nothing_from_bench():
+    wrong = [w for path in sorted((ROOT / "tests").rglob("*.py"))
+             for w in _bench_imports_in(path.read_text(), str(path.relative_to(ROOT)))]
+    assert wrong == []
+
+
+def test_bench_imports_only_public_helpers_of_the_test_support_modules():
+    wrong, used = [], []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        source, name = path.read_text(), str(path.relative_to(ROOT))
+        wrong += _wrong_test_imports_in(source, name)
+        used += [(name, m, n) for m, names in _absolute_imports(source, name) if m.startswith("tests.") for n in names]
+    assert wrong == []
+    # ... and each name is there: renaming a helper must not leave a benchmark that fails only when someone runs it.
+    missing = [f"{f} imports {m}.{n}" for f, m, n in used if not hasattr(importlib.import_module(m), n)]
+    assert missing == []
+    assert ("bench/quota_fidelity.py", "tests.harness.measure", "steady_rate") in used
+
+
+def test_the_test_and_bench_checks_see_what_they_forbid():
+    assert _bench_imports_in("from bench.quota_fidelity import MIB\nimport bench.run\n", "t.py") == [
+        "t.py imports bench.quota_fidelity", "t.py imports bench.run"]
+    assert _wrong_test_imports_in(
+        "from tests.unit.test_hostile_input import BODIES\nfrom tests.support import _private\n"
+        "from tests.harness._inner import x\nfrom tests.harness.measure import MIB\nimport os\n", "b.py") == [
+        "b.py imports tests.unit.test_hostile_input: not a test-support module",
+        "b.py imports tests.support._private: a private name",
+        "b.py imports tests.harness._inner: a private module"]

@@ -15,7 +15,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from proxy.decision_log import DecisionLog
+from proxy.decision_log.writer import DecisionLog
 from quotas.entities import DEFAULT, QuotaEntity
 from quotas.manager import Window, Windows
 from spark_analysis.__main__ import _budgets

@@ -31,7 +31,7 @@ from protocol.topic_guard import (
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Replace
-from quotas.fleet import MAC_HEADER, authentic, record_mac
+from quotas.fleet_reports import MAC_HEADER, authentic, record_mac
 
 OWN = "__ktp_fleet_prod"
 LOG = "decisions"
@@ -406,8 +406,8 @@ def test_only_records_with_a_members_mac_are_authentic():
 
 
 def test_the_fleet_ignores_and_counts_a_forged_quota_record(monkeypatch):
-    from proxy.fleet import FleetSync
-    from quotas.fleet import encode_quota_record
+    from proxy.fleet_member import FleetSync
+    from quotas.fleet_reports import encode_quota_record
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
     config = ProxyConfig.model_validate({

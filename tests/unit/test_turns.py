@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.produce_walk import Harness, _produce
 from protocol.session import FRAMES_PER_TURN, Pause
+from tests.harness.connection_rig import ConnectionRig, produce_request
 
 
 def _frames_in(chunks: list[bytes]) -> int:
@@ -20,10 +20,10 @@ def _frames_in(chunks: list[bytes]) -> int:
 
 def test_a_read_of_many_requests_is_handled_a_turn_at_a_time_in_order():
     count = FRAMES_PER_TURN * 3 + 5
-    frames = [_produce(corr) for corr in range(1, count + 1)]
+    frames = [produce_request(corr) for corr in range(1, count + 1)]
 
     async def run() -> list[int]:
-        h = Harness({})
+        h = ConnectionRig({})
         h.conn.client.data_received(b"".join(frames))  # one read holding every request
         forwarded = [_frames_in(h.upstream.written)]
         assert Pause.TURN in h.conn.client.pauses  # the rest waits, unread meanwhile
@@ -43,8 +43,8 @@ def test_a_read_of_many_requests_is_handled_a_turn_at_a_time_in_order():
 
 def test_a_few_requests_go_in_one_turn():
     async def run() -> int:
-        h = Harness({})
-        h.conn.client.data_received(b"".join(_produce(corr) for corr in range(1, 11)))
+        h = ConnectionRig({})
+        h.conn.client.data_received(b"".join(produce_request(corr) for corr in range(1, 11)))
         assert Pause.TURN not in h.conn.client.pauses
         return _frames_in(h.upstream.written)
 

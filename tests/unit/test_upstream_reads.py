@@ -1,7 +1,7 @@
 """How a connection reads its broker: as chunks (the loop's bytes, each usually one whole small response) until
 the client's first Fetch, then into its receive buffer. A real ``proxy.connection.Connection`` with the real
-policy and stand-in transports (``bench.produce_walk``'s harness); the integration suites run both paths against
-a real cluster (producers stay on chunks, consumers switch)."""
+policy and stand-in transports (``tests.harness.connection_rig``); the integration suites run both paths against a
+real cluster (producers stay on chunks, consumers switch)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 
-from bench.produce_walk import Harness, _answer, _produce
 from protocol.headers import encode_response_header
+from tests.harness.connection_rig import ConnectionRig, produce_request, produce_response
 
 
 def _fetch_frame(corr: int) -> bytes:
@@ -22,13 +22,13 @@ def _fetch_frame(corr: int) -> bytes:
     return bytes(req.encode(header=True, framed=True))
 
 
-def _pipelined(corrs: list[int], chunks: list[bytes]) -> tuple[Harness, bytes]:
+def _pipelined(corrs: list[int], chunks: list[bytes]) -> tuple[ConnectionRig, bytes]:
     """Send the Produce requests ``corrs``, then feed ``chunks`` to the broker side: what reached the client."""
 
-    async def run() -> Harness:
-        h = Harness({})
+    async def run() -> ConnectionRig:
+        h = ConnectionRig({})
         for corr in corrs:
-            h.conn.client.data_received(_produce(corr))
+            h.conn.client.data_received(produce_request(corr))
         for chunk in chunks:
             h.upstream.protocol.data_received(chunk)
         return h
@@ -38,14 +38,14 @@ def _pipelined(corrs: list[int], chunks: list[bytes]) -> tuple[Harness, bytes]:
 
 
 def test_a_producer_reads_its_broker_as_chunks():
-    h, out = _pipelined([1, 2], [_answer(1), _answer(2)])
+    h, out = _pipelined([1, 2], [produce_response(1), produce_response(2)])
     assert not h.conn.buffered_reads and h.upstream.protocol is h.conn.upstream_chunks
-    assert out == _answer(1) + _answer(2)
+    assert out == produce_response(1) + produce_response(2)
     assert h.conn._responses.allocations == 0  # every response was a whole chunk: the buffer was never needed
 
 
 def test_a_response_split_across_reads_waits_for_its_end():
-    answer = _answer(1)
+    answer = produce_response(1)
     h, out = _pipelined([1], [answer[:2], answer[2:9]])
     assert out == b""
     h.upstream.protocol.data_received(answer[9:])
@@ -62,7 +62,7 @@ def test_any_split_of_the_stream_reaches_the_client_whole_and_in_order(count, cu
     """Responses in one read, split across reads, or larger than a read's room (an error message of 40 KB),
     come out byte for byte, in order, each once."""
     corrs = list(range(1, count + 1))
-    answers = [_answer(c, "e" * 40_000 if big and c == 1 else None) for c in corrs]
+    answers = [produce_response(c, "e" * 40_000 if big and c == 1 else None) for c in corrs]
     stream = b"".join(answers)
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     chunks = [stream[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
@@ -71,8 +71,8 @@ def test_any_split_of_the_stream_reaches_the_client_whole_and_in_order(count, cu
 
 
 def test_the_first_fetch_switches_to_buffered_reads_before_it_is_sent():
-    async def run() -> tuple[Harness, bool]:
-        h = Harness({})
+    async def run() -> tuple[ConnectionRig, bool]:
+        h = ConnectionRig({})
         h.round_trip(1)  # a Produce: chunks
         before = h.conn.buffered_reads
         h.conn.client.data_received(_fetch_frame(2))

@@ -1,4 +1,5 @@
-"""bench.peers' CPU readings: exact from the threads' schedstat, the clock ticks only when a thread went away."""
+"""tests.harness.process_tree's CPU readings: exact from the threads' schedstat, the clock ticks only when a thread
+went away."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import psutil
 
-from bench.peers import CpuReading, cpu_between, cpu_reading
+from tests.harness.process_tree import CpuReading, cpu_between, cpu_reading
 
 
 def test_the_threads_deltas_are_summed_and_a_new_thread_counts_in_full():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotas.entities import QuotaEntity, QuotaStore
-from quotas.fleet import (
+from quotas.fleet_reports import (
     MAGIC,
     MAX_ENTRIES,
     MAX_REPORT_BYTES,
@@ -224,7 +224,7 @@ def test_a_ledger_names_a_bucket_first_then_every_few_seconds():
 
 def test_quota_records_round_trip_and_are_checked_like_an_alter():
     from quotas.entities import DEFAULT
-    from quotas.fleet import decode_quota_record, encode_quota_record
+    from quotas.fleet_reports import decode_quota_record, encode_quota_record
 
     entity = QuotaEntity(user="alice", client_id=DEFAULT)
     layer = {"producer_byte_rate": 1048576.0, "consumer_byte_rate": None}
@@ -253,7 +253,7 @@ def test_a_member_takes_in_another_members_alter(tmp_path):
 
 
 def test_the_ledger_is_bounded_whatever_client_ids_arrive(monkeypatch):
-    import quotas.fleet as fleet
+    import quotas.fleet_reports as fleet
 
     monkeypatch.setattr(fleet, "MAX_PENDING", 10)
     ledger = FleetLedger()
@@ -268,7 +268,7 @@ def test_a_member_folds_what_it_read_once_per_interval_through_kept_handles(monk
     import asyncio
 
     from config.model import ProxyConfig
-    from proxy.fleet import FleetSync
+    from proxy.fleet_member import FleetSync
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
     config = ProxyConfig.model_validate({

@@ -1,6 +1,6 @@
 """Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage.
 
-Pure policy, no I/O (``proxy/fleet.py`` carries the messages over a Kafka topic). Each member records its own
+Pure policy, no I/O (``proxy/fleet_member.py`` carries the messages over a Kafka topic). Each member records its own
 charges as before and, besides, adds them to a :class:`FleetLedger`: usage per bucket since the last sync. A few
 times a second the member drains the ledger into one :class:`UsageReport` and publishes it; every member folds
 the reports of the others into its own trackers (``QuotaManager.apply_remote``), so the rate or token bucket it

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from proxy.decision_topic import TopicSink
+from proxy.decision_log.topic import TopicSink
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION, arrow_schema, column_names
 
 __all__ = [

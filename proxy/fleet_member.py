@@ -3,8 +3,8 @@
 Why a topic: the cluster is an existing, replicated, ordered log every member can reach; no consensus of our own,
 no extra server. Topic ``__ktp_fleet_<name>``, one partition (every member reads every report, in one order),
 short retention (a report older than a quota window changes nothing). Each member publishes what
-``quotas.fleet.FleetLedger`` collected every ``fleet.sync_interval_ms`` and, once per interval, folds every
-other member's reports read since into its trackers (``quotas.fleet.FleetFold`` sums them per bucket, then one
+``quotas.fleet_reports.FleetLedger`` collected every ``fleet.sync_interval_ms`` and, once per interval, folds every
+other member's reports read since into its trackers (``quotas.fleet_reports.FleetFold`` sums them per bucket, then one
 ``QuotaManager.apply_remote`` per bucket: at 100 members that is 1 call where there were 99).
 
 Never in the clients' way: publishing and reading run as tasks on the event loop through aiokafka; when the
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
-from proxy.workers import worker_index
+from proxy.cli.supervisor import worker_index
 from quotas.entities import QuotaEntity
-from quotas.fleet import (
+from quotas.fleet_reports import (
     MAC_HEADER,
     MAX_NAMES,
     FleetFold,

@@ -12,7 +12,8 @@ import sys
 
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
-from proxy import build_info, quota_cli, workers
+from proxy import build_info
+from proxy.cli import quota_admin, supervisor
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--advertised-host", help="host written into rewritten broker addresses")
         s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
         s.add_argument("--workers", type=int, help="proxy processes sharing the listener ports (SO_REUSEPORT)")
-    quota_cli.add_parser(sub)
+    quota_admin.add_parser(sub)
     return p
 
 
@@ -94,7 +95,7 @@ class Reloader:
 async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> None:
     from proxy.server import Proxy
 
-    worker = workers.worker_index()
+    worker = supervisor.worker_index()
     if not worker:  # one line per host, not per worker
         log.info("%s", build_info.describe())
         stale = build_info.stale_modules()
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.command == "quotas":
-        return quota_cli.run(args)
+        return quota_admin.run(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:
@@ -147,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print("configuration is valid")
         return 0
-    worker = workers.worker_index()
+    worker = supervisor.worker_index()
     tag = "" if worker is None else f"[w{worker}] "
     logging.basicConfig(
         level=config.log_level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s", stream=sys.stderr
     )
     if config.workers > 1 and worker is None:
-        return workers.supervise(argv, config.workers, config.shutdown_grace_ms / 1000)
+        return supervisor.supervise(argv, config.workers, config.shutdown_grace_ms / 1000)
     _raise_fd_limit()
     try:
         import uvloop

@@ -1,0 +1,11 @@
+"""The command-line tools: what starts a proxy or talks to one from a shell.
+
+* :mod:`proxy.cli.main`: ``kafka-throttle-proxy run|check-config|quotas`` (the installed command, and
+  ``python -m proxy.cli``);
+* :mod:`proxy.cli.quota_admin`: its ``quotas describe|alter|delete`` subcommand, DescribeClientQuotas /
+  AlterClientQuotas over one connection to a proxy;
+* :mod:`proxy.cli.supervisor`: ``workers: N``, the process that starts and restarts N proxy processes.
+
+Nothing here is imported by the proxy's request path except :func:`proxy.cli.supervisor.worker_index`
+(which worker this process is); this ``__init__`` imports nothing, so that import costs the standard library only.
+"""
