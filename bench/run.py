@@ -483,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="direct/proxy pairs per workload (default 3; quick 1)")
     ap.add_argument("--quick", action="store_true", help="small sanity run; writes no report unless --output")
     ap.add_argument("--profile", action="store_true", help="afterwards, profile the proxy in one produce/consume run")
-    ap.add_argument("--output", help="markdown report (default BENCHMARKS.md, none with --quick)")
+    ap.add_argument("--output", help="write the markdown report here (default: print it; BENCHMARKS.md is edited by "
+                    "hand from a report, so a run never overwrites it)")
     ap.add_argument("--only", help="comma-separated workloads to measure (e.g. java-consume,kcat-consume); "
                     "writes no report unless --output")
     ap.add_argument("--pin", action="store_true",
@@ -512,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         if (os.cpu_count() or 1) < 2 or not shutil.which("taskset"):
             raise SystemExit("--pin needs 2 CPUs and taskset (util-linux)")
         os.sched_setaffinity(0, {0})  # inherited by the brokers and every client started from here
-    output = Path(args.output) if args.output else None if partial else REPO / "BENCHMARKS.md"
+    output = Path(args.output) if args.output else None
     command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
     started = datetime.datetime.now().astimezone()
     code = proxy_code_version()  # now: others may edit the tree while we run
@@ -603,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     minutes = (time.monotonic() - t_start) / 60
     print(f"total {minutes:.1f} min")
-    if output is None:
+    if partial and output is None:
         return 0
     doc = [
         "# Benchmarks: pass-through cost of the proxy", "",
@@ -651,6 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     if profile:
         doc += ["## Where the proxy spends its time", "", profile]
+    if output is None:
+        print("\n".join(doc).rstrip())
+        return 0
     # Hand-written interpretation survives re-runs (it says which run it was written for).
     notes = output.read_text().partition("\n## Notes")[2] if output.exists() else ""
     output.write_text("\n".join(doc).rstrip() + "\n" + (f"\n## Notes{notes}" if notes else ""))
