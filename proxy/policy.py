@@ -360,8 +360,8 @@ class Policy:
     def on_request(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
         """Decide on one request: ``frame`` is the whole request frame, size prefix included (``bytes`` for all
         but large ones: the producer-id memo then reads it natively). Views of its body are made only where a
-        body is walked: the usual request, charged by its size, needs none (a view and its slice were 1.1k
-        instructions a request, plain path included)."""
+        body is walked: the usual request, charged by its size, needs none, and making them cost more than the
+        rest of the plain path (docs/performance.md)."""
         key = header.api_key
         guard = self.guard
         if guard is not None and guard.may_name(key, frame, header):

@@ -92,8 +92,8 @@ class Stats:
         :meth:`decision_counts`)."""
         self.passes: list[Tally] = [Tally() for _ in range(KIND_SETS)]
         """Indexed by a set of quota kinds (``quotas.kinds.BIT``): enforced "pass" decisions over exactly those
-        kinds. The decision counted on nearly every request, in one list slot (a dict get and set per quota key
-        before: 1.4k instructions a Produce with every quota)."""
+        kinds. The decision counted on nearly every request, in one list slot rather than a dict get and set per
+        quota key (docs/performance.md)."""
         self.connections_refused: defaultdict[str, int] = defaultdict(int)
         """quotas.connections.Refusal.reason -> count."""
         self.protected_refusals: defaultdict[str, int] = defaultdict(int)
