@@ -28,7 +28,6 @@ from collections.abc import Callable
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
-from proxy.cli.supervisor import worker_index
 from quotas.entities import QuotaEntity
 from quotas.fleet_reports import (
     MAC_HEADER,
@@ -72,7 +71,10 @@ def topic_name(fleet: str) -> str:
 
 class FleetSync:
     def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int],
-                 sources: QuotaSources | None = None, guard: ProtectedTopics | None = None) -> None:
+                 sources: QuotaSources | None = None, guard: ProtectedTopics | None = None,
+                 worker: int | None = None) -> None:
+        """``worker``: this process's index among the host's workers (None: a single process); workers of one host
+        are members of their own, so each needs its own id."""
         fc = config.fleet
         assert fc.name is not None
         secret = fc.secret()
@@ -87,7 +89,6 @@ class FleetSync:
         self.alters_published = self.alters_taken_in = 0
         if sources is not None:
             sources.on_alter = self._altered_here
-        worker = worker_index()  # workers of one host are members of their own: each needs its own id
         self.member = (fc.member + (f"-w{worker}" if worker is not None else "") if fc.member
                        else f"{socket.gethostname()}-{os.getpid()}")
         self.interval_s = fc.sync_interval_ms / 1000

@@ -132,7 +132,7 @@ class Proxy:
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.scope == "fleet":
             self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources,
-                                   self.policy.guard)
+                                   self.policy.guard, self.worker)
             self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))

@@ -6,6 +6,6 @@
   AlterClientQuotas over one connection to a proxy;
 * :mod:`proxy.cli.supervisor`: ``workers: N``, the process that starts and restarts N proxy processes.
 
-Nothing here is imported by the proxy's request path except :func:`proxy.cli.supervisor.worker_index`
-(which worker this process is); this ``__init__`` imports nothing, so that import costs the standard library only.
+Nothing below ``proxy.cli`` imports it: the server learns which worker it is from its caller. This ``__init__``
+imports nothing, so ``python -m proxy.cli`` costs the standard library only before the command is chosen.
 """
