@@ -32,6 +32,7 @@ def decode_caps(api_keys: Iterable[int]) -> dict[int, int]:
 def cap_api_versions(body: bytes | memoryview, version: int, caps: Mapping[int, int]) -> bytes | None:
     """The ApiVersions response body with versions capped, or None when nothing changes."""
     cls = response_class(Api.API_VERSIONS)
+    assert cls is not None  # ApiVersions is one of kafka-python's classes
     msg = decode_body(cls, body, version)
     if msg.error_code != 0:
         return None  # an error answer (e.g. unsupported version) is v0-shaped: pass it on as is
@@ -60,6 +61,7 @@ def unsupported_version_body(cap: int) -> bytes:
     layout, listing the ApiVersions versions it does speak, so the client retries at one of them. The proxy
     answers so itself when a client (kafka-clients 4.4 sends v5 first) goes beyond the schemas it decodes."""
     cls = response_class(Api.API_VERSIONS)
+    assert cls is not None  # ApiVersions is one of kafka-python's classes
     entry = cls._struct.fields["api_keys"].array_of.data_class
     msg = cls(error_code=35, api_keys=[entry(api_key=Api.API_VERSIONS, min_version=0, max_version=cap)])
     return bytes(msg.encode(version=0))

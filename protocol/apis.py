@@ -8,7 +8,7 @@ they lack is still forwarded, as opaque bytes, because nothing in the proxy need
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Final
+from typing import Final, TypeVar
 
 import kafka.protocol.admin  # noqa: F401  (imports register the message classes)
 import kafka.protocol.consumer  # noqa: F401
@@ -60,8 +60,11 @@ API_NAMES: dict[int, str] = {v: k for k, v in vars(Api).items() if k.isupper()}
 """Key → name (``PRODUCE``) of every API in :class:`Api`."""
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+_C = TypeVar("_C")
+
+
+def _all_subclasses(cls: type[_C]) -> list[type[_C]]:
+    out: list[type[_C]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))

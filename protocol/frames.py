@@ -43,6 +43,7 @@ def check_frame_size(size: int, max_frame_bytes: int) -> None:
 
 def frame_size(prefix: bytes, max_frame_bytes: int) -> int:
     """Size announced by a 4-byte prefix, validated; for readers that read the prefix themselves."""
+    size: int
     (size,) = _SIZE.unpack(prefix)
     check_frame_size(size, max_frame_bytes)
     return size

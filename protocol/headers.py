@@ -146,7 +146,8 @@ def response_correlation_id(frame: bytes | memoryview, start: int = 0) -> int:
     if isinstance(frame, bytes):
         c = frame[start] << 24 | frame[start + 1] << 16 | frame[start + 2] << 8 | frame[start + 3]
         return c - 0x100000000 if c >= 0x80000000 else c
-    return _CORR_unpack(frame, start)[0]
+    corr: int = _CORR_unpack(frame, start)[0]
+    return corr
 
 
 def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 
 from protocol.apis import Api, DecodeError, api_name, decode_body, request_class, response_class
@@ -129,7 +131,8 @@ class _ArrayCut:
     start: int
     end: int
     spans: tuple[tuple[int, int], ...]
-    items: tuple = field(repr=False, compare=False)
+    items: tuple[Any, ...] = field(repr=False, compare=False)
+    """The decoded elements (kafka-python's data objects, or the names of a string array)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,7 +146,7 @@ class MutationRequest:
     timeout_ms: int
     validate_only: bool
     """Request-wide in the protocol (CreateTopics v1+, CreatePartitions); always False for DeleteTopics."""
-    duplicates: frozenset
+    duplicates: frozenset[str | uuid.UUID | None]
     """Keys (name, or id for DeleteTopics v6 by id) that occur more than once."""
     body: bytes = field(repr=False)
     _cut: _ArrayCut = field(repr=False, compare=False)
@@ -165,7 +168,7 @@ class MutationRequest:
 # --- cutting arrays -----------------------------------------------------------------------------------
 
 
-def _read_string(buf, pos: int, flexible: bool) -> tuple[str | None, int]:
+def _read_string(buf: memoryview, pos: int, flexible: bool) -> tuple[str | None, int]:
     n, pos = read_length(buf, pos, flexible, 2)
     if n < 0:
         return None, pos
@@ -174,7 +177,7 @@ def _read_string(buf, pos: int, flexible: bool) -> tuple[str | None, int]:
     return bytes(buf[pos : pos + n]).decode("utf-8"), pos + n
 
 
-def _cut_array(cls, version: int, body: memoryview, name: str) -> _ArrayCut:
+def _cut_array(cls: type[ApiMessage], version: int, body: memoryview, name: str) -> _ArrayCut:
     """Locate top-level array ``name`` and each of its elements; raises DecodeError naming api and version."""
     try:
         start, end = layout(cls, version, body).fields[name]
@@ -184,7 +187,7 @@ def _cut_array(cls, version: int, body: memoryview, name: str) -> _ArrayCut:
         if count < 0:
             raise ValueError(f"{name} is null")
         spans: list[tuple[int, int]] = []
-        items: list = []
+        items: list[Any] = []
         if fld.is_struct_array():
             decode = fld.array_of.compiled_decode_from(version, compact=flexible, tagged=flexible)
             for _ in range(count):
@@ -211,7 +214,8 @@ def _array_header(count: int, flexible: bool) -> bytes:
     return UnsignedVarInt32.encode(count + 1) if flexible else _I32.pack(count)
 
 
-def _splice(body, cut: _ArrayCut, elements: list[bytes | memoryview], flexible: bool) -> bytearray:
+def _splice(body: bytes | memoryview, cut: _ArrayCut, elements: Sequence[bytes | memoryview], flexible: bool
+            ) -> bytearray:
     out = bytearray(body[: cut.start])
     out += _array_header(len(elements), flexible)
     for element in elements:
@@ -224,13 +228,15 @@ def _splice(body, cut: _ArrayCut, elements: list[bytes | memoryview], flexible: 
 
 
 @cache
-def _classes(api_key: int):
+def _classes(api_key: int) -> tuple[type[ApiMessage], type[ApiMessage]]:
     if api_key not in MUTATION_APIS:
         raise ValueError(f"api {api_key} is not CreateTopics, DeleteTopics or CreatePartitions")
-    return request_class(api_key), response_class(api_key)
+    req, resp = request_class(api_key), response_class(api_key)
+    assert req is not None and resp is not None  # all three are kafka-python classes
+    return req, resp
 
 
-def _check_version(cls, api_key: int, version: int) -> None:
+def _check_version(cls: type[ApiMessage], api_key: int, version: int) -> None:
     if not 0 <= version <= cls.max_version:
         raise DecodeError(f"{api_name(api_key)} v{version} is not a version kafka-python knows (max {cls.max_version})")
 
@@ -256,8 +262,8 @@ def parse_request(api_key: int, api_version: int, body: bytes | bytearray | memo
             topics.append(DeleteTopic(i, item.name, item.topic_id))
         else:
             topics.append(DeleteTopic(i, item))
-    seen: set = set()
-    dups: set = set()
+    seen: set[str | uuid.UUID | None] = set()
+    dups: set[str | uuid.UUID | None] = set()
     for t in topics:
         (dups if t.key in seen else seen).add(t.key)
     validate_only = bool(msg.validate_only) if api_key != Api.DELETE_TOPICS else False
@@ -300,7 +306,7 @@ def _clamp(ms: int) -> int:
 
 
 def _rejection_response(request: MutationRequest, indices: list[int], throttle_ms: int, message: str | None,
-                        error_code: int):
+                        error_code: int) -> ApiMessage:
     """A kafka-python response message with a rejection for each topic at ``indices``."""
     _, resp_cls = _classes(request.api_key)
     version = request.version
@@ -314,7 +320,7 @@ def _rejection_response(request: MutationRequest, indices: list[int], throttle_m
             # Kafka's error result: no topic id, num_partitions/replication_factor -1, no configs
             item = result_cls(version=version, name=t.name, topic_id=None, error_code=error_code, error_message=text,
                               num_partitions=-1, replication_factor=-1, configs=[])
-        elif request.api_key == Api.DELETE_TOPICS:
+        elif isinstance(t, DeleteTopic):  # DeleteTopics (parse_request makes DeleteTopic for that api only)
             # by id: echo the id, the name is unknown (null); by name: the name, no id
             item = result_cls(version=version, name=t.name, topic_id=t.topic_id, error_code=error_code,
                               error_message=text)

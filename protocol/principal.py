@@ -18,6 +18,7 @@ pattern cannot have is refused when the configuration is read instead of failing
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from protocol.sasl_identity import SaslIdentity
 
@@ -56,7 +57,7 @@ def _tlv(data: bytes, pos: int) -> tuple[int, int, int]:
     return tag, pos, pos + length
 
 
-def _children(data: bytes, start: int, end: int):
+def _children(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
     pos = start
     while pos < end:
         tag, s, e = _tlv(data, pos)
@@ -152,12 +153,13 @@ class _Rule:
         _java_replacement(self.replacement, None, self.pattern)  # refuse a bad replacement now, not per client
 
     def apply(self, dn: str) -> str | None:
-        if self.pattern is None:
+        pattern = self.pattern
+        if pattern is None:
             return dn
-        if self.pattern.fullmatch(dn) is None:  # Java's matches(): the whole DN
+        if pattern.fullmatch(dn) is None:  # Java's matches(): the whole DN
             return None
         # ... and then, as Kafka does, String.replaceAll: every match in the DN is replaced.
-        result = self.pattern.sub(lambda m: _java_replacement(self.replacement, m, self.pattern), dn)
+        result = pattern.sub(lambda m: _java_replacement(self.replacement, m, pattern), dn)
         if self.case == "L":
             return result.lower()
         if self.case == "U":
@@ -188,7 +190,7 @@ def _literal_out_of_range(replacement: str, groups: int) -> str:
     return value
 
 
-def _java_replacement(replacement: str, m: re.Match | None, pattern: re.Pattern) -> str:
+def _java_replacement(replacement: str, m: re.Match[str] | None, pattern: re.Pattern[str]) -> str:
     """Expand a replacement as Java's ``Matcher.appendReplacement`` does: ``\\c`` is ``c``, ``$N`` a group
     (digits read while the number stays a group of the pattern), ``${name}`` a named group. With ``m`` None
     only checks it."""

@@ -29,10 +29,10 @@ else escapes (no ``IndexError``/``struct.error``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 from mypy_extensions import i64
@@ -61,6 +61,9 @@ _V2_HEADER: Final = 61  # a magic-2 batch header, log overhead included
 # v2 batch header is 61 bytes of which 12 are the log overhead.
 _MIN_LENGTH = (14, 22, 49)
 
+_Ops: TypeAlias = tuple[tuple[Any, ...], ...]
+"""Skip operations (``protocol.skim``'s tuples)."""
+
 
 class RecordBatchError(ProtocolError):
     """A Produce request or one of its record batches is truncated or malformed; the message says where."""
@@ -69,7 +72,8 @@ class RecordBatchError(ProtocolError):
 # --- plan compilation (once per version) -------------------------------------------------------------------
 
 
-def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, Any, tuple]:
+def _split(fields: Iterable[Any], version: int, flexible: bool, is_target: Callable[[Any], bool]
+           ) -> tuple[_Ops, Any, _Ops]:
     """Ops before the one present field satisfying ``is_target``, that field, ops after it (incl. tags)."""
     on_wire = [f for f in fields if present(f, version)]
     hits = [i for i, f in enumerate(on_wire) if is_target(f)]
@@ -80,29 +84,30 @@ def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, Any,
     return before, on_wire[i], merge_ops(struct_ops(on_wire[i + 1:], version, flexible))
 
 
-def _has_records(field) -> bool:
+def _has_records(field: Any) -> bool:
     return field.is_array() and field.is_struct_array() and any(
         f.type_str == "records" for f in field.fields.values())
 
 
-def _fixed_total(ops: tuple) -> int | None:
+def _fixed_total(ops: _Ops) -> int | None:
     """The byte count of ``ops`` when they are all fixed-size (the common case), so skipping is one addition."""
     if all(op[0] == FIXED for op in ops):
-        return sum(op[1] for op in ops)
+        total: int = sum(op[1] for op in ops)
+        return total
     return None
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
     flexible: bool
-    top_pre: tuple
-    topic_pre: tuple
+    top_pre: _Ops
+    topic_pre: _Ops
     topic_pre_fixed: int | None
-    part_pre: tuple
+    part_pre: _Ops
     part_pre_fixed: int | None
-    part_post: tuple
-    topic_post: tuple
-    top_post: tuple
+    part_post: _Ops
+    topic_post: _Ops
+    top_post: _Ops
     top_pre_after_str: int | None
     """When the fields before ``topics`` are one string then fixed-size ones (transactional_id, acks,
     timeout_ms: every version but v0-2): the byte count after the string, so the walk needs no ``skip`` call."""
@@ -227,7 +232,7 @@ def _where(topic: int, part: int) -> str:
     return f"topic #{topic} partition #{part}"
 
 
-def _scan_batches(buf, start: int, end: int, out: set[int] | None, ids: list[int] | None) -> None:
+def _scan_batches(buf: memoryview, start: int, end: int, out: set[int] | None, ids: list[int] | None) -> None:
     pos = start
     while pos < end:
         left = end - pos

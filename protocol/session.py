@@ -121,12 +121,12 @@ class Session:
         self.version_caps = version_caps
         self.sasl_hold = False
         """A SaslHandshake v0 is unanswered: what follows it is read only after its answer."""
-        self._held_requests: deque | None = None
+        self._held_requests: deque[bytes] | None = None
         self._holds: set[str] = set()
         """Why the frames in ``_held_requests`` wait, besides the mute and ``sasl_hold`` (Pause.DECIDING, TURN)."""
         self.deferred: tuple[Any, bytes] | None = None
         """A deferred request (the policy's verdict, its frame) whose decision waits until the mute is over."""
-        self.held_responses: deque | None = None
+        self.held_responses: deque[Any] | None = None
         """Responses held behind one that waits for a new broker listener (None when none waits)."""
         self._own_corr = -1
         self._walk_kv = -1  # (api, version) of the last _needs_walk, and its answer
@@ -134,7 +134,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def receive(self, frame, now: float) -> Request | Any | None:
+    def receive(self, frame: Any, now: float) -> Request | Any | None:
         """Read one request frame: a :class:`Request` for the policy; the frame itself when it is forwarded
         untouched (a raw SASL token); None when it was answered here (see :meth:`ready_answers`). Raises a
         :class:`~protocol.errors.ProtocolError` for a frame that cannot be followed."""
@@ -170,7 +170,7 @@ class Session:
             self.client_id = header.client_id
         return Request(header, frame, answered)
 
-    def forward(self, request: Request, decision: Any, frame, now: float, whole: bool = False) -> None:
+    def forward(self, request: Request, decision: Any, frame: Any, now: float, whole: bool = False) -> None:
         """``frame`` (the client's, or the policy's replacement) goes to the broker; its answer, if one comes,
         is matched to ``decision``. ``whole``: the policy rewrites more of the response than its leading
         bytes, so it must be assembled, never streamed."""
@@ -266,12 +266,12 @@ class Session:
     def holding_requests(self) -> bool:
         return self._held_requests is not None
 
-    def take_held_requests(self) -> list:
+    def take_held_requests(self) -> list[bytes]:
         """The frames kept behind the requests that waited, in order; nothing is held afterwards."""
         held, self._held_requests = self._held_requests, None
         return list(held) if held else []
 
-    def own_request(self, api_key: int, api_version: int, body: bytes, now: float, token: Any) -> list:
+    def own_request(self, api_key: int, api_version: int, body: bytes, now: float, token: Any) -> list[bytes]:
         """A request of the proxy's own on this connection's broker link: the pieces to write. Its answer comes
         back from :meth:`response` with ``pending.internal`` set to ``token``, in order with the client's."""
         corr = self._own_corr
@@ -314,7 +314,7 @@ class Session:
             self.identity.on_other_response()
         return pending
 
-    def response(self, frame) -> tuple[Pending, bool]:
+    def response(self, frame: Any) -> tuple[Pending, bool]:
         """Match a whole response frame to its request (removed from the queue). Returns the request and
         whether it answered a SaslHandshake v0 that held the requests behind it (they may be read now). Raw
         token answers and answers to the proxy's own requests come back too: ``pending.header is RAW``,
@@ -355,6 +355,6 @@ class Session:
         self.held_responses.append(frame)
         return True
 
-    def take_held_responses(self) -> list:
+    def take_held_responses(self) -> list[Any]:
         held, self.held_responses = self.held_responses, None
         return list(held) if held else []

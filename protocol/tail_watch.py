@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Generator
+from typing import Any
 
 from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, top_level_plan
 from protocol.varint import TruncatedError
@@ -26,8 +27,9 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 # The walker yields an int: n > 0 asks for the next n bytes (sent back as a bytes-like object),
-# n < 0 skips -n bytes; it returns when the top-level tagged-field section starts.
-_Walk = Generator[int, "bytes | memoryview | None", None]
+# n < 0 skips -n bytes (resumed with next(), nothing sent); it returns when the top-level tagged-field section starts.
+_Walk = Generator[int, "bytes | memoryview", None]
+_Ops = tuple[tuple[Any, ...], ...]  # protocol.skim's skip operations
 
 
 def _uvarint() -> Generator[int, bytes | memoryview, int]:
@@ -42,7 +44,7 @@ def _uvarint() -> Generator[int, bytes | memoryview, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
-def _walk(ops: tuple) -> _Walk:
+def _walk(ops: _Ops) -> _Walk:
     for op in ops:
         kind = op[0]
         if kind == FIXED:
@@ -76,7 +78,7 @@ def _walk(ops: tuple) -> _Walk:
                     yield -size
 
 
-def _top(plan: tuple) -> _Walk:
+def _top(plan: tuple[tuple[str, _Ops], ...]) -> _Walk:
     for _name, ops in plan:
         yield from _walk(ops)
 
@@ -90,7 +92,9 @@ class TailWatch:
 
     __slots__ = ("_gen", "_want", "_carry", "consumed", "done")
 
-    def __init__(self, message_cls, version: int) -> None:
+    def __init__(self, message_cls: Any, version: int) -> None:
+        """``message_cls``: a kafka-python message class, or a stand-in with what the walk reads (``name``,
+        ``_struct.fields``, ``flexible_version_q``: ``protocol.addresses.tail_watch_class``)."""
         plan, flexible = top_level_plan(message_cls, version)
         if not flexible:
             raise ValueError(f"{message_cls.name} v{version} has no tagged fields to watch for")
@@ -99,11 +103,21 @@ class TailWatch:
         self.consumed = 0
         """Body bytes walked so far (the offset of the tagged section once ``done``)."""
         self.done = False
-        self._want = self._next(None)
+        self._want = self._resume()
 
-    def _next(self, value) -> int:
+    def _next(self, chunk: bytes | memoryview) -> int:
+        """The walk's next request, sent the ``chunk`` of bytes it asked for."""
         try:
-            want = self._gen.send(value)
+            want = self._gen.send(chunk)
+        except StopIteration:
+            self.done = True
+            return 0
+        return want
+
+    def _resume(self) -> int:
+        """The walk's next request, after a skip (or at the start): nothing to send."""
+        try:
+            want = next(self._gen)
         except StopIteration:
             self.done = True
             return 0
@@ -116,6 +130,7 @@ class TailWatch:
             return 0
         i, n = 0, len(data)
         want = self._want
+        chunk: bytes | memoryview
         while True:
             if want < 0:
                 if i - want > n:
@@ -124,7 +139,7 @@ class TailWatch:
                     return None
                 i -= want
                 self.consumed -= want
-                want = self._next(None)
+                want = self._resume()
             elif self._carry is not None:
                 take = min(want - len(self._carry), n - i)
                 self._carry += data[i : i + take]

@@ -121,14 +121,16 @@ def throttle_offset(api_key: int, api_version: int, body: bytes | bytearray | me
             raise TruncatedError("ApiVersions response body ends before error_code")
         if _I16.unpack_from(body, 0)[0] != 0:
             return None
-    return layout(response_class(api_key), api_version, body).fields[FIELD][0]
+    # A bytearray too (mutations' merged response): skim.layout reads any buffer, its annotation says less.
+    return layout(response_class(api_key), api_version, body).fields[FIELD][0]  # type: ignore[arg-type]
 
 
 def read_throttle(body: bytes | bytearray | memoryview, offset: int) -> int:
     """The int32 at ``offset``; TruncatedError when the body ends before it."""
     if offset < 0 or offset + 4 > len(body):
         raise TruncatedError(f"{FIELD} at {offset} lies past the end of a {len(body)}-byte body")
-    return _I32.unpack_from(body, offset)[0]
+    value: int = _I32.unpack_from(body, offset)[0]
+    return value
 
 
 def raise_throttle(buf: bytearray | memoryview, offset: int, ms: int) -> int:

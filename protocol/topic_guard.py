@@ -328,7 +328,8 @@ def check(guard: ProtectedTopics, api_key: int, version: int, body: bytes | memo
         if not items:
             kept_any = kept_any or items is None  # null: every topic (Metadata, OffsetFetch): others are asked
             continue
-        keep, out = [], []
+        keep: list[tuple[Any, _Ident]] = []
+        out: list[tuple[Any, _Ident]] = []
         for item in items:
             ident = _ident(item, api_key)
             (out if _is_protected(guard, ident, api_key) else keep).append((item, ident))

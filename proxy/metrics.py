@@ -12,10 +12,10 @@ Quota metric names follow Kafka's ``<Group>`` / ``<name>`` (``Produce`` ``byte-r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.stats import Stats
 
@@ -50,7 +50,7 @@ class _Collector:
         self.live_connections = live_connections
         self.quota_samples = quota_samples
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         s = self.stats
         yield GaugeMetricFamily("ktp_connections", "Client connections open now", value=self.live_connections())
         yield CounterMetricFamily("ktp_connections_accepted", "Client connections accepted", value=s.connections_total)
@@ -92,11 +92,12 @@ class _Collector:
             yield GaugeMetricFamily("ktp_producerids_cache_bytes", "Bytes of producer-id bloom filters (KIP-936)",
                                     value=dl["pid_cache_bytes"])
         if "written" in dl:
-            c = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome", labels=["outcome"])
+            events = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome",
+                                         labels=["outcome"])
             for outcome in ("written", "dropped", "failed", "topic_sent", "topic_failed"):
                 if outcome in dl or not outcome.startswith("topic"):  # the topic's only when it is on
-                    c.add_metric([outcome], dl.get(outcome, 0))
-            yield c
+                    events.add_metric([outcome], dl.get(outcome, 0))
+            yield events
             yield GaugeMetricFamily("ktp_decision_log_queued", "Decision-log events waiting for the writer",
                                     value=dl.get("queued", 0))
         families: dict[str, GaugeMetricFamily] = {}

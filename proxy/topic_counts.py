@@ -16,7 +16,7 @@ per policy, used on its event loop.
 from __future__ import annotations
 
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 DEFAULT_TTL_MS = 60_000
 DEFAULT_MAX_TOPICS = 10_000
@@ -86,7 +86,8 @@ class RecentTopics:
 
     def expire(self, now_ms: int) -> None:
         """Drop what is out of date (entries are in order of expiry: stop at the first that is not)."""
-        for table in (self._by_name, self._by_id):
+        tables: tuple[dict[Any, Known], ...] = (self._by_name, self._by_id)
+        for table in tables:
             for key, known in list(table.items()):
                 if known.until_ms > now_ms:
                     break
