@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -25,6 +25,7 @@ def _compiled_modules() -> list[str]:
     """proxy/build_info.py's COMPILED (the one list), loaded by path: the package's dependencies are not there yet."""
     path = Path(__file__).with_name("proxy") / "build_info.py"
     spec = importlib.util.spec_from_file_location("_ktp_build_info", path)
+    assert spec is not None and spec.loader is not None  # a .py path: always a spec with a source loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.compiled_sources()
@@ -45,7 +46,7 @@ class OptionalBuildExt(build_ext):
             if MODE == "require":
                 raise
             print(f"warning: mypyc build failed ({exc}); installing the pure-Python package", file=sys.stderr)
-            self.extensions = []
+            self.extensions: list[Extension] = []
             _remove_inplace_builds()
 
 

@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 
 import psutil
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from tests.harness import KafkaCluster
 from tests.support import ProxyProcess
@@ -50,13 +50,16 @@ class Normal:
         self.seq = 0
         self.errors: list[str] = []
 
+    def _delivered(self, err: KafkaError | None, _m: Message) -> None:
+        if err:
+            self.errors.append(str(err))
+
     def run(self, seconds: float) -> list[float]:
         latencies = []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             t0 = time.monotonic()
-            self.producer.produce(self.topic, str(self.seq).encode(),
-                                  on_delivery=lambda err, _m: err and self.errors.append(str(err)))
+            self.producer.produce(self.topic, str(self.seq).encode(), on_delivery=self._delivered)
             if self.producer.flush(30):
                 self.errors.append("flush timed out")
             latencies.append(time.monotonic() - t0)
@@ -73,7 +76,9 @@ class Normal:
         while len(got) < self.seq and time.monotonic() < deadline:
             m = c.poll(1.0)
             if m is not None and not m.error():
-                got.append(int(m.value()))
+                value = m.value()
+                assert value is not None  # run's records all have one
+                got.append(int(value))
         c.close()
         return len(got), got == list(range(len(got)))
 
@@ -133,8 +138,10 @@ def attack_dribble_huge(port: int, dribblers: int, huge: int, seconds: float, re
                     drib.remove(s)
                     closed += 1
         for key, _ in sel.select(timeout=0.1):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)  # the huge senders registered above
             try:
-                sent += key.fileobj.send(chunk)
+                sent += sock.send(chunk)
             except BlockingIOError:
                 pass
             except OSError:
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             normal.run(2)  # topic, connections, idempotent producer id
             phases = [("baseline", None), ("idle", "idle"), ("dribble+huge", "dribble")]
             for name, kind in phases:
-                with Sampler(proxy.proc.pid) as s:
+                with Sampler(proxy.process.pid) as s:
                     start = s.rss()
                     held: list[socket.socket] = []
                     attack = None

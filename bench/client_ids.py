@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"request_percentage": 10_000}}],
         }).start()
         try:
-            proc = psutil.Process(proxy.proc.pid)
+            proc = psutil.Process(proxy.process.pid)
             send_ids(proxy.port, 200)  # connections, listeners and first allocations settled
             before = proc.memory_info().rss
             t0 = time.monotonic()

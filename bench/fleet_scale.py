@@ -40,6 +40,7 @@ import re
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 
 from config.model import ProxyConfig
 from proxy.fleet_member import FleetSync
@@ -284,7 +285,7 @@ async def _run(bootstrap: str, members: int, entities: int, seconds: float, obse
     }
 
 
-def _pct(xs: list[int], q: float) -> float:
+def _pct(xs: Sequence[float], q: float) -> float:
     return float(xs[min(len(xs) - 1, int(q * len(xs)))]) if xs else float("nan")
 
 
@@ -309,7 +310,8 @@ def _enforcement(members: int, delays_ms: list[int], interval_ms: int, seconds: 
     qms = [QuotaManager(store) for _ in range(members)]
     steps = int(seconds * 1000 / step_ms)
     arrive: dict[int, float] = {}  # step -> usage arriving at every member then
-    own = [dict() for _ in range(members)]  # member -> step -> its own share of arrive (not folded back)
+    # member -> step -> its own share of arrive (not folded back)
+    own: list[dict[int, float]] = [{} for _ in range(members)]
     pending = [0.0] * members
     phase = [rng.randrange(interval_ms // step_ms) for _ in range(members)]
     blocked = [0] * members
@@ -325,6 +327,7 @@ def _enforcement(members: int, delays_ms: list[int], interval_ms: int, seconds: 
                 qms[m].apply_remote(_usage(got), now)
             if now >= blocked[m]:
                 c = qms[m].charge_rate(KEY, "", "hot", "", request, now)
+                assert c is not None  # client id "hot" has a quota
                 blocked[m] = now + c.throttle_ms
                 per_step[k] += request
                 pending[m] += request

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             normal = Normal(proxy.bootstrap, f"fuzz-{uuid.uuid4().hex[:6]}")
             normal.run(2)
-            with Sampler(proxy.proc.pid) as s:
+            with Sampler(proxy.process.pid) as s:
                 start = s.rss()
                 t = threading.Thread(target=normal.run, args=(args.seconds,), daemon=True)
                 t.start()
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)
                 end = s.rss()
             count, ordered = normal.read_back()
-            alive = psutil.pid_exists(proxy.proc.pid) and proxy.alive()
+            alive = psutil.pid_exists(proxy.process.pid) and proxy.alive()
         finally:
             proxy.terminate()
         log = proxy.log()

@@ -361,13 +361,14 @@ def proxy_config(phase: str) -> dict | None:
     quotas = {"quotas.entities": [{"entity": {"client-id": FLOOD_ID},
                                    "quotas": {"producer_byte_rate": BYTE_QUOTA,
                                               "controller_mutation_rate": MUTATION_QUOTA}}]}
-    return {
+    configs: dict[str, dict[str, object]] = {
         "alone-proxy": {},
         "alone-proxy-again": {},
         "flood-noquota": {},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
-    }.get(phase)
+    }
+    return configs.get(phase)
 
 
 def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float, flood: bool,

@@ -33,6 +33,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -90,7 +91,8 @@ async def _relay(port_file: Path, upstream: str) -> None:
     class Pump(asyncio.Protocol):
         def __init__(self) -> None:
             self.peer: Pump | None = None
-            self.transport: asyncio.Transport | None = None
+            self.transport: Any = None
+            """The loop's transport, once connected (Any: uvloop's transports are no asyncio classes)."""
             self.early: list[bytes] = []  # what arrived before the upstream connection was up
 
         def connection_made(self, transport) -> None:
@@ -102,11 +104,13 @@ async def _relay(port_file: Path, upstream: str) -> None:
             else:
                 self.peer.transport.write(data)
 
-        def pause_writing(self) -> None:
-            self.peer.transport.pause_reading()
+        def pause_writing(self) -> None:  # only once written to, so only with a peer
+            if self.peer is not None:
+                self.peer.transport.pause_reading()
 
         def resume_writing(self) -> None:
-            self.peer.transport.resume_reading()
+            if self.peer is not None:
+                self.peer.transport.resume_reading()
 
         def connection_lost(self, exc) -> None:
             if self.peer is not None and self.peer.transport is not None:
@@ -249,7 +253,7 @@ def main() -> None:
             proxy = ProxyProcess(Path(tmp), upstream, {"log_level": args.log_level}).start()
             middle = {"relay": (f"127.0.0.1:{relay_file.read_text()}", psutil.Process(relay.pid)),
                       "splice": (f"127.0.0.1:{splice_file.read_text()}", psutil.Process(splice.pid)),
-                      "proxy": (proxy.bootstrap, psutil.Process(proxy.proc.pid))}  # fmt: skip
+                      "proxy": (proxy.bootstrap, psutil.Process(proxy.process.pid))}  # fmt: skip
             per_gib, rate = {}, {}
             for phase in ("direct", "relay", "splice", "proxy"):
                 address, ps = middle.get(phase, (upstream, None))
@@ -266,8 +270,8 @@ def main() -> None:
                   + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy")))
         finally:
             if proxy is not None:
-                proxy.proc.terminate()
-                proxy.proc.wait(10)
+                proxy.process.terminate()
+                proxy.process.wait(10)
             for child in (relay, splice):
                 if child is not None:
                     child.terminate()

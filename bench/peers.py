@@ -102,6 +102,13 @@ class PeerProcess:
         raise RuntimeError(f"{self.side} not serving after {timeout:.0f} s ({last}):\n{self.log()[-3000:]}")
 
     @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The peer's process, once :meth:`start` has made it."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.side} was not started")
+        return self.proc
+
+    @property
     def ps(self) -> psutil.Process:
         assert self.proc is not None
         return psutil.Process(self.proc.pid)

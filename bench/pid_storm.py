@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             warm = Producer({**cluster.client_config("bob", "SCRAM-SHA-512"), "bootstrap.servers": proxy.bootstrap})
             warm.produce(topic, b"create the topic")
             warm.flush(60)
-            proc = psutil.Process(proxy.proc.pid)
+            proc = psutil.Process(proxy.process.pid)
             rss_start = peak = proc.memory_info().rss
             deadline = time.monotonic() + args.seconds
             threads = [threading.Thread(target=storm, args=("alice", deadline)) for _ in range(args.threads)]

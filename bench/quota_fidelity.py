@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "All quotas configured but none binding: see the `quotas` side in BENCHMARKS.md (`bench.run`).", "",
     ]
     out = Path(args.output)
-    notes = out.read_text().partition("\n## Notes")[2] if out.exists() else ""
-    out.write_text("\n".join(doc).rstrip() + "\n" + (f"\n## Notes{notes}" if notes else ""))
+    kept = out.read_text().partition("\n## Notes")[2] if out.exists() else ""  # the hand-written notes
+    out.write_text("\n".join(doc).rstrip() + "\n" + (f"\n## Notes{kept}" if kept else ""))
     print(f"total {minutes:.1f} min; wrote {out}")
     return 0
 

@@ -526,18 +526,18 @@ def main(argv: list[str] | None = None) -> int:
             payload = workdir / "payload.txt"
             write_payload(payload, n)
             proxy = ProxyProcess(workdir, cluster.bootstrap).start()
-            proxies = {"proxy": proxy}
+            proxies: dict[str, ProxyProcess | PeerProcess] = {"proxy": proxy}
             if "quotas" in sides:
                 proxies["quotas"] = ProxyProcess(workdir, cluster.bootstrap, {"quotas.entities": [
                     {"entity": {"user": "<default>"}, "quotas": {**HUGE_QUOTAS, "producer_ids_rate": 10**9}},
                     {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
                 ]}, name="quotas").start()  # fmt: skip
             peers = start_peers(given, workdir, cluster)
-            proxies.update(peers)  # type: ignore[arg-type]  # same surface: bootstrap, proc, log(), terminate()
-            proxy_ps = {s: psutil.Process(p.proc.pid) for s, p in proxies.items()}  # type: ignore[union-attr]
+            proxies.update(peers)  # same surface: bootstrap, process, log(), terminate()
+            proxy_ps = {s: psutil.Process(p.process.pid) for s, p in proxies.items()}
             if args.pin:  # every thread of each proxy onto the other CPU
                 for p in proxies.values():
-                    subprocess.run(["taskset", "-a", "-p", "-c", "1", str(p.proc.pid)], check=True,  # type: ignore[union-attr]
+                    subprocess.run(["taskset", "-a", "-p", "-c", "1", str(p.process.pid)], check=True,
                                    capture_output=True)
             wl = {w.name: w for w in [
                 Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1), n * RECORD),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
@@ -60,7 +62,14 @@ once (a slow loop, or a burst of reports, must not grow memory)."""
 MAX_FOLD_REPORTS = 10_000
 
 
-_UNBOUND = object()
+class _Unbound(enum.Enum):
+    """Type of :data:`_UNBOUND` (an enum so that ``is`` narrows it away)."""
+
+    UNBOUND = 0
+
+
+_UNBOUND: Final = _Unbound.UNBOUND
+"""A bucket id not bound yet (a bound one may hold None: no quota applies to it here)."""
 
 
 def topic_name(fleet: str) -> str:

@@ -7,6 +7,7 @@ import itertools
 import logging
 import resource
 import time
+from collections.abc import Hashable
 
 from config.load import ConfigError
 from config.model import ProxyConfig
@@ -95,7 +96,7 @@ class Proxy:
                                               self.policy.decision_log_stats, self._gauges)
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
-        self._servers: dict[int | None, asyncio.AbstractServer] = {}
+        self._servers: dict[int | None, asyncio.Server] = {}
         self._bootstrap_rr = itertools.count()
         self._closing = False
         self._tasks: list[asyncio.Task] = []
@@ -204,7 +205,11 @@ class Proxy:
         q.max_fds = _fd_budget()
         q.shed = lim.shed_when_full
         idle_s = lim.shed_idle_ms / 1000
-        q.is_idle = lambda conn, now_ms: conn.idle_for_shedding(now_ms / 1000, idle_s)
+
+        def is_idle(key: Hashable, now_ms: int) -> bool:  # the keys are the connections admitted (admit_connection)
+            return isinstance(key, Connection) and key.idle_for_shedding(now_ms / 1000, idle_s)
+
+        q.is_idle = is_idle
         q.max_per_ip = lim.max_connections_per_ip
         q.per_ip_overrides = dict(lim.max_connections_per_ip_overrides)
         q.max_creation_rate = lim.max_connection_creation_rate
@@ -260,7 +265,7 @@ class Proxy:
 
     def _gauges(self) -> dict[str, tuple[str, float]]:
         pool = self.request_pool
-        gauges = {
+        gauges: dict[str, tuple[str, float]] = {
             "ktp_request_pool_used_bytes": ("Request bytes reserved from queued_max_request_bytes", pool.used),
             "ktp_request_pool_waiting": ("Connections waiting for queued_max_request_bytes", pool.waiting),
         }

@@ -26,14 +26,14 @@ import hashlib
 import hmac
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from quotas.entities import DEFAULT, QuotaEntity, validate_quota
+from quotas.entities import DEFAULT, EntityName, QuotaEntity, validate_quota
 from quotas.kinds import BY_KEY
 
 MAX_ENTRIES = 20_000
@@ -193,7 +193,8 @@ class ReceivedReport:
     names_at: int
 
     def named_ids(self) -> list[int]:
-        return self.ids[self.named].tolist()
+        ids: list[int] = self.ids[self.named].tolist()  # u8 array: Python ints (numpy types tolist() as Any)
+        return ids
 
     def names(self) -> dict[int, tuple[str, str, str]]:
         """Bucket id -> (quota key, user, client id) for the named entries, each checked: a known quota key,
@@ -237,16 +238,18 @@ class FleetLedger:
     __slots__ = ("_named", "_pending", "dropped")
 
     def __init__(self) -> None:
-        self._pending: dict[tuple, list] = {}
-        self._named: dict[tuple[str, str, str], int] = {}
-        """Bucket name (quota key, user, client id) -> when this member last published it (ms): names go out once
-        every :data:`NAMES_REFRESH_MS`, ids every time. By name, not tracker key: the pair a report names for a
-        bucket is the first one charged in the interval, and may change from one report to the next."""
+        self._pending: dict[tuple[Hashable, ...], list[Any]] = {}
+        """Tracker key -> [quota key, user, client id, amount] (a list, so that ``add`` sums in place)."""
+        self._named: dict[int, int] = {}
+        """Bucket name (quota key, user, client id), by its :func:`bucket_id` -> when this member last published it
+        (ms): names go out once every :data:`NAMES_REFRESH_MS`, ids every time. By name, not tracker key: the pair a
+        report names for a bucket is the first one charged in the interval, and may change from one report to the
+        next."""
         self.dropped = 0
         """Usages not kept because :data:`MAX_PENDING` buckets were already waiting (client ids are the client's
         choice, and while the topic is down nothing drains)."""
 
-    def add(self, tracker_key: tuple, key: str, user: str, client_id: str, amount: float) -> None:
+    def add(self, tracker_key: tuple[Hashable, ...], key: str, user: str, client_id: str, amount: float) -> None:
         entry = self._pending.get(tracker_key)
         if entry is not None:
             entry[3] += amount
@@ -384,11 +387,11 @@ class FleetFold:
 # ------------------------------------------------------------------------------------------ shared quota config
 
 
-def _name_out(name) -> str | None:
+def _name_out(name: EntityName) -> str | None:
     return None if name is None else ("<default>" if name is DEFAULT else str(name))
 
 
-def _name_in(name) -> object:
+def _name_in(name: object) -> EntityName:
     if name is None:
         return None
     if not isinstance(name, str):

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -30,7 +31,7 @@ class ProxyProcess:
         self.fd_limit = fd_limit
         self.config_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
-        doc = {
+        doc: dict[str, Any] = {
             "upstream": {"bootstrap_servers": bootstrap_servers},
             "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
             "shutdown_grace_ms": 5000,
@@ -43,7 +44,7 @@ class ProxyProcess:
                 node = node.setdefault(p, {})
             node[last] = value
         self.config_path.write_text(yaml.safe_dump(doc))
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.bootstrap = ""
 
     def start(self, timeout: float = 20) -> ProxyProcess:
@@ -64,7 +65,8 @@ class ProxyProcess:
 
     def _limit_fds(self) -> None:
         """In the child, before exec: lowering a hard limit needs no privilege, raising it back would."""
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
+        if self.fd_limit is not None:  # always, when this runs (start passes it only then)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     @property
     def port(self) -> int:
@@ -91,6 +93,13 @@ class ProxyProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The proxy's process, once :meth:`start` has made it."""
+        if self.proc is None:
+            raise RuntimeError("the proxy was not started")
+        return self.proc
 
 
 class ConnectionWatcher:

@@ -24,6 +24,7 @@ import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kafka.errors import for_code
 from kafka.net.sasl import get_sasl_mechanism
@@ -79,7 +80,7 @@ class _EntitySpec(argparse.Action):
 def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     """The options that say where and as whom to connect: accepted before the verb and after it (``suppress``:
     the verb's copies leave the namespace alone unless given, so they do not undo the ones before the verb)."""
-    d = {"default": argparse.SUPPRESS} if suppress else {}
+    d: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}  # add_argument keywords
     p.add_argument("--bootstrap-server", "--bootstrap-servers", dest="bootstrap_server", metavar="HOST:PORT",
                    help="the proxy's bootstrap listener", **d)
     p.add_argument("--command-config", metavar="FILE",

@@ -19,9 +19,12 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quotas.decision_events import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +41,19 @@ class TopicSink:
         self.client = dict(client or {})
         self.sent = 0
         self.failed = 0
-        self._producer = None
+        self._producer: KafkaProducer | None = None
         self._outstanding = 0
         self._lock = threading.Lock()
         self._next_try = 0.0
         self._key = instance.encode()
         self._dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
-    def _ready(self) -> bool:
-        """The producer, made on first use (and again after a failure, at most every 10 s)."""
+    def _ready(self) -> KafkaProducer | None:
+        """The producer, made on first use (and again after a failure, at most every 10 s); None until then."""
         if self._producer is not None:
-            return True
+            return self._producer
         if time.monotonic() < self._next_try:
-            return False
+            return None
         self._next_try = time.monotonic() + 10.0
         from kafka import KafkaProducer
         from kafka.admin import KafkaAdminClient, NewTopic
@@ -68,12 +71,13 @@ class TopicSink:
                                        acks=1, linger_ms=50, compression_type="gzip", max_block_ms=0,
                                        **self.client)
         log.info("decision log: also writing to topic %s", self.topic)
-        return True
+        return self._producer
 
     def send(self, batch: Sequence[Mapping[str, Any]], first_seq: int) -> int:
         """Hand ``batch`` to the producer; returns how many could not be (counted in ``failed``). Raises only
         when the producer cannot be made (the caller counts and logs that)."""
-        if not self._ready():
+        producer = self._ready()
+        if producer is None:
             self.failed += len(batch)
             return len(batch)
         lost = 0
@@ -84,7 +88,7 @@ class TopicSink:
             if "seq" not in e or "proxy" not in e or "schema" not in e:
                 e = {"schema": SCHEMA_VERSION, "proxy": self.instance, "seq": first_seq + i, **e}
             try:
-                future = self._producer.send(self.topic, self._dumps(e).encode(), key=self._key)
+                future = producer.send(self.topic, self._dumps(e).encode(), key=self._key)
             except Exception:  # noqa: BLE001 - a closed producer, an oversized event: lost, counted
                 lost += 1
                 continue

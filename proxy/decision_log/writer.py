@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 from proxy.decision_log.topic import TopicSink
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION, arrow_schema, column_names
@@ -77,6 +77,7 @@ def _coerce(kind: str, value: Any) -> Any:
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+@final  # the queue tells it from an event by ``type(e) is _Gap``
 class _Gap:
     """Queue marker for events dropped while the queue was full (their ``seq`` numbers are skipped)."""
 
@@ -133,7 +134,7 @@ class DecisionLog:
         if self.directory is not None:
             # Fail at startup, not on the writer thread, when the directory cannot be created.
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._clean_stale_temp_files()
+            self._clean_stale_temp_files(self.directory)
 
         self.written = 0
         self.dropped = 0
@@ -141,7 +142,7 @@ class DecisionLog:
         self.files = 0
         self.errors = 0
         self._seq = 0
-        self._queue: collections.deque[Mapping[str, Any]] = collections.deque()
+        self._queue: collections.deque[Mapping[str, Any] | _Gap] = collections.deque()
         self._closed = False
         self._stop = threading.Event()
         self._last_error_log = 0.0
@@ -298,6 +299,7 @@ class DecisionLog:
     def _open_file(self, suffix: str) -> None:
         now = time.time()
         utc = _dt.datetime.fromtimestamp(now, _dt.UTC)
+        assert self.directory is not None  # files are written only with a directory (_write_batch)
         day_dir = self.directory / f"date={utc:%Y-%m-%d}"
         day_dir.mkdir(parents=True, exist_ok=True)
         self._file_no += 1
@@ -313,7 +315,7 @@ class DecisionLog:
 
     def _finish_file(self) -> None:
         """Write what is pending, close the file, fsync, and rename it into place (atomic on POSIX)."""
-        if self._sink is None:
+        if self._sink is None or self._tmp_path is None or self._final_path is None:  # all set by _open_file
             return
         try:
             if self.fmt == "parquet":
@@ -356,6 +358,7 @@ class DecisionLog:
 
         if self._sink is None:
             self._open_file("parquet")
+        assert self._schema is not None  # fmt == "parquet"
         arrays = []
         n = len(batch)
         for (name, kind), field in zip(COLUMNS, self._schema, strict=True):
@@ -412,9 +415,9 @@ class DecisionLog:
 
     # ---- housekeeping
 
-    def _clean_stale_temp_files(self) -> None:
+    def _clean_stale_temp_files(self, directory: Path) -> None:
         """Remove temporary files this instance left behind when it crashed: they have no Parquet footer."""
-        for path in self.directory.glob(f"date=*/.{self._file_prefix}-*.tmp"):
+        for path in directory.glob(f"date=*/.{self._file_prefix}-*.tmp"):
             with contextlib.suppress(OSError):
                 path.unlink()
                 log.warning("decision log: removed incomplete file %s from an earlier run", path)

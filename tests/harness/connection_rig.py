@@ -7,6 +7,7 @@ files it walks through; ``bench.request_cpu`` and ``bench.instructions``: its CP
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -16,7 +17,7 @@ from protocol.api_versions import decode_caps
 from protocol.frames import RequestBytesPool
 from protocol.headers import encode_response_header
 from proxy.brokers import BrokerDirectory
-from proxy.connection import Connection, Services
+from proxy.connection import Connection, Services, _ClientSide, _UpstreamSide
 from proxy.policy import Policy
 from proxy.responses import TopicIds
 from proxy.server import DECODED_APIS
@@ -33,8 +34,9 @@ class Transport:
     def __init__(self, peer=("127.0.0.1", 50000)) -> None:
         self.written: list[bytes] = []
         self.peer = peer
-        self.protocol = None
-        """What the loop would hand reads to (``set_protocol``)."""
+        self.protocol: Any = None
+        """What the loop would hand reads to (``set_protocol``): a plain or a buffered protocol, called as the loop
+        calls it (``data_received``, or ``get_buffer`` and ``buffer_updated``)."""
 
     def write(self, data) -> None:
         self.written.append(bytes(data))
@@ -104,6 +106,12 @@ class ConnectionRig:
                             decode_caps(DECODED_APIS), lambda conn, ip: None, lambda conn: None,
                             lambda conn: None)
         self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
+        client_side, upstream_side = self.conn.client, self.conn.upstream
+        assert isinstance(client_side, _ClientSide) and isinstance(upstream_side, _UpstreamSide)  # typed _Side there
+        self.client_side = client_side
+        """The connection's client socket protocol (``conn.client``), as the loop sees it: its reads as bytes."""
+        self.upstream_side = upstream_side
+        """The connection's broker socket protocol (``conn.upstream``) once reads are buffered."""
         self.client, self.upstream = Transport(), Transport()
         self.conn.client.connection_made(self.client)
         # As if the broker connection were up: the loop calls what the connection asked for (its chunk reader).
@@ -113,12 +121,12 @@ class ConnectionRig:
 
     def round_trip(self, corr: int, request: bytes | None = None, answer: bytes | None = None) -> None:
         conn = self.conn
-        conn.client.data_received(request or produce_request(corr, self.records, self.value_bytes))
+        self.client_side.data_received(request or produce_request(corr, self.records, self.value_bytes))
         answer = answer or produce_response(corr)
         if conn.buffered_reads:
-            buf = conn.upstream.get_buffer(len(answer))
+            buf = self.upstream_side.get_buffer(len(answer))
             buf[:len(answer)] = answer
-            conn.upstream.buffer_updated(len(answer))
+            self.upstream_side.buffer_updated(len(answer))
         else:  # as uvloop hands a read to a plain protocol: the read's bytes
             self.upstream.protocol.data_received(answer)
         if self.client.written and self.upstream.written:

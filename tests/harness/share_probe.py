@@ -48,7 +48,7 @@ class ShareProbeResult:
         self.records = [r for r in self.rows if "offset" in r and "partition" in r]
         self.acks = [r for r in self.rows if "ack_partition" in r]
         self.metrics = {r["metric"]: r["value"] for r in self.rows if "metric" in r}
-        offsets = next((r["offsets"] for r in self.rows if "offsets" in r), {})
+        offsets: dict[str, dict[str, int | None]] = next((r["offsets"] for r in self.rows if "offsets" in r), {})
         self.offsets = {int(p): v for p, v in offsets.items()}
         self.done = next((r for r in self.rows if r.get("done")), {})
 

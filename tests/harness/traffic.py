@@ -144,9 +144,11 @@ def rdkafka_consume(bootstrap: str, topic: str, group: str, client_id: str, n: i
                 if m.error():
                     errors.append(str(m.error()))
                     continue
-                if m.offset() != last + 1:
-                    errors.append(f"offset jump {last} -> {m.offset()}")
-                last = m.offset()
+                offset = m.offset()
+                assert offset is not None  # a record's (not an error's)
+                if offset != last + 1:
+                    errors.append(f"offset jump {last} -> {offset}")
+                last = offset
                 got += 1
             if msgs:
                 arrivals.append((time.monotonic(), last + 1))
@@ -191,7 +193,9 @@ def check_sequence(bootstrap: str, topic: str, start: int, n: int, timeout: floa
                 if m.error():
                     problems.append(str(m.error()))
                     continue
-                (seq,) = struct.unpack_from(">Q", m.value())
+                value = m.value()
+                assert value is not None  # fill_topic's records all have one
+                (seq,) = struct.unpack_from(">Q", value)
                 if seq != want:
                     problems.append(f"offset {m.offset()}: record {seq}, expected {want}")
                     if len(problems) > 10:

@@ -54,8 +54,8 @@ def fresh_proxy(cluster, tmp_path: Path):
     yield make
     for p in procs:
         if p.alive():
-            p.proc.kill()
-            p.proc.wait()
+            p.process.kill()
+            p.process.wait()
 
 
 def broker_ports(cluster) -> set[int]:

@@ -82,10 +82,14 @@ def _values_in_topic(bootstrap: str, topic: str, n: int) -> list[str]:
         while len(values) < n and time.monotonic() < deadline:
             for m in c.consume(1000, 1.0):
                 if not m.error():
-                    values.append(m.value().decode())
+                    value = m.value()
+                    assert value is not None  # the test's records all have one
+                    values.append(value.decode())
         for m in c.consume(1000, 2.0):  # anything past n (a duplicate) shows too
             if not m.error():
-                values.append(m.value().decode())
+                value = m.value()
+                assert value is not None  # the test's records all have one
+                values.append(value.decode())
     finally:
         c.close()
     return values

@@ -21,7 +21,7 @@ import uuid
 
 import psutil
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.sasl import SaslHandshakeRequest
 
@@ -65,9 +65,13 @@ class _NormalProducer:
 
     def once(self) -> float:
         t0 = time.monotonic()
-        self.producer.produce(self.topic, b"normal", on_delivery=lambda err, _m: err and self.errors.append(err))
+        self.producer.produce(self.topic, b"normal", on_delivery=self._delivered)
         assert self.producer.flush(30) == 0
         return time.monotonic() - t0
+
+    def _delivered(self, err: KafkaError | None, _m: Message) -> None:
+        if err:
+            self.errors.append(err)
 
     def _run(self) -> None:
         deadline = time.monotonic() + 300
@@ -315,13 +319,13 @@ def apis_flexible(key: int, version: int) -> bool:
     return bool(request_is_flexible(key, version))
 
 
-def _consume_all(bootstrap: str, topic: str, normal: _NormalProducer) -> list[bytes]:
+def _consume_all(bootstrap: str, topic: str, normal: _NormalProducer) -> list[bytes | None]:
     from confluent_kafka import Consumer
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fuzz-{uuid.uuid4().hex[:6]}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
     c.subscribe([topic])
-    got: list[bytes] = []
+    got: list[bytes | None] = []
     want = len(normal.latencies) + 1
     deadline = time.monotonic() + 60
     while len(got) < want and time.monotonic() < deadline:

@@ -145,7 +145,7 @@ def _produce_and_consume(bootstrap: str, topic: str) -> tuple[int, int]:
         }
     )
     consumer.subscribe([topic])
-    got: set[bytes] = set()
+    got: set[bytes | None] = set()
     deadline = time.monotonic() + 40
     while len(got) < RECORDS and time.monotonic() < deadline:
         got.update(m.value() for m in consumer.consume(500, 1.0) if not m.error())

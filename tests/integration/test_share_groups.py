@@ -181,10 +181,13 @@ def _share_coordinator(cluster, group: str) -> int:
     key type 2 is the share coordinator, which keys share-partition state, not groups)."""
     from protocol.apis import request_class
 
+    find_coordinator = request_class(10)
+    assert find_coordinator is not None
+
     def ask() -> int | None:  # COORDINATOR_NOT_AVAILABLE until __consumer_offsets exists (the first group)
         wire = KafkaWire(cluster.brokers[0].bootstrap)
         try:
-            wire.send(request_class(10)(key_type=0, coordinator_keys=[group]), 6)
+            wire.send(find_coordinator(key_type=0, coordinator_keys=[group]), 6)
             _, resp = wire.recv()
         finally:
             wire.close()

@@ -80,12 +80,16 @@ class OutputReader:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for m in self.consumer.consume(500, 0.2):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        self.at_end.add(m.partition())
+                err, partition = m.error(), m.partition()
+                if err:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        assert partition is not None  # an end of partition names it
+                        self.at_end.add(partition)
                     continue
-                self.at_end.discard(m.partition())
-                self.out.setdefault(m.key().decode(), []).append(struct.unpack(">q", m.value())[0])
+                key, value = m.key(), m.value()
+                assert partition is not None and key is not None and value is not None  # the app's records
+                self.at_end.discard(partition)
+                self.out.setdefault(key.decode(), []).append(struct.unpack(">q", value)[0])
                 self.count += 1
 
     def until(self, count: int, timeout: float, run: sa.StreamsRun) -> None:

@@ -60,7 +60,7 @@ def _round_trip(bootstrap: str, conf: dict, n: int = 50) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
                          **conf})
     consumer.subscribe([topic])
-    got: list[bytes] = []
+    got: list[bytes | None] = []
     deadline = time.monotonic() + 60
     try:
         while len(got) < n and time.monotonic() < deadline:

@@ -108,11 +108,11 @@ def _run_read_process_write(cluster, proxy, n: int, *, abort_every: int) -> dict
     for bad in ("ERROR", "Traceback"):
         assert bad not in log, [ln for ln in log.splitlines() if bad in ln][:5]
     # Checked straight on the cluster, not through the proxy under test: the group's committed offsets.
-    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
     try:
-        tps = c.committed([TopicPartition(src, p) for p in range(PARTITIONS)], 30)
+        tps = consumer.committed([TopicPartition(src, p) for p in range(PARTITIONS)], 30)
     finally:
-        c.close()
+        consumer.close()
     committed = {t.partition: t.offset for t in tps}
     return {"sent": sent, "rows": rows, "wall": wall, "reads": reads, "committed_offsets": committed}
 

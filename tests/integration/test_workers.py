@@ -54,7 +54,7 @@ def _value(text: str, name: str) -> float:
 
 
 def _workers(proxy: ProxyProcess) -> list[psutil.Process]:
-    return psutil.Process(proxy.proc.pid).children()
+    return psutil.Process(proxy.process.pid).children()
 
 
 def test_three_workers_share_the_ports_the_quotas_and_survive_a_crash(cluster, tmp_path):

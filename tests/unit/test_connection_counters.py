@@ -25,7 +25,7 @@ def test_requests_and_latencies_are_counted_per_api_and_exported():
         h = ConnectionRig({})
         for corr in (1, 2, 3):
             h.round_trip(corr)
-        h.conn.client.data_received(_metadata_frame(4))  # forwarded; its answer never comes
+        h.client_side.data_received(_metadata_frame(4))  # forwarded; its answer never comes
         return h
 
     h = asyncio.run(run())

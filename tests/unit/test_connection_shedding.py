@@ -3,6 +3,8 @@ address's silent or idle connections to make room, as pure policy with an inject
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +25,12 @@ class Conn:
 
 def quotas(**kw) -> ConnectionQuotas:
     idle_ms = kw.pop("idle_ms", 1000)
-    return ConnectionQuotas(is_idle=lambda c, now: not c.busy and now - c.last_active_ms >= idle_ms, **kw)
+
+    def is_idle(c: Hashable, now: int) -> bool:
+        assert isinstance(c, Conn)  # the keys these tests admit
+        return not c.busy and now - c.last_active_ms >= idle_ms
+
+    return ConnectionQuotas(is_idle=is_idle, **kw)
 
 
 def fill(q: ConnectionQuotas, ip: str, n: int, now: int = 0) -> list[Conn]:

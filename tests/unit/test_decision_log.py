@@ -113,7 +113,7 @@ def test_full_queue_drops_counts_and_leaves_seq_gap(tmp_path):
 def test_emit_never_raises_and_bad_values_become_null(tmp_path):
     log = DecisionLog(tmp_path, "p", flush_interval=0.01)
     assert log.emit(_event(0, produce_value="not a number", api_key="0"))
-    assert log.emit(None)  # type: ignore[arg-type]  - garbage is queued, then discarded by the writer
+    assert log.emit(None)  # type: ignore[arg-type]  # garbage is queued, then discarded by the writer
     assert log.emit(_event(1))
     log.close()
     assert log.emit(_event(2)) is False  # after close: dropped, not raised

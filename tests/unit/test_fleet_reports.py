@@ -42,6 +42,7 @@ _folds: dict[int, FleetFold] = {}  # per receiving manager: the names it learnt 
 
 def _sync(src: QuotaManager, dst: QuotaManager, now_ms: int) -> None:
     fold = _folds.setdefault(id(dst), FleetFold())
+    assert src.ledger is not None  # a fleet member's manager (_manager)
     for report in src.ledger.drain("src", now_ms):
         fold.add(UsageReport.decode(report.encode()))
     for usage in fold.drain():

@@ -27,7 +27,7 @@ class Sink:
         self.streamed = 0
         self._open: bytearray | None = None
         self._total = 0
-        self.live: list[tuple[memoryview, bytes]] = []  # views a transport might still be sending
+        self.live: list[tuple[memoryview | bytes, bytes]] = []  # views a transport might still be sending
 
     def take(self, event) -> None:
         view = event if isinstance(event, (memoryview, bytes)) else event.data

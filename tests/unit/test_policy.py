@@ -276,6 +276,7 @@ def _create_topics(partitions: list[int], version: int = 6):
 def _created(sent_frame: bytes, version: int) -> bytes:
     """The broker's answer to the (subset) request the proxy forwarded: every topic created."""
     header = parse_request_header(memoryview(sent_frame)[4:])
+    assert header.body_offset is not None  # a known API
     req = CreateTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
     R = CreateTopicsResponse._struct.fields["topics"].array_of.data_class
     items = [R(version=version, name=t.name, topic_id=uuid.uuid4(), error_code=0, error_message=None,
@@ -487,6 +488,7 @@ def _deleted(sent_frame: bytes, version: int) -> bytes:
     from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
 
     header = parse_request_header(memoryview(sent_frame)[4:])
+    assert header.body_offset is not None  # a known API
     req = DeleteTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
     R = DeleteTopicsResponse._struct.fields["responses"].array_of.data_class
     items = [R(version=version, name=t.name, topic_id=t.topic_id, error_code=0, error_message=None)
@@ -497,7 +499,13 @@ def _deleted(sent_frame: bytes, version: int) -> bytes:
 def _through(policy: Policy, conn, request_and_header, answer, clock: Clock, version: int):
     """One mutation request through the policy and the cluster: its decision."""
     header, request = request_and_header
-    verdict = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    deferred = policy.on_request(conn, header, request, clock())
+    assert isinstance(deferred, Defer)  # a mutation asks the cluster first
+
+    async def decide() -> object:
+        return await deferred.decide()
+
+    verdict = asyncio.run(decide())
     if isinstance(verdict, Decision):  # forwarded as it came
         d, sent = verdict, request
     else:

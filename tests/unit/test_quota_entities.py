@@ -260,7 +260,7 @@ def test_producer_ids_rate_resolves_per_user():
         lambda: QuotaEntity(),
         lambda: QuotaEntity(""),
         lambda: QuotaEntity(U, ""),
-        lambda: QuotaEntity(3),
+        lambda: QuotaEntity(3),  # type: ignore[arg-type]  # not a name, on purpose: refused at run time
         lambda: QuotaEntity.from_components([("user", "a"), ("user", "b")]),
         lambda: QuotaEntity.from_components([("ip", "10.0.0.1")]),
         lambda: QuotaEntity.from_components([("group", "g")]),

@@ -19,14 +19,14 @@ from proxy.policy import Decision, Policy
 from proxy.stats import Stats
 from proxy.verdicts import Defer, Replace
 from quotas.entities import QuotaEntity, QuotaStore
-from quotas.manager import QuotaManager, Windows
+from quotas.manager import Bound, QuotaManager, Windows
 from tests.unit.test_policy import Clock, FakeConn, _produce, _request
 
 RATE = 100_000.0  # B/s
 BURST_S = 0.1
 
 
-def _manager(pace_s: float | None = BURST_S) -> tuple[QuotaManager, object]:
+def _manager(pace_s: float | None = BURST_S) -> tuple[QuotaManager, Bound]:
     store = QuotaStore()
     store.set(QuotaEntity("alice", None), "producer_byte_rate", RATE)
     m = QuotaManager(store)

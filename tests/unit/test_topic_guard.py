@@ -58,8 +58,8 @@ def _answer(api: int, version: int, refusal):
     return RESPONSES[api].decode(refusal.answer, version=version)
 
 
-def _errors(entry) -> list[int]:
-    """Every error code of one response entry: its own, or each of its partitions'."""
+def _errors(entry) -> list[int | None]:
+    """Every error code of one response entry: its own, or each of its partitions' (None: a partition without one)."""
     for f in ("error_code", "partition_error_code"):
         if hasattr(entry, f):
             return [getattr(entry, f)]

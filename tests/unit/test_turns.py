@@ -24,7 +24,7 @@ def test_a_read_of_many_requests_is_handled_a_turn_at_a_time_in_order():
 
     async def run() -> list[int]:
         h = ConnectionRig({})
-        h.conn.client.data_received(b"".join(frames))  # one read holding every request
+        h.client_side.data_received(b"".join(frames))  # one read holding every request
         forwarded = [_frames_in(h.upstream.written)]
         assert Pause.TURN in h.conn.client.pauses  # the rest waits, unread meanwhile
         while _frames_in(h.upstream.written) < count:
@@ -44,7 +44,7 @@ def test_a_read_of_many_requests_is_handled_a_turn_at_a_time_in_order():
 def test_a_few_requests_go_in_one_turn():
     async def run() -> int:
         h = ConnectionRig({})
-        h.conn.client.data_received(b"".join(produce_request(corr) for corr in range(1, 11)))
+        h.client_side.data_received(b"".join(produce_request(corr) for corr in range(1, 11)))
         assert Pause.TURN not in h.conn.client.pauses
         return _frames_in(h.upstream.written)
 

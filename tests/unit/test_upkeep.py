@@ -13,7 +13,8 @@ class _Conn:
     peer, label = "127.0.0.1:1", "broker 1"
 
     def __init__(self, fail: bool) -> None:
-        self.fail, self.checks, self.closed_with = fail, 0, None
+        self.fail, self.checks = fail, 0
+        self.closed_with: str | None = None
 
     def check_timeouts(self, now: float) -> None:
         self.checks += 1

@@ -28,7 +28,7 @@ def _pipelined(corrs: list[int], chunks: list[bytes]) -> tuple[ConnectionRig, by
     async def run() -> ConnectionRig:
         h = ConnectionRig({})
         for corr in corrs:
-            h.conn.client.data_received(produce_request(corr))
+            h.client_side.data_received(produce_request(corr))
         for chunk in chunks:
             h.upstream.protocol.data_received(chunk)
         return h
@@ -75,7 +75,7 @@ def test_the_first_fetch_switches_to_buffered_reads_before_it_is_sent():
         h = ConnectionRig({})
         h.round_trip(1)  # a Produce: chunks
         before = h.conn.buffered_reads
-        h.conn.client.data_received(_fetch_frame(2))
+        h.client_side.data_received(_fetch_frame(2))
         assert h.conn.buffered_reads and h.upstream.protocol is h.conn.upstream
         assert h.upstream.written  # the Fetch went out (after the switch: it happens while it is read)
         # Its answer is read the buffered way: into the receive buffer, and on to the client.
@@ -83,9 +83,9 @@ def test_the_first_fetch_switches_to_buffered_reads_before_it_is_sent():
                                    version=12).encode())
         answer = encode_response_header(2, True) + body
         framed = len(answer).to_bytes(4, "big") + answer
-        room = h.conn.upstream.get_buffer(len(framed))
+        room = h.upstream_side.get_buffer(len(framed))
         room[: len(framed)] = framed
-        h.conn.upstream.buffer_updated(len(framed))
+        h.upstream_side.buffer_updated(len(framed))
         assert h.client.written[-1] == framed
         return h, before
 
