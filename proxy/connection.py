@@ -181,9 +181,9 @@ class Connection:
         self.services = services
         self.candidates = candidates
         self.label = label
-        self.client: _Side = _ClientSide(self, is_client=True)
+        self.client = _ClientSide(self, is_client=True)
         upstream = _UpstreamSide(self, is_client=False)
-        self.upstream: _Side = upstream
+        self.upstream = upstream
         self.upstream_chunks = _UpstreamChunks(upstream)
         """What the broker's reads go to until the first Fetch (then ``upstream`` itself: see _buffer_reads)."""
         self.buffered_reads = False
