@@ -283,24 +283,20 @@ def _from_properties(path: str) -> dict[str, object]:
     for key, field in (("sasl.username", "username"), ("sasl.password", "password")):  # librdkafka's spelling
         if key in props:
             out[field] = props[key]
-    if "ssl.truststore.location" in props:
-        location = props["ssl.truststore.location"].strip()
-        kind = props.get("ssl.truststore.type", "").strip().upper()
-        if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
-            raise UsageError(f"{where}: ssl.truststore.location {location}: a {kind or 'JKS/PKCS12'} truststore; "
-                             "this tool reads PEM (ssl.truststore.type=PEM, or ssl.ca.location=ca.pem)")
-        out["cafile"] = location
-    if "ssl.truststore.certificates" in props:
-        out["cadata"] = props["ssl.truststore.certificates"]
-    if "ssl.ca.location" in props:
-        out["cafile"] = props["ssl.ca.location"].strip()
-    if "ssl.keystore.location" in props:
-        location = props["ssl.keystore.location"].strip()
-        kind = props.get("ssl.keystore.type", "").strip().upper()
-        if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
-            raise UsageError(f"{where}: ssl.keystore.location {location}: a {kind or 'JKS/PKCS12'} keystore; this "
-                             "tool reads PEM (certificate and key in one file, ssl.keystore.type=PEM)")
-        out["certfile"] = location
+    for store, field, hint in (("truststore", "cafile", "ssl.truststore.type=PEM, or ssl.ca.location=ca.pem"),
+                               ("keystore", "certfile", "certificate and key in one file, ssl.keystore.type=PEM")):
+        if f"ssl.{store}.location" in props:  # Java's store files: only their PEM kind is read here
+            location = props[f"ssl.{store}.location"].strip()
+            kind = props.get(f"ssl.{store}.type", "").strip().upper()
+            if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
+                raise UsageError(f"{where}: ssl.{store}.location {location}: a {kind or 'JKS/PKCS12'} {store}; this "
+                                 f"tool reads PEM ({hint})")
+            out[field] = location
+        if store == "truststore":
+            if "ssl.truststore.certificates" in props:
+                out["cadata"] = props["ssl.truststore.certificates"]
+            if "ssl.ca.location" in props:  # librdkafka's spelling wins over the truststore, as before
+                out["cafile"] = props["ssl.ca.location"].strip()
     for key, field in (("ssl.certificate.location", "certfile"), ("ssl.key.location", "keyfile"),
                        ("ssl.key.password", "key_password")):
         if key in props:
