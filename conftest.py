@@ -11,5 +11,8 @@ from proxy.build_info import stale_modules
 def pytest_sessionstart(session: pytest.Session) -> None:
     stale = stale_modules()
     if stale:
-        pytest.exit(f"compiled modules are older than their source: {', '.join(stale)}; rebuild with scripts/setup "
-                    "--test (or delete their .so files to test the pure-Python source)", returncode=3)
+        pytest.exit(
+            f"compiled modules are older than their source: {', '.join(stale)}; rebuild with scripts/setup "
+            "--test (or delete their .so files to test the pure-Python source)",
+            returncode=3,
+        )

@@ -45,8 +45,9 @@ class Normal:
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
-                                  "enable.idempotence": True})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": True}
+        )
         self.seq = 0
         self.errors: list[str] = []
 
@@ -68,8 +69,14 @@ class Normal:
         return latencies
 
     def read_back(self) -> tuple[int, bool]:
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"attacks-{uuid.uuid4().hex[:6]}",
-                      "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        c = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"attacks-{uuid.uuid4().hex[:6]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         c.subscribe([self.topic])
         got: list[int] = []
         deadline = time.monotonic() + 60
@@ -182,9 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                     if kind == "idle":
                         held = open_idle(proxy.port, args.idle)
                     elif kind == "dribble":
-                        attack = threading.Thread(target=attack_dribble_huge, daemon=True,
-                                                  args=(proxy.port, args.dribblers, args.huge, args.seconds,
-                                                        result))
+                        attack = threading.Thread(
+                            target=attack_dribble_huge,
+                            daemon=True,
+                            args=(proxy.port, args.dribblers, args.huge, args.seconds, result),
+                        )
                         attack.start()
                         time.sleep(1)
                     lat = normal.run(args.seconds if kind != "dribble" else args.seconds - 2)
@@ -195,23 +204,30 @@ def main(argv: list[str] | None = None) -> int:
                         sock.close()
                 rows.append((name, start, s.peak, end, lat))
                 if result:
-                    print(f"{name}: huge senders got {result['huge_bytes'] / MiB:.0f} MiB into the proxy; "
-                          f"{result['closed']} attacking connections closed by it")
+                    print(
+                        f"{name}: huge senders got {result['huge_bytes'] / MiB:.0f} MiB into the proxy; "
+                        f"{result['closed']} attacking connections closed by it"
+                    )
             count, ordered = normal.read_back()
         finally:
             proxy.terminate()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# bench.attacks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"`python -m bench.attacks --idle {args.idle} --dribblers {args.dribblers} --huge {args.huge} "
-          f"--seconds {args.seconds:g}`\n")
+    print(
+        f"# bench.attacks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"`python -m bench.attacks --idle {args.idle} --dribblers {args.dribblers} --huge {args.huge} "
+        f"--seconds {args.seconds:g}`\n"
+    )
     print("| phase | RSS start MiB | RSS peak MiB | RSS end MiB | produce p50 ms | p99 ms | max ms | records |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, start, peak, end, lat in rows:
-        print(f"| {name} | {start / MiB:.0f} | {peak / MiB:.0f} | {end / MiB:.0f} | {pct(lat, 50) * 1000:.1f} | "
-              f"{pct(lat, 99) * 1000:.1f} | {max(lat) * 1000:.1f} | {len(lat)} |")
-    print(f"\nnormal producer: {normal.seq} sent, {count} read back, in order: {ordered}, "
-          f"errors: {len(normal.errors)}")
+        print(
+            f"| {name} | {start / MiB:.0f} | {peak / MiB:.0f} | {end / MiB:.0f} | {pct(lat, 50) * 1000:.1f} | "
+            f"{pct(lat, 99) * 1000:.1f} | {max(lat) * 1000:.1f} | {len(lat)} |"
+        )
+    print(f"\nnormal producer: {normal.seq} sent, {count} read back, in order: {ordered}, errors: {len(normal.errors)}")
     return 0 if count == normal.seq and ordered and not normal.errors else 1
 
 

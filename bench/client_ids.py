@@ -45,7 +45,7 @@ def _drain(sock: socket.socket, n: int) -> None:
             raise ConnectionError("proxy closed the connection")
         buf += chunk
         while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
-            buf = buf[4 + int.from_bytes(buf[:4], "big"):]
+            buf = buf[4 + int.from_bytes(buf[:4], "big") :]
             got += 1
 
 
@@ -54,7 +54,7 @@ def send_ids(port: int, ids: int, conns: int = 8) -> None:
         s = socket.create_connection(("127.0.0.1", port), timeout=60)
         mine = range(k, ids, conns)
         for start in range(0, len(mine), 500):
-            batch = mine[start:start + 500]
+            batch = mine[start : start + 500]
             s.sendall(b"".join(_metadata(i, f"tenant-{i}") for i in batch))
             _drain(s, len(batch))
         s.close()
@@ -88,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ktp-client-ids-"))
     mport = free_port()
     with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
-        proxy = ProxyProcess(workdir, cluster.bootstrap, {
-            "metrics.port": mport,
-            "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"request_percentage": 10_000}}],
-        }).start()
+        proxy = ProxyProcess(
+            workdir,
+            cluster.bootstrap,
+            {
+                "metrics.port": mport,
+                "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"request_percentage": 10_000}}],
+            },
+        ).start()
         try:
             proc = psutil.Process(proxy.process.pid)
             send_ids(proxy.port, 200)  # connections, listeners and first allocations settled
@@ -117,21 +121,31 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proxy.terminate()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# bench.client_ids, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"# bench.client_ids, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(f"`python -m bench.client_ids --ids {args.ids} --scrapes {args.scrapes}`\n")
     print("| figure | value |")
     print("|---|---|")
     print(f"| client ids sent (one Metadata each) | {args.ids:,} in {sent_s:.1f} s |")
-    print(f"| proxy RSS MiB before / after / added | {before / MiB:.0f} / {after / MiB:.0f} / "
-          f"{(after - before) / MiB:.0f} |")
+    print(
+        f"| proxy RSS MiB before / after / added | {before / MiB:.0f} / {after / MiB:.0f} / "
+        f"{(after - before) / MiB:.0f} |"
+    )
     print(f"| /metrics page | {size / 1024:.0f} KiB, {series:,} series |")
-    print(f"| scrape wall time ms (median; min-max) | {statistics.median(scrapes) * 1000:.0f}; "
-          f"{min(scrapes) * 1000:.0f}-{max(scrapes) * 1000:.0f} |")
-    print(f"| ApiVersions RTT ms, no scrape (median / max) | {statistics.median(quiet) * 1000:.2f} / "
-          f"{max(quiet) * 1000:.2f} |")
-    print(f"| ApiVersions RTT ms, while scraping (median / max) | {statistics.median(busy) * 1000:.2f} / "
-          f"{max(busy) * 1000:.2f} |")
+    print(
+        f"| scrape wall time ms (median; min-max) | {statistics.median(scrapes) * 1000:.0f}; "
+        f"{min(scrapes) * 1000:.0f}-{max(scrapes) * 1000:.0f} |"
+    )
+    print(
+        f"| ApiVersions RTT ms, no scrape (median / max) | {statistics.median(quiet) * 1000:.2f} / "
+        f"{max(quiet) * 1000:.2f} |"
+    )
+    print(
+        f"| ApiVersions RTT ms, while scraping (median / max) | {statistics.median(busy) * 1000:.2f} / "
+        f"{max(busy) * 1000:.2f} |"
+    )
     return 0
 
 

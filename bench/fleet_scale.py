@@ -131,7 +131,7 @@ class BenchSync(FleetSync):
             from quotas.fleet_reports import _HEAD
 
             _magic, ts, _n, _m, length = _HEAD.unpack_from(value)
-            if value[_HEAD.size:_HEAD.size + length].decode() in self.peers:
+            if value[_HEAD.size : _HEAD.size + length].decode() in self.peers:
                 self._peer_ts.append(ts)
 
     def _apply_pending(self) -> None:  # the binary design: reports are folded in batches, later
@@ -157,8 +157,11 @@ def _member(config: dict, name: str, entities: list[str], listen: bool) -> Bench
 
 
 def _config(bootstrap: str, fleet: str, interval_ms: int) -> dict:
-    return {"upstream": {"bootstrap_servers": [bootstrap]}, "quotas": {"scope": "fleet"},
-            "fleet": {"name": fleet, "secret_env": SECRET_ENV, "sync_interval_ms": interval_ms}}
+    return {
+        "upstream": {"bootstrap_servers": [bootstrap]},
+        "quotas": {"scope": "fleet"},
+        "fleet": {"name": fleet, "secret_env": SECRET_ENV, "sync_interval_ms": interval_ms},
+    }
 
 
 async def _connect(syncs: list[BenchSync]) -> None:
@@ -195,12 +198,19 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
     proc = time.process_time() - proc0
     probe.cancel()
     listening = [(s, r0) for s, r0 in zip(syncs, received0, strict=True) if s.listen]
-    return {"wall": wall, "publish": CPU["publish"], "bytes": CPU["bytes"], "reports": CPU["reports"],
-            "process": proc, "members": len(syncs), "lag_p99": _pct(sorted(lags), 0.99) * 1000,
-            "fold": [s.fold_cpu / wall for s, _ in listening],
-            "received": [(s.received - r0) / wall for s, r0 in listening],
-            "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)],
-            "peer_delays": [d for s, _ in listening for d in s.peer_delays]}
+    return {
+        "wall": wall,
+        "publish": CPU["publish"],
+        "bytes": CPU["bytes"],
+        "reports": CPU["reports"],
+        "process": proc,
+        "members": len(syncs),
+        "lag_p99": _pct(sorted(lags), 0.99) * 1000,
+        "fold": [s.fold_cpu / wall for s, _ in listening],
+        "received": [(s.received - r0) / wall for s, r0 in listening],
+        "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)],
+        "peer_delays": [d for s, _ in listening for d in s.peer_delays],
+    }
 
 
 def _worker(bootstrap: str, fleet: str, interval_ms: int, members: list[str], entities: int, out, cmd) -> None:
@@ -223,8 +233,9 @@ def _worker(bootstrap: str, fleet: str, interval_ms: int, members: list[str], en
     out.put(asyncio.run(run()))
 
 
-async def _run(bootstrap: str, members: int, entities: int, seconds: float, observers: int,
-               interval_ms: int, per_process: int) -> dict:
+async def _run(
+    bootstrap: str, members: int, entities: int, seconds: float, observers: int, interval_ms: int, per_process: int
+) -> dict:
     import multiprocessing
 
     fleet = f"scale{uuid.uuid4().hex[:8]}"
@@ -237,12 +248,11 @@ async def _run(bootstrap: str, members: int, entities: int, seconds: float, obse
     loop = asyncio.get_running_loop()
     ctx = multiprocessing.get_context("spawn")
     rest = [f"m{i:03d}" for i in range(observers, members)]
-    groups = [rest[i:i + per_process] for i in range(0, len(rest), per_process)]
+    groups = [rest[i : i + per_process] for i in range(0, len(rest), per_process)]
     workers = []
     for group in groups:
         out, cmd = ctx.Queue(), ctx.Queue()
-        proc = ctx.Process(target=_worker, args=(bootstrap, fleet, interval_ms, group, entities, out, cmd),
-                           daemon=True)
+        proc = ctx.Process(target=_worker, args=(bootstrap, fleet, interval_ms, group, entities, out, cmd), daemon=True)
         proc.start()
         workers.append((proc, out, cmd))
     try:
@@ -267,14 +277,18 @@ async def _run(bootstrap: str, members: int, entities: int, seconds: float, obse
     published = {k: sum(p[k] for p in parts) for k in ("publish", "bytes", "reports")}
     delays = sorted(mine["delays"])
     return {
-        "members": members, "entities": entities, "seconds": wall, "processes": len(parts),
+        "members": members,
+        "entities": entities,
+        "seconds": wall,
+        "processes": len(parts),
         "publish_ms_s": 1000 * published["publish"] / wall / members,
         "fold_ms_s": statistics.median(1000 * f for f in mine["fold"]),
         "fold_range": [round(1000 * f, 1) for f in mine["fold"]],
         "topic_mb_s": published["bytes"] / wall / 1e6,
         "reports_s": published["reports"] / wall,
         "bytes_per_entry": published["bytes"] / max(1, published["reports"] * entities),
-        "delay_p50": _pct(delays, 0.50), "delay_p99": _pct(delays, 0.99),
+        "delay_p50": _pct(delays, 0.50),
+        "delay_p99": _pct(delays, 0.99),
         "received_s": statistics.median(mine["received"]),
         "process_cpu": mine["process"] / wall,
         "lag_p99": max(p["lag_p99"] for p in parts),
@@ -297,8 +311,9 @@ async def _wait(cond, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def _enforcement(members: int, delays_ms: list[int], interval_ms: int, seconds: float = 40.0,
-                 step_ms: int = 10, seed: int = 1) -> tuple[float, float]:
+def _enforcement(
+    members: int, delays_ms: list[int], interval_ms: int, seconds: float = 40.0, step_ms: int = 10, seed: int = 1
+) -> tuple[float, float]:
     """Every member's client sends as fast as its member lets it (one request of 10 ms of quota each step it is
     not throttled) to one bucket of quota Q; each member publishes its usage every interval (at its own phase)
     and the others fold it in after a delay drawn from the measured ones. Returns (peak overshoot of the
@@ -359,8 +374,12 @@ def main() -> None:
     ap.add_argument("--observers", type=int, default=2)
     ap.add_argument("--interval-ms", type=int, default=250)
     ap.add_argument("--per-process", type=int, default=10, help="publishing members per worker process")
-    ap.add_argument("--max-entries-per-s", type=float, default=2.5e6,
-                    help="skip runs whose fleet publishes more entries a second than one process can make")
+    ap.add_argument(
+        "--max-entries-per-s",
+        type=float,
+        default=2.5e6,
+        help="skip runs whose fleet publishes more entries a second than one process can make",
+    )
     args = ap.parse_args()
     os.environ.setdefault(SECRET_ENV, "bench-fleet-secret-" + uuid.uuid4().hex)
     _timed_encode()
@@ -373,16 +392,29 @@ def main() -> None:
                 if n * e * 1000 / args.interval_ms > args.max_entries_per_s:
                     print(f"skipped N={n} E={e}: {n * e * 1000 / args.interval_ms:.0f} entries/s to make", flush=True)
                     continue
-                r = asyncio.run(_run(cluster.bootstrap, n, e, args.seconds, min(args.observers, n),
-                                     args.interval_ms, args.per_process))
+                r = asyncio.run(
+                    _run(
+                        cluster.bootstrap,
+                        n,
+                        e,
+                        args.seconds,
+                        min(args.observers, n),
+                        args.interval_ms,
+                        args.per_process,
+                    )
+                )
                 peak, whole = _enforcement(n, r["delays"], args.interval_ms)
                 peak0, _ = _enforcement(n, [0], args.interval_ms)  # the same fleet, usage folded the next step
                 d_s = (args.interval_ms + r["delay_p99"]) / 1000
                 r.update(err_peak=peak, err_run=whole, err_stale=peak - peak0, formula=(n - 1) * d_s / WINDOW_S)
                 rows.append(r)
-                print(_row(r), f"(observers' loop lag p99 {r['observer_lag_p99']:.0f} ms, delay p99 of the "
-                      f"observers' own reports {r['peer_p99']:.0f} ms; publishing processes: "
-                      f"{r['processes'] - 1}, {100 * r['workers_cpu']:.0f} % of a core together)", flush=True)
+                print(
+                    _row(r),
+                    f"(observers' loop lag p99 {r['observer_lag_p99']:.0f} ms, delay p99 of the "
+                    f"observers' own reports {r['peer_p99']:.0f} ms; publishing processes: "
+                    f"{r['processes'] - 1}, {100 * r['workers_cpu']:.0f} % of a core together)",
+                    flush=True,
+                )
     print()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     print(HEADER)
@@ -391,19 +423,23 @@ def main() -> None:
         print(_row(r))
 
 
-HEADER = ("| N | E | publish CPU ms/s | fold CPU ms/s (observers) | observers' process CPU | loop lag p99 ms | "
-          "topic MB/s | B/entry | reports/s folded | delay p50 / p99 ms | peak / run over quota | staleness error | "
-          "formula (N-1)D/W | run s |")
+HEADER = (
+    "| N | E | publish CPU ms/s | fold CPU ms/s (observers) | observers' process CPU | loop lag p99 ms | "
+    "topic MB/s | B/entry | reports/s folded | delay p50 / p99 ms | peak / run over quota | staleness error | "
+    "formula (N-1)D/W | run s |"
+)
 
 
 def _row(r: dict) -> str:
-    return (f"| {r['members']} | {r['entities']} | {r['publish_ms_s']:.2f} | {r['fold_ms_s']:.1f} "
-            f"({', '.join(map(str, r['fold_range']))}) | {100 * r['process_cpu']:.0f} % | {r['lag_p99']:.0f} | "
-            f"{r['topic_mb_s']:.2f} | "
-            f"{r['bytes_per_entry']:.1f} | {r['received_s']:.0f} | {r['delay_p50']:.0f} / {r['delay_p99']:.0f} | "
-            f"{100 * r['err_peak']:+.1f} % / {100 * r['err_run']:+.1f} % | {100 * r['err_stale']:+.1f} % | "
-            f"{100 * r['formula']:.1f} % | "
-            f"{r['seconds']:.0f} |")
+    return (
+        f"| {r['members']} | {r['entities']} | {r['publish_ms_s']:.2f} | {r['fold_ms_s']:.1f} "
+        f"({', '.join(map(str, r['fold_range']))}) | {100 * r['process_cpu']:.0f} % | {r['lag_p99']:.0f} | "
+        f"{r['topic_mb_s']:.2f} | "
+        f"{r['bytes_per_entry']:.1f} | {r['received_s']:.0f} | {r['delay_p50']:.0f} / {r['delay_p99']:.0f} | "
+        f"{100 * r['err_peak']:+.1f} % / {100 * r['err_run']:+.1f} % | {100 * r['err_stale']:+.1f} % | "
+        f"{100 * r['formula']:.1f} % | "
+        f"{r['seconds']:.0f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,21 @@ from tests.harness.request_bodies import BODIES
 from tests.support import ProxyProcess
 
 MiB = 1 << 20
-QUOTAS = {"quotas.entities": [{"entity": {"user": "<default>"}, "quotas": {
-    "producer_byte_rate": 10 * 1024 * MiB, "consumer_byte_rate": 10 * 1024 * MiB, "request_percentage": 10_000,
-    "controller_mutation_rate": 100_000, "producer_ids_rate": 1_000_000}}],
-    "log_level": "ERROR"}  # one WARNING per closed connection would be millions of lines; errors still show
+QUOTAS = {
+    "quotas.entities": [
+        {
+            "entity": {"user": "<default>"},
+            "quotas": {
+                "producer_byte_rate": 10 * 1024 * MiB,
+                "consumer_byte_rate": 10 * 1024 * MiB,
+                "request_percentage": 10_000,
+                "controller_mutation_rate": 100_000,
+                "producer_ids_rate": 1_000_000,
+            },
+        }
+    ],
+    "log_level": "ERROR",
+}  # one WARNING per closed connection would be millions of lines; errors still show
 
 
 def _frame(rng: random.Random, n: int) -> bytes:
@@ -48,7 +59,7 @@ def _frame(rng: random.Random, n: int) -> bytes:
         if b and rng.random() < 0.5:
             b[rng.randrange(len(b))] = rng.randrange(256)
         elif b and rng.random() < 0.5:
-            del b[rng.randrange(len(b)):]
+            del b[rng.randrange(len(b)) :]
         else:
             b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
     if rng.random() < 0.1:
@@ -104,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                 deadline = t0 + args.seconds
 
                 async def run() -> None:
-                    await asyncio.gather(*(_worker(proxy.port, deadline, args.frames_per_connection, i, counts)
-                                           for i in range(args.workers)))
+                    await asyncio.gather(
+                        *(
+                            _worker(proxy.port, deadline, args.frames_per_connection, i, counts)
+                            for i in range(args.workers)
+                        )
+                    )
 
                 asyncio.run(run())
                 elapsed = time.monotonic() - t0
@@ -120,10 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     tracebacks = log.count("Traceback")
     errors = sum(1 for ln in log.splitlines() if " ERROR " in ln)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# bench.fuzz_proxy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"`python -m bench.fuzz_proxy --seconds {args.seconds:g} --workers {args.workers} "
-          f"--frames-per-connection {args.frames_per_connection}`, every quota kind on, none binding\n")
+    print(
+        f"# bench.fuzz_proxy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"`python -m bench.fuzz_proxy --seconds {args.seconds:g} --workers {args.workers} "
+        f"--frames-per-connection {args.frames_per_connection}`, every quota kind on, none binding\n"
+    )
     print("| figure | value |")
     print("|---|---|")
     print(f"| fuzzed frames sent / connections | {counts['frames']:,} / {counts['connections']:,} |")

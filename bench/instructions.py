@@ -38,9 +38,23 @@ async def _run(quotas: dict, frames: int, run: int) -> None:
 def _count(side: str, frames: int, run: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, "-m",
-             "bench.instructions", "--child", side, str(frames), str(run)],
-            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/cg.out",
+                sys.executable,
+                "-m",
+                "bench.instructions",
+                "--child",
+                side,
+                str(frames),
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+            check=True,
+        )
     m = re.search(r"Collected : (\d+)", out.stderr)
     if m is None:
         raise SystemExit(f"callgrind printed no count:\n{out.stderr[-2000:]}")

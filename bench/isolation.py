@@ -93,8 +93,15 @@ SAMPLE_S = 0.1
 DIRTY_LIMIT = 64 * MIB  # a cool-down ends once the page cache holds less than this to write back
 TAIL_S = 0.5  # the last half second of a phase: clients winding down
 
-PHASES = ("alone-proxy", "alone-direct", "flood-noquota", "flood-kafka", "flood-smooth", "flood-broker",
-          "alone-proxy-again")
+PHASES = (
+    "alone-proxy",
+    "alone-direct",
+    "flood-noquota",
+    "flood-kafka",
+    "flood-smooth",
+    "flood-broker",
+    "alone-proxy-again",
+)
 LABELS = {
     "alone-proxy": "victim alone, through the proxy",
     "alone-direct": "victim alone, straight to the cluster",
@@ -124,8 +131,15 @@ def victim_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
     """Send VICTIM_RATE records/s on a fixed schedule for ``seconds``; write every record's latency as JSON."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "client.id": VICTIM_ID, "acks": "all", "linger.ms": 0,
-                  "message.timeout.ms": 30_000})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": VICTIM_ID,
+            "acks": "all",
+            "linger.ms": 0,
+            "message.timeout.ms": 30_000,
+        }
+    )
     p.list_topics(topic, timeout=15)  # metadata and connections before the clock starts
     rows: list[tuple[float, float, float]] = []  # (sent, latency by our clock, librdkafka's msg.latency())
     errors: list[str] = []
@@ -148,16 +162,36 @@ def victim_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
         p.produce(topic, value, partition=i % 3, on_delivery=functools.partial(delivered, time.monotonic()))
         p.poll(0)
     undelivered = p.flush(30)
-    out.write_text(json.dumps({"start": start, "end": time.monotonic(), "rows": rows, "errors": errors[:20],
-                               "error_count": len(errors), "undelivered": undelivered, "sent": n}))
+    out.write_text(
+        json.dumps(
+            {
+                "start": start,
+                "end": time.monotonic(),
+                "rows": rows,
+                "errors": errors[:20],
+                "error_count": len(errors),
+                "undelivered": undelivered,
+                "sent": n,
+            }
+        )
+    )
     return 0
 
 
 def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict) -> None:
     from confluent_kafka import KafkaError, Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "client.id": FLOOD_ID, "acks": "all", "linger.ms": 10,
-                  "batch.size": FLOOD_BATCH, "queue.buffering.max.kbytes": 8192, "message.timeout.ms": 60_000})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": FLOOD_ID,
+            "acks": "all",
+            "linger.ms": 10,
+            "batch.size": FLOOD_BATCH,
+            "queue.buffering.max.kbytes": 8192,
+            "message.timeout.ms": 60_000,
+        }
+    )
 
     def delivered(err, _msg) -> None:
         if err is None:
@@ -210,8 +244,9 @@ def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict) -> 
         return False
 
     def create(names: list[str]) -> None:
-        admin.create_topics([NewTopic(n, MUTATION_PARTITIONS, 1) for n in names],
-                            request_timeout=15)[names[0]].result(20)
+        admin.create_topics([NewTopic(n, MUTATION_PARTITIONS, 1) for n in names], request_timeout=15)[names[0]].result(
+            20
+        )
 
     def delete(names: list[str]) -> None:
         admin.delete_topics(names, request_timeout=15)[names[0]].result(20)
@@ -224,26 +259,31 @@ def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict) -> 
             attempt(delete, name)
 
 
-def flood_main(bootstrap: str, topic: str, seconds: float, out: Path, mutation_prefix: str,
-               parts: str = "producers,mutations") -> int:
+def flood_main(
+    bootstrap: str, topic: str, seconds: float, out: Path, mutation_prefix: str, parts: str = "producers,mutations"
+) -> int:
     """FLOOD_PRODUCERS full-speed producers and the mutation loop, all as client id FLOOD_ID, for ``seconds``
     (``parts`` leaves one of them out, to tell which costs the victim what)."""
     start = time.monotonic()
     stop_at = start + seconds
-    producers = [{"delivered": 0, "errors": 0, "produced": 0}
-                 for _ in range(FLOOD_PRODUCERS if "producers" in parts else 0)]
+    producers = [
+        {"delivered": 0, "errors": 0, "produced": 0} for _ in range(FLOOD_PRODUCERS if "producers" in parts else 0)
+    ]
     mutations: dict = {"events": [], "throttled": 0, "errors": 0}
-    threads = [threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s), daemon=True)
-               for s in producers]
+    threads = [
+        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s), daemon=True) for s in producers
+    ]
     if "mutations" in parts:
-        threads.append(threading.Thread(target=_mutation_loop, args=(bootstrap, mutation_prefix, stop_at, mutations),
-                                        daemon=True))
+        threads.append(
+            threading.Thread(target=_mutation_loop, args=(bootstrap, mutation_prefix, stop_at, mutations), daemon=True)
+        )
     for t in threads:
         t.start()
     for t in threads:
         t.join(seconds + 60)
-    out.write_text(json.dumps({"start": start, "end": time.monotonic(), "producers": producers,
-                               "mutations": mutations}))
+    out.write_text(
+        json.dumps({"start": start, "end": time.monotonic(), "producers": producers, "mutations": mutations})
+    )
     return 0
 
 
@@ -274,8 +314,9 @@ def _create_topic(cluster, topic: str, assignment: list[list[int]]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=len(assignment),
-                                  replica_assignment=assignment)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, num_partitions=len(assignment), replica_assignment=assignment)])[topic].result(
+        30
+    )
     deadline = time.monotonic() + 30
     while len(_leader_dirs(cluster, topic, assignment)) < len(assignment):
         if time.monotonic() > deadline:
@@ -334,15 +375,32 @@ def _delete_topics(cluster, prefix: str) -> None:
 
 
 def _set_broker_quotas(cluster, add: bool) -> None:
-    action = ("--add-config", f"producer_byte_rate={BYTE_QUOTA},controller_mutation_rate={MUTATION_QUOTA}") if add \
+    action = (
+        ("--add-config", f"producer_byte_rate={BYTE_QUOTA},controller_mutation_rate={MUTATION_QUOTA}")
+        if add
         else ("--delete-config", "producer_byte_rate,controller_mutation_rate")
-    cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
-                 "--entity-name", FLOOD_ID, *action, check=True)
+    )
+    cluster.tool(
+        "configs",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--alter",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        FLOOD_ID,
+        *action,
+        check=True,
+    )
 
 
 def _spawn(role: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench.isolation", role, *args], cwd=REPO,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.isolation", role, *args],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _wait(proc: subprocess.Popen, timeout: float, what: str) -> None:
@@ -358,9 +416,14 @@ def _wait(proc: subprocess.Popen, timeout: float, what: str) -> None:
 
 def proxy_config(phase: str) -> dict | None:
     """The proxy's config for a phase (None: the phase goes straight to the cluster)."""
-    quotas = {"quotas.entities": [{"entity": {"client-id": FLOOD_ID},
-                                   "quotas": {"producer_byte_rate": BYTE_QUOTA,
-                                              "controller_mutation_rate": MUTATION_QUOTA}}]}
+    quotas = {
+        "quotas.entities": [
+            {
+                "entity": {"client-id": FLOOD_ID},
+                "quotas": {"producer_byte_rate": BYTE_QUOTA, "controller_mutation_rate": MUTATION_QUOTA},
+            }
+        ]
+    }
     configs: dict[str, dict[str, object]] = {
         "alone-proxy": {},
         "alone-proxy-again": {},
@@ -371,8 +434,16 @@ def proxy_config(phase: str) -> dict | None:
     return configs.get(phase)
 
 
-def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float, flood: bool,
-              bootstrap: str, parts: str = "producers,mutations") -> Result:
+def run_phase(
+    cluster,
+    workdir: Path,
+    phase: str,
+    seconds: float,
+    settle: float,
+    flood: bool,
+    bootstrap: str,
+    parts: str = "producers,mutations",
+) -> Result:
     tag = uuid.uuid4().hex[:6]
     prefix = f"iso-{phase}-{tag}"
     nodes = [b.node_id for b in cluster.brokers]
@@ -388,8 +459,11 @@ def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float,
     with contextlib.ExitStack() as stack:
         for s in samplers.values():
             stack.enter_context(s)
-        flooder = _spawn("flood", bootstrap, flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", parts) \
-            if flood else None
+        flooder = (
+            _spawn("flood", bootstrap, flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", parts)
+            if flood
+            else None
+        )
         victim = _spawn("victim", bootstrap, victim_topic, str(seconds), str(victim_out))
         _wait(victim, seconds + 90, "victim")
         if flooder is not None:
@@ -422,8 +496,10 @@ def run_phase(cluster, workdir: Path, phase: str, seconds: float, settle: float,
         if m["throttled"]:  # librdkafka's Create/DeleteTopics predate KIP-599's error: it is held by throttle_time
             res.notes.append(f"THROTTLING_QUOTA_EXCEEDED answers {m['throttled']}")
         caught_up = _wait_replicated(cluster, flood_topic, assignment)
-        res.notes.append("followers caught up " + (f"{caught_up:.0f} s after the flood" if caught_up is not None
-                                                   else "NOT within 120 s after the flood"))
+        res.notes.append(
+            "followers caught up "
+            + (f"{caught_up:.0f} s after the flood" if caught_up is not None else "NOT within 120 s after the flood")
+        )
     _delete_topics(cluster, prefix)
     return res
 
@@ -453,15 +529,19 @@ def path_of(phase: str) -> str:
 
 def format_table(results: list[Result]) -> list[str]:
     refs = references(results)
-    lines = ["| phase | victim p50 ms | victim p99 ms | p99 / alone via proxy (pooled) | p99 / alone, same path | "
-             "p99 ms, librdkafka's clock | victim records | flooder 1-s slices / quota, per broker: "
-             "min / median / max | flooder MiB/s, 3 brokers | mutations/s (quota 5 per broker) | "
-             "load avg 1 min before → after | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| phase | victim p50 ms | victim p99 ms | p99 / alone via proxy (pooled) | p99 / alone, same path | "
+        "p99 ms, librdkafka's clock | victim records | flooder 1-s slices / quota, per broker: "
+        "min / median / max | flooder MiB/s, 3 brokers | mutations/s (quota 5 per broker) | "
+        "load avg 1 min before → after | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in results:
         if not r.latencies_ms:
-            lines.append(f"| {LABELS[r.phase]} | – | – | – | – | – | 0 | – | – | – | "
-                         f"{r.load_before:.1f} → {r.load_after:.1f} | no settled records; {'; '.join(r.notes)} |")
+            lines.append(
+                f"| {LABELS[r.phase]} | – | – | – | – | – | 0 | – | – | – | "
+                f"{r.load_before:.1f} → {r.load_after:.1f} | no settled records; {'; '.join(r.notes)} |"
+            )
             continue
         ratio = f"{r.p99 / refs['proxy']:.2f}" if "proxy" in refs else "–"
         same = f"{r.p99 / refs[path_of(r.phase)]:.2f}" if path_of(r.phase) in refs else "–"
@@ -472,9 +552,11 @@ def format_table(results: list[Result]) -> list[str]:
             sl = f"{a:.2f} / {b:.2f} / {c:.2f}"
         fl = f"{r.flood_mib_s:.1f}" if r.flood_mib_s is not None else "–"
         mu = f"{r.mutations_per_s:.1f}" if r.mutations_per_s is not None else "–"
-        lines.append(f"| {LABELS[r.phase]} | {r.p50:.1f} | {r.p99:.1f} | {ratio} | {same} | {rdk} | "
-                     f"{len(r.latencies_ms):,} | {sl} | {fl} | {mu} | {r.load_before:.1f} → {r.load_after:.1f} | "
-                     f"{'; '.join(r.notes)} |")
+        lines.append(
+            f"| {LABELS[r.phase]} | {r.p50:.1f} | {r.p99:.1f} | {ratio} | {same} | {rdk} | "
+            f"{len(r.latencies_ms):,} | {sl} | {fl} | {mu} | {r.load_before:.1f} → {r.load_after:.1f} | "
+            f"{'; '.join(r.notes)} |"
+        )
     return lines
 
 
@@ -486,19 +568,36 @@ def target_lines(results: list[Result]) -> list[str]:
         return ["(no alone-proxy phase: no ratios)"]
     ref = refs["proxy"]
     each = ", ".join(f"{by[p].p99:.1f} ms ({p})" for p in ("alone-proxy", "alone-proxy-again") if p in by)
-    out = [f"- Reference: the victim's p99 alone through the proxy, both alone phases pooled: {ref:.1f} ms "
-           f"(each: {each})."]
+    out = [
+        f"- Reference: the victim's p99 alone through the proxy, both alone phases pooled: {ref:.1f} ms (each: {each})."
+    ]
     for phase in ("flood-smooth", "flood-kafka", "flood-broker", "flood-noquota"):
         if phase in by:
             r = by[phase]
-            verdict = (" — target ≤ 1.5×: " + ("met" if r.p99 <= 1.5 * ref else
-                       "met within 3 ms of noise" if r.p99 <= 1.5 * ref + 3 else "NOT met")) \
-                if phase == "flood-smooth" else ""
+            verdict = (
+                (
+                    " — target ≤ 1.5×: "
+                    + (
+                        "met"
+                        if r.p99 <= 1.5 * ref
+                        else "met within 3 ms of noise"
+                        if r.p99 <= 1.5 * ref + 3
+                        else "NOT met"
+                    )
+                )
+                if phase == "flood-smooth"
+                else ""
+            )
             same = path_of(phase)
-            extra = f"; {r.p99 / refs['direct']:.2f} × alone straight to the cluster ({refs['direct']:.1f} ms)" \
-                if same == "direct" and "direct" in refs else ""
-            out.append(f"- {LABELS[phase]}: victim p99 {r.p99:.1f} ms = {r.p99 / ref:.2f} × alone through the "
-                       f"proxy{extra}{verdict}")
+            extra = (
+                f"; {r.p99 / refs['direct']:.2f} × alone straight to the cluster ({refs['direct']:.1f} ms)"
+                if same == "direct" and "direct" in refs
+                else ""
+            )
+            out.append(
+                f"- {LABELS[phase]}: victim p99 {r.p99:.1f} ms = {r.p99 / ref:.2f} × alone through the "
+                f"proxy{extra}{verdict}"
+            )
     return out
 
 
@@ -511,14 +610,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="length of each phase (default 40)")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds at the start of a phase not counted")
-    ap.add_argument("--warmup", type=float, default=20.0,
-                    help="unmeasured: victim + flood straight to the cluster, then victim alone through a proxy")
-    ap.add_argument("--cooldown", type=float, default=5.0,
-                    help="pause after each flood, then a wait (≤ 60 s) for the page cache to be written back")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=20.0,
+        help="unmeasured: victim + flood straight to the cluster, then victim alone through a proxy",
+    )
+    ap.add_argument(
+        "--cooldown",
+        type=float,
+        default=5.0,
+        help="pause after each flood, then a wait (≤ 60 s) for the page cache to be written back",
+    )
     ap.add_argument("--phases", default="all", help=f"comma list of {', '.join(PHASES)} (default all)")
-    ap.add_argument("--flood", default="producers,mutations",
-                    help="what the flooder runs: producers, mutations or both (default both; one alone tells which "
-                         "costs the victim what)")
+    ap.add_argument(
+        "--flood",
+        default="producers,mutations",
+        help="what the flooder runs: producers, mutations or both (default both; one alone tells which "
+        "costs the victim what)",
+    )
     ap.add_argument("--output", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args(argv)
     phases = parse_phases(args.phases)
@@ -553,8 +663,12 @@ def main(argv: list[str] | None = None) -> int:
                 quiet = run_phase(cluster, workdir, "warmup-alone", args.warmup, 0, False, warm.bootstrap)
             finally:
                 warm.terminate()
-            print(f"warm-up: victim alone through the proxy, {args.warmup:.0f} s, unmeasured (p99 {quiet.p99:.1f} ms)"
-                  if quiet.latencies_ms else "warm-up: victim alone through the proxy: no records", flush=True)
+            print(
+                f"warm-up: victim alone through the proxy, {args.warmup:.0f} s, unmeasured (p99 {quiet.p99:.1f} ms)"
+                if quiet.latencies_ms
+                else "warm-up: victim alone through the proxy: no records",
+                flush=True,
+            )
         for phase in phases:
             flood = phase.startswith("flood")
             cfg = proxy_config(phase)
@@ -565,8 +679,16 @@ def main(argv: list[str] | None = None) -> int:
             if cfg is not None:
                 proxy = ProxyProcess(workdir, cluster.bootstrap, cfg, name=f"proxy-{phase}").start()
             try:
-                res = run_phase(cluster, workdir, phase, args.seconds, args.settle, flood,
-                                proxy.bootstrap if proxy else cluster.bootstrap, args.flood)
+                res = run_phase(
+                    cluster,
+                    workdir,
+                    phase,
+                    args.seconds,
+                    args.settle,
+                    flood,
+                    proxy.bootstrap if proxy else cluster.bootstrap,
+                    args.flood,
+                )
             finally:
                 if proxy is not None:
                     proxy.terminate()
@@ -576,17 +698,26 @@ def main(argv: list[str] | None = None) -> int:
             if flood:
                 res.notes.append(f"cool-down after it {_cool_down(args.cooldown):.0f} s")
             results.append(res)
-            print(f"{phase}: " + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else
-                                  "no victim records") +
-                  (f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota {spread(res.flood_slices)}"
-                   if res.flood_slices else "") +
-                  f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}", flush=True)
+            print(
+                f"{phase}: "
+                + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else "no victim records")
+                + (
+                    f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota {spread(res.flood_slices)}"
+                    if res.flood_slices
+                    else ""
+                )
+                + f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}",
+                flush=True,
+            )
     minutes = (time.monotonic() - t_start) / 60
     table = format_table(results)
     targets = target_lines(results)
-    head = [f"- Command: `{command}` ({minutes:.1f} min in total); date {started:%Y-%m-%d %H:%M %Z}; "
-            f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}.", *info,
-            f"- Proxy logs: {warnings} WARNING/ERROR lines."]
+    head = [
+        f"- Command: `{command}` ({minutes:.1f} min in total); date {started:%Y-%m-%d %H:%M %Z}; "
+        f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+        *info,
+        f"- Proxy logs: {warnings} WARNING/ERROR lines.",
+    ]
     print("\n".join(["", *head, "", *table, "", *targets]))
     if args.output:
         args.output.write_text("\n".join([*head, "", *table, "", *targets]) + "\n")

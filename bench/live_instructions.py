@@ -37,14 +37,20 @@ from bench.instructions import print_table
 from tests.harness import KafkaCluster
 
 REPO = Path(__file__).resolve().parent.parent
-HUGE = {"producer_byte_rate": 10**15, "consumer_byte_rate": 10**15, "request_percentage": 10**6,
-        "controller_mutation_rate": 10**9}
+HUGE = {
+    "producer_byte_rate": 10**15,
+    "consumer_byte_rate": 10**15,
+    "request_percentage": 10**6,
+    "controller_mutation_rate": 10**9,
+}
 SIDES = {
     "no quota": None,
-    "every quota, none binding": {"entities": [
-        {"entity": {"user": "<default>"}, "quotas": {**HUGE, "producer_ids_rate": 10**9}},
-        {"entity": {"client-id": "<default>"}, "quotas": HUGE},
-    ]},
+    "every quota, none binding": {
+        "entities": [
+            {"entity": {"user": "<default>"}, "quotas": {**HUGE, "producer_ids_rate": 10**9}},
+            {"entity": {"client-id": "<default>"}, "quotas": HUGE},
+        ]
+    },
 }
 WARM_UP = 200
 
@@ -58,8 +64,9 @@ def _librdkafka(round_trips: int) -> Callable[[str, bool], None]:
 
     def load(bootstrap: str, measured: bool) -> None:
         if not producers:
-            producers.append(Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
-                                       "socket.nagle.disable": True}))
+            producers.append(
+                Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "socket.nagle.disable": True})
+            )
         for _ in range(round_trips if measured else WARM_UP):
             producers[0].produce("t", value, partition=0)
             if producers[0].flush(30) != 0:
@@ -75,19 +82,36 @@ def _java(cluster: KafkaCluster, records: int) -> Callable[[str, bool], None]:
     """One producer-perf-test run at 2,000 records/s, as ``bench.run``'s java-fixed workload."""
 
     def load(bootstrap: str, measured: bool) -> None:
-        cmd = cluster.tool_cmd("producer_perf", "--bootstrap-server", bootstrap, "--topic", "t", "--num-records",
-                               str(records if measured else 2000), "--record-size", "1024", "--throughput", "2000",
-                               "--command-property", "acks=all", jvm_opts=("-Xmx512m",))
+        cmd = cluster.tool_cmd(
+            "producer_perf",
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            "t",
+            "--num-records",
+            str(records if measured else 2000),
+            "--record-size",
+            "1024",
+            "--throughput",
+            "2000",
+            "--command-property",
+            "acks=all",
+            jvm_opts=("-Xmx512m",),
+        )
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
 
     return load
 
 
-def _count(cluster: KafkaCluster, workdir: Path, name: str, quotas: dict | None,
-           load: Callable[[str, bool], None]) -> tuple[int, int]:
+def _count(
+    cluster: KafkaCluster, workdir: Path, name: str, quotas: dict | None, load: Callable[[str, bool], None]
+) -> tuple[int, int]:
     """The proxy's instructions over the measured load, and the requests it handled meanwhile."""
-    doc: dict = {"upstream": {"bootstrap_servers": cluster.bootstrap}, "log_level": "INFO",
-                 "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"}}
+    doc: dict = {
+        "upstream": {"bootstrap_servers": cluster.bootstrap},
+        "log_level": "INFO",
+        "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
+    }
     if quotas:
         doc["quotas"] = quotas
     config = workdir / f"{name}.yaml"
@@ -95,10 +119,23 @@ def _count(cluster: KafkaCluster, workdir: Path, name: str, quotas: dict | None,
     out = workdir / f"{name}.cg"
     with open(workdir / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
-             "-m", "proxy.cli", "run", "-c", str(config)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"})
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "run",
+                "-c",
+                str(config),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0"},
+        )
     try:
         assert proc.stdout is not None
         m = re.search(r"bootstrap\.servers=(\S+)", proc.stdout.readline().decode())
@@ -113,8 +150,9 @@ def _count(cluster: KafkaCluster, workdir: Path, name: str, quotas: dict | None,
     finally:
         proc.terminate()
         proc.wait(60)
-    text = subprocess.run(["callgrind_annotate", "--auto=no", f"{out}.1"], check=True, capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        ["callgrind_annotate", "--auto=no", f"{out}.1"], check=True, capture_output=True, text=True
+    ).stdout
     m = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text)
     if m is None:
         raise SystemExit(f"no total in {out}.1")
@@ -142,8 +180,12 @@ def _calls(path: Path, function: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--round-trips", type=int, default=400)
-    ap.add_argument("--java", type=int, metavar="RECORDS",
-                    help="count a producer-perf-test run of RECORDS records at 2,000/s instead (per request)")
+    ap.add_argument(
+        "--java",
+        type=int,
+        metavar="RECORDS",
+        help="count a producer-perf-test run of RECORDS records at 2,000/s instead (per request)",
+    )
     ap.add_argument("--keep", help="directory to keep the callgrind files in")
     ap.add_argument("--json", metavar="FILE", help="also write the per-request counts, by side, as JSON")
     args = ap.parse_args()
@@ -151,8 +193,19 @@ def main() -> None:
     results = {}
     try:
         with KafkaCluster(1, workdir=workdir / "kafka") as cluster:
-            cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", "t",
-                         "--partitions", "1", "--replication-factor", "1", check=True)
+            cluster.tool(
+                "topics",
+                "--bootstrap-server",
+                cluster.bootstrap,
+                "--create",
+                "--topic",
+                "t",
+                "--partitions",
+                "1",
+                "--replication-factor",
+                "1",
+                check=True,
+            )
             load = _java(cluster, args.java) if args.java else _librdkafka(args.round_trips)
             for i, (side, quotas) in enumerate(SIDES.items()):
                 instructions, requests = _count(cluster, workdir, f"side{i}", quotas, load)
@@ -164,8 +217,12 @@ def main() -> None:
                 shutil.copy(f, Path(args.keep) / f.name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print_table(results, "instructions per request, Java producer at 2,000 records/s" if args.java
-                else "instructions per live Produce round trip")
+    print_table(
+        results,
+        "instructions per request, Java producer at 2,000 records/s"
+        if args.java
+        else "instructions per live Produce round trip",
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({side: round(n) for side, n in results.items()}, indent=1) + "\n")
 

@@ -49,12 +49,26 @@ def fetch_response(version: int, size: int, pattern: bool = False) -> bytes:
 
     R = FetchResponse.FetchableTopicResponse
     P = R.PartitionData
-    part = P(partition_index=0, error_code=0, high_watermark=1, last_stable_offset=1, log_start_offset=0,
-             diverging_epoch=None, current_leader=None, snapshot_id=None, aborted_transactions=[],
-             preferred_read_replica=-1,
-             records=(bytes(range(251)) * (size // 251 + 1))[:size] if pattern else b"\x00" * size)
-    resp = FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[
-        R(topic="t", topic_id=uuid.UUID(int=1), partitions=[part])], node_endpoints=[])
+    part = P(
+        partition_index=0,
+        error_code=0,
+        high_watermark=1,
+        last_stable_offset=1,
+        log_start_offset=0,
+        diverging_epoch=None,
+        current_leader=None,
+        snapshot_id=None,
+        aborted_transactions=[],
+        preferred_read_replica=-1,
+        records=(bytes(range(251)) * (size // 251 + 1))[:size] if pattern else b"\x00" * size,
+    )
+    resp = FetchResponse(
+        throttle_time_ms=0,
+        error_code=0,
+        session_id=0,
+        responses=[R(topic="t", topic_id=uuid.UUID(int=1), partitions=[part])],
+        node_endpoints=[],
+    )
     return resp.encode(version=version)
 
 
@@ -142,8 +156,9 @@ def _request(version: int, corr: int) -> bytes:
     return _I32.pack(len(frame)) + frame
 
 
-def _client(address: str, version: int, seconds: float, inflight: int,
-            expect: bytes | None = None) -> tuple[int, float]:
+def _client(
+    address: str, version: int, seconds: float, inflight: int, expect: bytes | None = None
+) -> tuple[int, float]:
     """Pipeline ``inflight`` Fetch requests for ``seconds``; return (bytes received, wall seconds).
 
     Each response must have the first one's size and the next correlation id; with ``expect`` (the
@@ -174,14 +189,15 @@ def _client(address: str, version: int, seconds: float, inflight: int,
             size = this_size if size is None else size
             answered += 1
             if this_size != size or this_corr != answered:
-                raise AssertionError(f"response {answered}: size {this_size} correlation id {this_corr}, "
-                                     f"expected {size} and {answered}")
+                raise AssertionError(
+                    f"response {answered}: size {this_size} correlation id {this_corr}, expected {size} and {answered}"
+                )
             left, pos = this_size - 4, 0
             got += 8
         n = sock.recv_into(view, min(left, len(buf)))
         if n == 0:
             raise ConnectionError("proxy closed the connection")
-        if expect is not None and bytes(view[:n]) != expect[pos:pos + n]:
+        if expect is not None and bytes(view[:n]) != expect[pos : pos + n]:
             raise AssertionError(f"response {answered}: bytes {pos}..{pos + n} differ from the broker's")
         pos += n
         left -= n
@@ -231,10 +247,21 @@ def main() -> None:
         expect = (b"\x00" if args.version >= 12 else b"") + fetch_response(args.version, args.size_kib * 1024, True)
     with tempfile.TemporaryDirectory(prefix="ktp-passthrough-") as tmp:
         port_file = Path(tmp) / "port"
-        broker = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-broker", str(port_file),
-                                   "--version", str(args.version), "--size-kib", str(args.size_kib)]
-                                  + (["--verify"] if args.verify else []),
-                                  env={**os.environ})
+        broker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.passthrough",
+                "--serve-broker",
+                str(port_file),
+                "--version",
+                str(args.version),
+                "--size-kib",
+                str(args.size_kib),
+            ]
+            + (["--verify"] if args.verify else []),
+            env={**os.environ},
+        )
         proxy = relay = splice = None
         try:
             while not port_file.exists() or not port_file.read_text():
@@ -263,11 +290,15 @@ def main() -> None:
                 cpu = sum(ps.cpu_times()[:2]) - cpu0 if ps else 0.0
                 per_gib[phase] = cpu / (got / (1 << 30))
                 rate[phase] = got / wall / (1 << 20)
-                print(f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {rate[phase]:8.1f} MiB/s, "
-                      f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)")
-            print(f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}, "
-                  f"splice/relay: {per_gib['splice'] / per_gib['relay']:.2f}; MiB/s over direct: "
-                  + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy")))
+                print(
+                    f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {rate[phase]:8.1f} MiB/s, "
+                    f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)"
+                )
+            print(
+                f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}, "
+                f"splice/relay: {per_gib['splice'] / per_gib['relay']:.2f}; MiB/s over direct: "
+                + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy"))
+            )
         finally:
             if proxy is not None:
                 proxy.process.terminate()
@@ -279,8 +310,13 @@ def main() -> None:
             broker.terminate()
             broker.wait(10)
             if args.log_level == "DEBUG":
-                print("".join(line for line in (Path(tmp) / "proxy.log").read_text().splitlines(True)
-                              if "receive buffer" in line))
+                print(
+                    "".join(
+                        line
+                        for line in (Path(tmp) / "proxy.log").read_text().splitlines(True)
+                        if "receive buffer" in line
+                    )
+                )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,19 @@ def _batch(pid: int) -> bytes:
 
 def _request(version: int, partitions: int) -> bytes:
     batch = _batch(123_456)
-    msg = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
-        TD(name="bench", topic_id=uuid.uuid4(), partition_data=[PD(index=p, records=batch) for p in range(partitions)])
-    ], version=version)
+    msg = ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=30_000,
+        topic_data=[
+            TD(
+                name="bench",
+                topic_id=uuid.uuid4(),
+                partition_data=[PD(index=p, records=batch) for p in range(partitions)],
+            )
+        ],
+        version=version,
+    )
     return bytes(msg.encode())
 
 
@@ -88,8 +98,10 @@ def main() -> None:
 
     print("\nMemory per user (default config: expected_ids=1000, false_positive_rate=0.01)")
     tracker = ProducerIdTracker()
-    print(f"  bloom bits {tracker.bits}, hashes {tracker.hashes}, bit array {tracker.filter_bytes} B per filter, "
-          f"bound {tracker.max_bytes_per_user} B of bit arrays per user")
+    print(
+        f"  bloom bits {tracker.bits}, hashes {tracker.hashes}, bit array {tracker.filter_bytes} B per filter, "
+        f"bound {tracker.max_bytes_per_user} B of bit arrays per user"
+    )
     users = 2000
     for filters, label in ((1, "one filter (first half window)"), (2, "two filters (steady state)")):
         tr = ProducerIdTracker()
@@ -103,8 +115,10 @@ def main() -> None:
                 tr.observe(name, 2, tr.config.window_ms // 2)
         used, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        print(f"  {label}: reported {tr.memory_bytes() / users:.0f} B/user, measured (tracemalloc, incl. Python "
-              f"objects, dict and expiry queue) {(used - base) / users:.0f} B/user")
+        print(
+            f"  {label}: reported {tr.memory_bytes() / users:.0f} B/user, measured (tracemalloc, incl. Python "
+            f"objects, dict and expiry queue) {(used - base) / users:.0f} B/user"
+        )
 
 
 if __name__ == "__main__":

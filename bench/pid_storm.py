@@ -42,19 +42,29 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ktp-pid-storm-"))
     with KafkaCluster(3, workdir=workdir / "kafka", server_props={"auto.create.topics.enable": "true"}) as cluster:
         port = free_port()
-        proxy = ProxyProcess(workdir, cluster.sasl_bootstrap, {
-            "metrics.port": port, "quotas.producer_id_window_num": 2,
-            "quotas.producer_id_window_size_seconds": args.window,
-            "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": args.quota}}],
-        }).start()
+        proxy = ProxyProcess(
+            workdir,
+            cluster.sasl_bootstrap,
+            {
+                "metrics.port": port,
+                "quotas.producer_id_window_num": 2,
+                "quotas.producer_id_window_size_seconds": args.window,
+                "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": args.quota}}],
+            },
+        ).start()
         try:
             topic = f"storm-{uuid.uuid4().hex[:6]}"
             runs: dict[str, list[tuple[float, float, bool]]] = {"alice": [], "bob": []}
             lock = threading.Lock()
 
             def storm(user: str, deadline: float) -> None:
-                conf = {**cluster.client_config(user, "SCRAM-SHA-512"), "bootstrap.servers": proxy.bootstrap,
-                        "enable.idempotence": True, "acks": "all", "message.timeout.ms": 120_000}
+                conf = {
+                    **cluster.client_config(user, "SCRAM-SHA-512"),
+                    "bootstrap.servers": proxy.bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "message.timeout.ms": 120_000,
+                }
                 while time.monotonic() < deadline:
                     t0 = time.monotonic()
                     p = Producer(conf)
@@ -84,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             proxy.terminate()
         log = proxy.log()
     closed_lines = sum(1 for ln in log.splitlines() if "closing the connection" in ln)
-    closed_metric = sum(float(m.group(1)) for m in re.finditer(r"^ktp_connection_errors_total\{.*\} (\S+)$",
-                                                               metrics, re.M))
+    closed_metric = sum(
+        float(m.group(1)) for m in re.finditer(r"^ktp_connection_errors_total\{.*\} (\S+)$", metrics, re.M)
+    )
     errors = sum(1 for ln in log.splitlines() if "ERROR" in ln or "Traceback" in ln or "never awaited" in ln)
     alice = runs["alice"]
     delivered = sorted(done for _t0, done, ok in alice if ok)
@@ -102,23 +113,33 @@ def main(argv: list[str] | None = None) -> int:
     bob_took = sorted(done - t0 for t0, done, ok in runs["bob"] if ok)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     mib = 1 << 20
-    print(f"# bench.pid_storm, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"`python -m bench.pid_storm --seconds {args.seconds:g} --threads {args.threads} --quota {args.quota} "
-          f"--window {args.window}`: alice (quota {args.quota} new ids / {args.window} s) in {args.threads} threads, "
-          "bob (no quota) in one\n")
+    print(
+        f"# bench.pid_storm, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"`python -m bench.pid_storm --seconds {args.seconds:g} --threads {args.threads} --quota {args.quota} "
+        f"--window {args.window}`: alice (quota {args.quota} new ids / {args.window} s) in {args.threads} threads, "
+        "bob (no quota) in one\n"
+    )
     print("| figure | value |")
     print("|---|---|")
     print(f"| alice producers started / delivered | {len(alice)} / {len(delivered)} |")
     if per_window:
-        print(f"| admitted per {args.window} s window (median, max; first window incl. burst) | "
-              f"{statistics.median(per_window):g}, {max(per_window)}; {per_window} |")
+        print(
+            f"| admitted per {args.window} s window (median, max; first window incl. burst) | "
+            f"{statistics.median(per_window):g}, {max(per_window)}; {per_window} |"
+        )
     if took:
-        print(f"| alice producer lifetime s (p50 / p90 / max) | {statistics.median(took):.2f} / "
-              f"{took[int(len(took) * 0.9)]:.2f} / {took[-1]:.2f} |")
+        print(
+            f"| alice producer lifetime s (p50 / p90 / max) | {statistics.median(took):.2f} / "
+            f"{took[int(len(took) * 0.9)]:.2f} / {took[-1]:.2f} |"
+        )
     if bob_took:
-        print(f"| bob producers, lifetime s (p50 / max) | {len(bob_took)}, {statistics.median(bob_took):.2f} / "
-              f"{bob_took[-1]:.2f} |")
+        print(
+            f"| bob producers, lifetime s (p50 / max) | {len(bob_took)}, {statistics.median(bob_took):.2f} / "
+            f"{bob_took[-1]:.2f} |"
+        )
     print(f"| connections closed by the proxy (log lines / metric) | {closed_lines} / {closed_metric:g} |")
     print(f"| ERROR / Traceback / never-awaited lines | {errors} |")
     print(f"| proxy RSS MiB (start / peak / end) | {rss_start / mib:.0f} / {peak / mib:.0f} / {rss_end / mib:.0f} |")

@@ -25,8 +25,13 @@ from tests.harness.connection_rig import ConnectionRig, produce_request
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("proxy", "protocol", "quotas", "mute", "config")
-EVERY_QUOTA = {"producer_byte_rate": 10**12, "consumer_byte_rate": 10**12, "request_percentage": 10**6,
-               "controller_mutation_rate": 10**6, "producer_ids_rate": 10**9}
+EVERY_QUOTA = {
+    "producer_byte_rate": 10**12,
+    "consumer_byte_rate": 10**12,
+    "request_percentage": 10**6,
+    "controller_mutation_rate": 10**6,
+    "producer_ids_rate": 10**9,
+}
 """Every quota kind configured for the client's user, none binding."""
 
 
@@ -86,14 +91,18 @@ async def calls_over_quota() -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", action="store_true",
-                    help="the calls of three Produce requests read together, one over its quota")
+    ap.add_argument(
+        "--calls", action="store_true", help="the calls of three Produce requests read together, one over its quota"
+    )
     args = ap.parse_args()
     from proxy.build_info import compiled_modules
 
     if compiled_modules():
-        print("note: compiled modules are loaded; their calls are invisible to sys.setprofile (run it on the "
-              "pure-Python source for a full list)", file=sys.stderr)
+        print(
+            "note: compiled modules are loaded; their calls are invisible to sys.setprofile (run it on the "
+            "pure-Python source for a full list)",
+            file=sys.stderr,
+        )
     if args.calls:
         for call in asyncio.run(calls_over_quota()):
             print(call)

@@ -61,8 +61,19 @@ class Row:
 
 
 def _set_broker_quota(cluster: KafkaCluster, client_id: str, key: str, value: int) -> None:
-    cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
-                 "--entity-name", client_id, "--add-config", f"{key}={value}", check=True)
+    cluster.tool(
+        "configs",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--alter",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        client_id,
+        "--add-config",
+        f"{key}={value}",
+        check=True,
+    )
 
 
 def _fmt(x: float) -> str:
@@ -93,8 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
             # --------------------------------------------------------------- warm-up (fresh brokers are slow)
-            cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", "bench",
-                         "--partitions", "3", "--replication-factor", "3", check=True)
+            cluster.tool(
+                "topics",
+                "--bootstrap-server",
+                cluster.bootstrap,
+                "--create",
+                "--topic",
+                "bench",
+                "--partitions",
+                "3",
+                "--replication-factor",
+                "3",
+                check=True,
+            )
             n = args.records
             print("warming up the brokers", flush=True)
             for _ in range(3):
@@ -106,10 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"filling {src} with {n_run:,} records", flush=True)
             fill_topic(cluster.bootstrap, src, n_run)
             src_index = batch_index(topic_dirs(cluster, src)[0])
-            proxy = ProxyProcess(workdir, cluster.bootstrap, {"quotas.entities": [
-                {"entity": {"client-id": f"proxy-{k}"}, "quotas": {f"{kind}_byte_rate": q}}
-                for k, kind in (("jp", "producer"), ("rp", "producer"), ("jc", "consumer"), ("rc", "consumer"))
-            ]}, name="quota-proxy").start()
+            proxy = ProxyProcess(
+                workdir,
+                cluster.bootstrap,
+                {
+                    "quotas.entities": [
+                        {"entity": {"client-id": f"proxy-{k}"}, "quotas": {f"{kind}_byte_rate": q}}
+                        for k, kind in (("jp", "producer"), ("rp", "producer"), ("jc", "consumer"), ("rc", "consumer"))
+                    ]
+                },
+                name="quota-proxy",
+            ).start()
             for k, kind in (("jp", "producer"), ("rp", "producer"), ("jc", "consumer"), ("rc", "consumer")):
                 _set_broker_quota(cluster, f"broker-{k}", f"{kind}_byte_rate", q)
             time.sleep(2)  # let the brokers apply the new client quotas
@@ -121,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                 with Sampler(lambda: log_bytes(d)) as s:
                     res = java_produce(cluster, bs, topic, n_run, f"{where}-jp")
                 m = res["metrics"]
-                notes = [f"throttle-time-max {m.get('producer-metrics:produce-throttle-time-max', 0):.0f} ms",
-                         f"errors {res['metrics'].get('producer-metrics:record-error-total', -1):.0f}"]
+                notes = [
+                    f"throttle-time-max {m.get('producer-metrics:produce-throttle-time-max', 0):.0f} ms",
+                    f"errors {res['metrics'].get('producer-metrics:record-error-total', -1):.0f}",
+                ]
                 if res["errors"] or res["sent"] != n_run:
                     notes.append(f"PROBLEM sent {res['sent']}/{n_run}: {res['errors'][:2]}")
                 return produce_rate(s.samples, q, d[0]), notes
@@ -155,14 +186,19 @@ def main(argv: list[str] | None = None) -> int:
                 group = f"q-{where}-rc-{uuid.uuid4().hex[:6]}"
                 with committed_sampler(cluster, group, src, src_index) as s:
                     res = rdkafka_consume(bs, src, group, f"{where}-rc", n_run)
-                notes = [] if not res["errors"] and res["consumed"] >= n_run else [
-                    f"PROBLEM consumed {res['consumed']}/{n_run}: {res['errors'][:2]}"]
+                notes = (
+                    []
+                    if not res["errors"] and res["consumed"] >= n_run
+                    else [f"PROBLEM consumed {res['consumed']}/{n_run}: {res['errors'][:2]}"]
+                )
                 return steady_rate(s.samples, q), notes
 
-            plan = [("Produce, Java producer-perf-test", produce_java, True),
-                    ("Produce, librdkafka (confluent-kafka)", produce_rdk, True),
-                    ("Fetch, Java consumer-perf-test", consume_java, False),
-                    ("Fetch, librdkafka (confluent-kafka)", consume_rdk, False)]
+            plan = [
+                ("Produce, Java producer-perf-test", produce_java, True),
+                ("Produce, librdkafka (confluent-kafka)", produce_rdk, True),
+                ("Fetch, Java consumer-perf-test", consume_java, False),
+                ("Fetch, librdkafka (confluent-kafka)", consume_rdk, False),
+            ]
             for r in range(args.repeats):
                 for label, fn, _is_produce in plan:
                     for where in ("proxy", "broker") if r % 2 == 0 else ("broker", "proxy"):
@@ -171,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                         rate, notes = fn(where, bs)
                         row.results.append(rate)
                         row.notes += notes
-                        print(f"[{r + 1}/{args.repeats}] {row.label:60} {rate.rate / MIB:.3f} MiB/s "
-                              f"(charged {rate.charged / MIB:.3f}) error {100 * rate.error(q):+.2f}% over "
-                              f"{rate.seconds:.1f}s, burst {rate.burst_bytes / MIB:.1f} MiB; {'; '.join(notes)}",
-                              flush=True)
+                        print(
+                            f"[{r + 1}/{args.repeats}] {row.label:60} {rate.rate / MIB:.3f} MiB/s "
+                            f"(charged {rate.charged / MIB:.3f}) error {100 * rate.error(q):+.2f}% over "
+                            f"{rate.seconds:.1f}s, burst {rate.burst_bytes / MIB:.1f} MiB; {'; '.join(notes)}",
+                            flush=True,
+                        )
             if proxy.terminate() != 0:
                 raise RuntimeError(f"proxy exited badly:\n{proxy.log()[-3000:]}")
             warnings = [ln for ln in proxy.log().splitlines() if " WARNING " in ln or " ERROR " in ln]
@@ -185,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         raise
     minutes = (time.monotonic() - t_start) / 60
 
-    table = ["| workload | quota MiB/s | achieved MiB/s (median) | error | charged-equivalent error | "
-             "5 s slices MiB/s (min–max) | steady s | initial burst MiB | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    table = [
+        "| workload | quota MiB/s | achieved MiB/s (median) | error | charged-equivalent error | "
+        "5 s slices MiB/s (min–max) | steady s | initial burst MiB | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for row in rows.values():
         med = statistics.median(x.rate for x in row.results)
         chg = statistics.median(x.charged for x in row.results)
@@ -197,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{100 * (chg / q - 1):+.2f}% | {min(sl) / MIB:.2f}–{max(sl) / MIB:.2f} | "
             f"{statistics.median(x.seconds for x in row.results):.0f} | "
             f"{statistics.median(x.burst_bytes for x in row.results) / MIB:.1f} | "
-            f"{'; '.join(dict.fromkeys(row.notes))} |")
+            f"{'; '.join(dict.fromkeys(row.notes))} |"
+        )
     print("\n".join(table))
     doc = [
-        "# Quota fidelity: byte-rate quotas through the proxy vs on the brokers", "",
-        f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.", *info,
+        "# Quota fidelity: byte-rate quotas through the proxy vs on the brokers",
+        "",
+        f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.",
+        *info,
         f"- Quota {q:,} B/s ({q / MIB:g} MiB/s), one per client id (`proxy-jp`, `proxy-rp`, … in the proxy's config; "
         "`broker-jp`, … set with `kafka-configs --alter --entity-type clients --add-config` on the cluster, no "
         "proxy). Produce topics: 1 partition, RF 1; consume: one pre-filled 1-partition topic (16 KiB batches), "
@@ -213,9 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         "'charged-equivalent' adds ~70 B per produce request (one batch per request) to compare with what "
         "Kafka charges, the request size; fetch response overhead is < 0.1 % and not added. See the module "
         "docstring for details.",
-        f"- Proxy log: {len(warnings)} WARNING/ERROR lines.", "",
-        "## Binding quota: achieved rate vs quota", "", *table, "",
-        "All quotas configured but none binding: see the `quotas` side in BENCHMARKS.md (`bench.run`).", "",
+        f"- Proxy log: {len(warnings)} WARNING/ERROR lines.",
+        "",
+        "## Binding quota: achieved rate vs quota",
+        "",
+        *table,
+        "",
+        "All quotas configured but none binding: see the `quotas` side in BENCHMARKS.md (`bench.run`).",
+        "",
     ]
     out = Path(args.output)
     kept = out.read_text().partition("\n## Notes")[2] if out.exists() else ""  # the hand-written notes

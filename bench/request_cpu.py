@@ -65,8 +65,10 @@ def main() -> None:
         order = list(SIDES) if r % 2 == 0 else list(SIDES)[::-1]
         for side in order:
             results[side].append(run_side(SIDES[side], args.requests, args.records))
-    print(f"load average {os.getloadavg()[0]:.2f}; {args.rounds} interleaved rounds of {args.requests} Produce "
-          f"round trips ({args.records} record(s) per batch)")
+    print(
+        f"load average {os.getloadavg()[0]:.2f}; {args.rounds} interleaved rounds of {args.requests} Produce "
+        f"round trips ({args.records} record(s) per batch)"
+    )
     print("| side | CPU µs per round trip, median | range |")
     print("|---|---:|---|")
     for side, v in results.items():

@@ -60,8 +60,12 @@ LATENCY_TARGET_MS = 0.2  # added p50
 SIDES = ("direct", "proxy", "quotas")
 """Where a workload's clients connect: the cluster itself; a proxy with no quota configured; a second proxy
 with every quota kind configured at a value no client reaches, so every request is charged and checked."""
-HUGE_QUOTAS = {"producer_byte_rate": 10**15, "consumer_byte_rate": 10**15, "request_percentage": 10**6,
-               "controller_mutation_rate": 10**9}
+HUGE_QUOTAS = {
+    "producer_byte_rate": 10**15,
+    "consumer_byte_rate": 10**15,
+    "request_percentage": 10**6,
+    "controller_mutation_rate": 10**9,
+}
 TARGETS = {"proxy": THROUGHPUT_TARGET, "quotas": QUOTAS_TARGET}  # peers' sides (bench.peers) have none
 ALL_SIDES = (*SIDES, *PEER_SIDES)
 PROFILE_DIR = REPO / "bench" / "profiles"
@@ -162,9 +166,11 @@ class Workload:
     """Sequential round trips one run makes (the probe): the denominator of CPU µs per round trip."""
     samples: dict[str, list[Metrics]] = field(default_factory=lambda: {s: [] for s in ALL_SIDES})
     proxy_cpu: dict[str, list[tuple[float, float]]] = field(  # per proxy side: (CPU seconds, active seconds) per run
-        default_factory=lambda: {s: [] for s in ALL_SIDES[1:]})
+        default_factory=lambda: {s: [] for s in ALL_SIDES[1:]}
+    )
     machine: dict[str, list[tuple[float, float]]] = field(  # per side: (busy CPU s of the whole machine, wall s)
-        default_factory=lambda: {s: [] for s in ALL_SIDES})
+        default_factory=lambda: {s: [] for s in ALL_SIDES}
+    )
 
 
 # (workload, metric key, label, "tput" = higher is better and held to the throughput target, or "lat")
@@ -242,7 +248,8 @@ def results_markdown(
             out.append(
                 f"**Added p50 latency, {s}** (its p50 − direct p50): **{added_probe:+.3f} ms** with the sequential "
                 f"confluent-kafka probe (sub-ms resolution); {added_java:+.0f} ms with producer-perf-test at a fixed "
-                f"rate (whole-ms resolution; its avg latency moved {added_avg:+.2f} ms).")
+                f"rate (whole-ms resolution; its avg latency moved {added_avg:+.2f} ms)."
+            )
             out.append("")
             if s == "proxy" and added_probe > LATENCY_TARGET_MS:
                 misses.append(f"added p50 latency {added_probe:.3f} ms > {LATENCY_TARGET_MS} ms")
@@ -262,16 +269,21 @@ def results_markdown(
             per_rt = f"{cpu / w.round_trips * 1e6:.0f}" if w.round_trips else ""
             out.append(f"| {w.name} | {s} | {cpu:.2f} | {act:.2f} | {pct:.0f}% | {per_gib} | {per_rt} |")
         if "quotas" in proxies and "proxy" in proxies and w.proxy_cpu["quotas"] and w.proxy_cpu["proxy"]:
-            ratio = (statistics.median(c for c, _ in w.proxy_cpu["quotas"])
-                     / statistics.median(c for c, _ in w.proxy_cpu["proxy"]))
+            ratio = statistics.median(c for c, _ in w.proxy_cpu["quotas"]) / statistics.median(
+                c for c, _ in w.proxy_cpu["proxy"]
+            )
             out.append(f"| {w.name} | quotas/proxy | {ratio:.2f}× | | | | |")
     if peers := [s for s in proxies if s in PEER_SIDES]:
         out += side_by_side(wl, proxies, peers)
     if peak_rss:
         out += ["", "| side | peak RSS MiB (VmHWM, process tree) |", "|---|---:|"]
         out += [f"| {s} | {peak_rss[s] / 2**20:.0f} |" for s in proxies if s in peak_rss]
-    out += ["", "| workload | side | machine CPU s per run (all processes) | wall s per run | machine busy, % of all "
-            f"{os.cpu_count()} cores |", "|---|---|---:|---:|---:|"]
+    out += [
+        "",
+        "| workload | side | machine CPU s per run (all processes) | wall s per run | machine busy, % of all "
+        f"{os.cpu_count()} cores |",
+        "|---|---|---:|---:|---:|",
+    ]
     for w in wl.values():
         for s in sides:
             if w.machine[s]:
@@ -289,7 +301,8 @@ def side_by_side(wl: dict[str, Workload], proxies: list[str], peers: list[str]) 
     out = ["", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for w in wl.values():
         units = ([("s per GiB of records", w.payload_bytes / 2**30, "{:.2f}")] if w.payload_bytes else []) + (
-            [("µs per round trip", w.round_trips / 1e6, "{:.0f}")] if w.round_trips else [])
+            [("µs per round trip", w.round_trips / 1e6, "{:.0f}")] if w.round_trips else []
+        )
         for unit, per, fmt in units:
             val = {s: statistics.median(c for c, _ in w.proxy_cpu[s]) / per for s in proxies if w.proxy_cpu[s]}
             cells = [w.name, unit] + [fmt.format(val[s]) if s in val else "" for s in proxies]
@@ -397,9 +410,11 @@ def run_profiles(cluster: KafkaCluster, proxy: ProxyProcess, n: int) -> str:
         ("Java consumer", lambda: java_consume(cluster, proxy.bootstrap, 3 * n), "fetch_mbps"),
         ("kcat consumer", lambda: kcat_consume(proxy.bootstrap, 3 * n), "mbps"),
     ]
-    parts = ["Profilers attached to the long-lived proxy after the measurements, one run each (raw output in "
-             "`bench/profiles/`, git-ignored). py-spy percentages are of the samples in which the proxy's "
-             "thread was not idle (on a CPU *or waiting for one*); perf percentages are of on-CPU samples."]
+    parts = [
+        "Profilers attached to the long-lived proxy after the measurements, one run each (raw output in "
+        "`bench/profiles/`, git-ignored). py-spy percentages are of the samples in which the proxy's "
+        "thread was not idle (on a CPU *or waiting for one*); perf percentages are of on-CPU samples."
+    ]
     for name, fn, key in runs:
         slug = name.replace(" ", "-").lower()
         out = PROFILE_DIR / f"{slug}.txt"
@@ -472,8 +487,10 @@ def machine_info(cluster: KafkaCluster, code: str, peers: dict[str, PeerProcess]
         f"- Python {platform.python_version()} (proxy on uvloop); kcat with {kcat.group(0) if kcat else '?'}; "
         f"confluent-kafka {confluent_kafka.__version__} (librdkafka {confluent_kafka.libversion()[0]}).",
         f"- Proxy code: {code}.",
-        *(f"- Peer `{s}`: {PEER_NAMES[s]} {p.version} (`{p.cmd[0]}`), listening on {p.bootstrap}."
-          for s, p in (peers or {}).items()),
+        *(
+            f"- Peer `{s}`: {PEER_NAMES[s]} {p.version} (`{p.cmd[0]}`), listening on {p.bootstrap}."
+            for s, p in (peers or {}).items()
+        ),
     ]
 
 
@@ -483,21 +500,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="direct/proxy pairs per workload (default 3; quick 1)")
     ap.add_argument("--quick", action="store_true", help="small sanity run; writes no report unless --output")
     ap.add_argument("--profile", action="store_true", help="afterwards, profile the proxy in one produce/consume run")
-    ap.add_argument("--output", help="write the markdown report here (default: print it; BENCHMARKS.md is edited by "
-                    "hand from a report, so a run never overwrites it)")
-    ap.add_argument("--only", help="comma-separated workloads to measure (e.g. java-consume,kcat-consume); "
-                    "writes no report unless --output")
-    ap.add_argument("--pin", action="store_true",
-                    help="brokers, clients and this process on CPU 0, each proxy on CPU 1 (the proxy with a core "
-                         "of its own); writes no report unless --output")
-    ap.add_argument("--no-quotas", action="store_true",
-                    help="skip the third side (a proxy with every quota configured, none binding)")
-    ap.add_argument("--kroxylicious", default=os.environ.get(PEER_ENV["kroxy"]),
-                    help=f"peer side `kroxy`: Kroxylicious' bin/kroxylicious-start.sh (default ${PEER_ENV['kroxy']}; "
-                         "skipped if neither)")
-    ap.add_argument("--kafka-proxy", default=os.environ.get(PEER_ENV["goproxy"]),
-                    help=f"peer side `goproxy`: the grepplabs kafka-proxy binary (default ${PEER_ENV['goproxy']}; "
-                         "skipped if neither)")
+    ap.add_argument(
+        "--output",
+        help="write the markdown report here (default: print it; BENCHMARKS.md is edited by "
+        "hand from a report, so a run never overwrites it)",
+    )
+    ap.add_argument(
+        "--only",
+        help="comma-separated workloads to measure (e.g. java-consume,kcat-consume); writes no report unless --output",
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="brokers, clients and this process on CPU 0, each proxy on CPU 1 (the proxy with a core "
+        "of its own); writes no report unless --output",
+    )
+    ap.add_argument(
+        "--no-quotas",
+        action="store_true",
+        help="skip the third side (a proxy with every quota configured, none binding)",
+    )
+    ap.add_argument(
+        "--kroxylicious",
+        default=os.environ.get(PEER_ENV["kroxy"]),
+        help=f"peer side `kroxy`: Kroxylicious' bin/kroxylicious-start.sh (default ${PEER_ENV['kroxy']}; "
+        "skipped if neither)",
+    )
+    ap.add_argument(
+        "--kafka-proxy",
+        default=os.environ.get(PEER_ENV["goproxy"]),
+        help=f"peer side `goproxy`: the grepplabs kafka-proxy binary (default ${PEER_ENV['goproxy']}; "
+        "skipped if neither)",
+    )
     args = ap.parse_args(argv)
     given = {"kroxy": args.kroxylicious, "goproxy": args.kafka_proxy}
     for side, path in given.items():
@@ -537,8 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             proxy_ps = {s: psutil.Process(p.process.pid) for s, p in proxies.items()}
             if args.pin:  # every thread of each proxy onto the other CPU
                 for p in proxies.values():
-                    subprocess.run(["taskset", "-a", "-p", "-c", "1", str(p.process.pid)], check=True,
-                                   capture_output=True)
+                    subprocess.run(
+                        ["taskset", "-a", "-p", "-c", "1", str(p.process.pid)], check=True, capture_output=True
+                    )
             wl = {w.name: w for w in [
                 Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1), n * RECORD),
                 Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate),
@@ -553,10 +588,20 @@ def main(argv: list[str] | None = None) -> int:
                 if unknown:
                     raise SystemExit(f"--only: unknown workload(s) {sorted(unknown)}; known: {sorted(wl)}")
                 wl = {k: w for k, w in wl.items() if k in args.only.split(",") or k == "java-produce"}
-            print(f"cluster {cluster.bootstrap}, " + ", ".join(f"{s} {p.bootstrap}" for s, p in proxies.items())
-                  + "; warming up", flush=True)
-            warm_s = warm_up(cluster, [p.bootstrap for p in proxies.values()], wl, max(n // 3, 10_000),
-                             45 if args.quick else 150, 3 * n)
+            print(
+                f"cluster {cluster.bootstrap}, "
+                + ", ".join(f"{s} {p.bootstrap}" for s, p in proxies.items())
+                + "; warming up",
+                flush=True,
+            )
+            warm_s = warm_up(
+                cluster,
+                [p.bootstrap for p in proxies.values()],
+                wl,
+                max(n // 3, 10_000),
+                45 if args.quick else 150,
+                3 * n,
+            )
             if args.only and "java-produce" not in args.only.split(","):
                 del wl["java-produce"]  # it was kept for the warm-up only
             inexact: dict[str, int] = {}  # side -> runs measured in clock ticks (a thread exited: see cpu_between)

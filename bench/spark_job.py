@@ -94,8 +94,9 @@ def bench_job(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     spark = build_spark(args.master, args.driver_memory)
     t_session = time.monotonic() - t0
-    opts = JobOptions(input=str(data), out=out, quotas=quotas, quotas_path="synthetic live config",
-                      budgets={"produce": 50 * 2**20})
+    opts = JobOptions(
+        input=str(data), out=out, quotas=quotas, quotas_path="synthetic live config", budgets={"produce": 50 * 2**20}
+    )
     t1 = time.monotonic()
     try:
         result = run(spark, opts)
@@ -111,8 +112,10 @@ def bench_job(args: argparse.Namespace) -> int:
     print(f"job wall time   {wall:.1f} s  ({events / wall:,.0f} events/s)")
     for name, took in result.timings:
         print(f"  {name:<34}{took:7.1f} s")
-    print(f"peak RSS        python driver {_mib(sampler.peak_driver_py)}, JVM {_mib(sampler.peak_jvm)}, "
-          f"all children (JVM + Python workers) {_mib(sampler.peak_children)}")
+    print(
+        f"peak RSS        python driver {_mib(sampler.peak_driver_py)}, JVM {_mib(sampler.peak_jvm)}, "
+        f"all children (JVM + Python workers) {_mib(sampler.peak_children)}"
+    )
     print(f"load average    before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores)")
     print(f"report          {result.report_path}")
     return 0
@@ -124,12 +127,35 @@ def bench_writer(args: argparse.Namespace) -> int:
     n = args.events
 
     def event(i: int) -> dict:
-        return {"schema": 1, "event": "request", "ts_ms": 1_767_225_600_000 + i, "proxy": "p1",
-                "conn": f"c{i % 50}", "user": "alice", "client_id": f"app-{i % 7}", "api_key": 0, "api_version": 9,
-                "requests": 1, "bytes_in": 1234 + i % 100, "bytes_out": 100, "mutations": 0, "new_pids": 0,
-                "upstream_ms": 2.5, "action": "pass", "throttle_ms": 0, "shadow": False, "produce_value": 1234.0,
-                "produce_limit": 1e6, "produce_throttle_ms": 0, "request_value": 0.25, "request_limit": 50.0,
-                "request_throttle_ms": 0, "rejected_topics": 0, "scope": "broker 1", "req_ts_ms": 1_767_225_600_000}
+        return {
+            "schema": 1,
+            "event": "request",
+            "ts_ms": 1_767_225_600_000 + i,
+            "proxy": "p1",
+            "conn": f"c{i % 50}",
+            "user": "alice",
+            "client_id": f"app-{i % 7}",
+            "api_key": 0,
+            "api_version": 9,
+            "requests": 1,
+            "bytes_in": 1234 + i % 100,
+            "bytes_out": 100,
+            "mutations": 0,
+            "new_pids": 0,
+            "upstream_ms": 2.5,
+            "action": "pass",
+            "throttle_ms": 0,
+            "shadow": False,
+            "produce_value": 1234.0,
+            "produce_limit": 1e6,
+            "produce_throttle_ms": 0,
+            "request_value": 0.25,
+            "request_limit": 50.0,
+            "request_throttle_ms": 0,
+            "rejected_topics": 0,
+            "scope": "broker 1",
+            "req_ts_ms": 1_767_225_600_000,
+        }
 
     events = [event(i) for i in range(n)]
     print(f"{n:,} events of {len(events[0])} keys; load average {os.getloadavg()[0]:.1f} (2 cores)")
@@ -154,9 +180,11 @@ def bench_writer(args: argparse.Namespace) -> int:
             log2.emit(e)
         emit2_s = time.perf_counter() - t
         log2.close()
-        print(f"{fmt:8} emit {emit_s / n * 1e9:6.0f} ns/event ({n / emit_s / 1e6:.2f} M/s) idle writer, "
-              f"{emit2_s / n * 1e9:6.0f} ns/event with the writer running | writer {n / write_s:,.0f} events/s | "
-              f"{size / n:.1f} bytes/event on disk | files {log.files}, dropped {log.dropped + log2.dropped}")
+        print(
+            f"{fmt:8} emit {emit_s / n * 1e9:6.0f} ns/event ({n / emit_s / 1e6:.2f} M/s) idle writer, "
+            f"{emit2_s / n * 1e9:6.0f} ns/event with the writer running | writer {n / write_s:,.0f} events/s | "
+            f"{size / n:.1f} bytes/event on disk | files {log.files}, dropped {log.dropped + log2.dropped}"
+        )
     return 0
 
 

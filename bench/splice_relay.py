@@ -31,8 +31,9 @@ _SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 class _Connection:
     """One client and its upstream connection; closes both (and the pipe) when either side ends."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, client: socket.socket, upstream: socket.socket,
-                 pipe_size: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, client: socket.socket, upstream: socket.socket, pipe_size: int
+    ) -> None:
         self.loop = loop
         self.client, self.upstream = client, upstream
         self.cfd, self.ufd = client.fileno(), upstream.fileno()

@@ -35,9 +35,10 @@ SMOOTH_BURST_S = 0.1
 
 def proxy_extra(enforcement: str) -> dict:
     """The proxy's config: the demo's quota, enforced the way ``enforcement`` says."""
-    extra: dict = {"quotas.enforcement": enforcement,
-                   "quotas.entities": [{"entity": {"client-id": "demo-producer"},
-                                        "quotas": {"producer_byte_rate": QUOTA}}]}
+    extra: dict = {
+        "quotas.enforcement": enforcement,
+        "quotas.entities": [{"entity": {"client-id": "demo-producer"}, "quotas": {"producer_byte_rate": QUOTA}}],
+    }
     if enforcement == "smooth":
         extra["quotas.smooth_burst_seconds"] = SMOOTH_BURST_S
     return extra
@@ -48,9 +49,24 @@ def _trace(seconds: float, workdir: Path, enforcement: str) -> list[tuple[float,
         proxy = ProxyProcess(workdir, cluster.bootstrap, extra=proxy_extra(enforcement)).start()
         try:
             trace = workdir / "trace.csv"
-            subprocess.run([sys.executable, "-m", "scripts.demo_producer", "--bootstrap-server", proxy.bootstrap,
-                            "--quota", str(QUOTA), "--seconds", str(seconds), "--trace", str(trace)],
-                           cwd=REPO, check=True, timeout=seconds + 180)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "scripts.demo_producer",
+                    "--bootstrap-server",
+                    proxy.bootstrap,
+                    "--quota",
+                    str(QUOTA),
+                    "--seconds",
+                    str(seconds),
+                    "--trace",
+                    str(trace),
+                ],
+                cwd=REPO,
+                check=True,
+                timeout=seconds + 180,
+            )
         finally:
             proxy.terminate()
     with trace.open() as f:
@@ -76,8 +92,10 @@ def _plot(points: list[tuple[float, int]], out: Path, enforcement: str) -> list[
     bins = [i * 0.5 for i in range(int(end / 0.5) + 1)]
     cum = [_cum_at(points, t) for t in bins]
     rate = [(cum[i] - cum[i - 1]) / 0.5 / QUOTA for i in range(1, len(bins))]
-    windowed = [(cum[i] - cum[max(0, i - int(WINDOW_S / 0.5))]) / min(bins[i], WINDOW_S) / QUOTA
-                if bins[i] > 0 else 0.0 for i in range(1, len(bins))]
+    windowed = [
+        (cum[i] - cum[max(0, i - int(WINDOW_S / 0.5))]) / min(bins[i], WINDOW_S) / QUOTA if bins[i] > 0 else 0.0
+        for i in range(1, len(bins))
+    ]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     top.step(bins[1:], rate, where="post", lw=0.8, label="acknowledged, 0.5 s bins")
     smooth = enforcement == "smooth"
@@ -87,14 +105,26 @@ def _plot(points: list[tuple[float, int]], out: Path, enforcement: str) -> list[
     # kafka mode: the bursts set the scale; smooth: room above the quota so the bins' spread stays visible
     top.set_ylim(0, max(2.0, min(max(rate) * 1.05, 12)))
     top.legend(loc="upper right", fontsize=8)
-    top.set_title("A producer at full speed under a 1 MiB/s quota, through the proxy " +
-                  (f"(enforcement: smooth, burst {SMOOTH_BURST_S:g} s)" if smooth else "(Kafka's default window)"))
+    top.set_title(
+        "A producer at full speed under a 1 MiB/s quota, through the proxy "
+        + (f"(enforcement: smooth, burst {SMOOTH_BURST_S:g} s)" if smooth else "(Kafka's default window)")
+    )
     bottom.plot(bins, [c / (1 << 20) for c in cum], label="acknowledged, cumulative")
-    bottom.plot(bins, [(t + WINDOW_S) for t in bins], "k--", lw=1,
-                label="Kafka's bound: quota x (t + 11 s)" if smooth else "bound: quota x (t + 11 s)")
+    bottom.plot(
+        bins,
+        [(t + WINDOW_S) for t in bins],
+        "k--",
+        lw=1,
+        label="Kafka's bound: quota x (t + 11 s)" if smooth else "bound: quota x (t + 11 s)",
+    )
     if smooth:
-        bottom.plot(bins, [(t + SMOOTH_BURST_S) for t in bins], "r--", lw=1,
-                    label=f"smooth's bound: quota x (t + {SMOOTH_BURST_S:g} s)")
+        bottom.plot(
+            bins,
+            [(t + SMOOTH_BURST_S) for t in bins],
+            "r--",
+            lw=1,
+            label=f"smooth's bound: quota x (t + {SMOOTH_BURST_S:g} s)",
+        )
     bottom.plot(bins, bins, "k:", lw=1, label="quota x t")
     bottom.set_xlabel("seconds since the producer started")
     bottom.set_ylabel("MiB")
@@ -114,22 +144,31 @@ def _plot(points: list[tuple[float, int]], out: Path, enforcement: str) -> list[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--enforcement", choices=("kafka", "smooth"), default="kafka",
-                    help="the proxy's quotas.enforcement (default kafka, Kafka's own semantics)")
+    ap.add_argument(
+        "--enforcement",
+        choices=("kafka", "smooth"),
+        default="kafka",
+        help="the proxy's quotas.enforcement (default kafka, Kafka's own semantics)",
+    )
     ap.add_argument("--out", type=Path, help="default docs/throttle-shape.png (kafka), docs/throttle-shape-smooth.png")
     args = ap.parse_args()
-    out = args.out or REPO / "docs" / ("throttle-shape-smooth.png" if args.enforcement == "smooth"
-                                       else "throttle-shape.png")
+    out = args.out or REPO / "docs" / (
+        "throttle-shape-smooth.png" if args.enforcement == "smooth" else "throttle-shape.png"
+    )
     with tempfile.TemporaryDirectory(prefix="ktp-shape-") as tmp:
         t0 = time.monotonic()
         points = _trace(args.seconds, Path(tmp), args.enforcement)
     rows = _plot(points, out, args.enforcement)
     end, total = points[-1]
     bound_s = SMOOTH_BURST_S if args.enforcement == "smooth" else WINDOW_S
-    print(f"enforcement {args.enforcement}; load average {os.getloadavg()[0]:.1f}; run {time.monotonic() - t0:.0f} s; "
-          f"plot: {out}")
-    print(f"acked {total / (1 << 20):.1f} MiB in {end:.1f} s = {total / end / QUOTA:.2f} x quota on average; "
-          f"bound quota x (t + {bound_s:g} s) = {(end + bound_s):.1f} MiB")
+    print(
+        f"enforcement {args.enforcement}; load average {os.getloadavg()[0]:.1f}; run {time.monotonic() - t0:.0f} s; "
+        f"plot: {out}"
+    )
+    print(
+        f"acked {total / (1 << 20):.1f} MiB in {end:.1f} s = {total / end / QUOTA:.2f} x quota on average; "
+        f"bound quota x (t + {bound_s:g} s) = {(end + bound_s):.1f} MiB"
+    )
     print("| burst starts at (s) | 0.5 s rate (MiB/s) | acknowledged so far (MiB) |\n|---:|---:|---:|")
     for t, r, c in rows:
         print(f"| {t:.1f} | {r:.1f} | {c:.1f} |")

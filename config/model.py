@@ -424,23 +424,33 @@ class ProxyConfig(_Strict):
         if self.quotas.scope == "fleet" and not self.fleet.name:
             raise ValueError("quotas.scope fleet needs fleet.name (the members that share usage)")
         if self.quotas.scope == "fleet" and self.fleet.secret() is None:
-            raise ValueError("quotas.scope fleet needs fleet.secret_file or fleet.secret_env: the members "
-                             "authenticate each other's records with it (docs/fleet.md)")
+            raise ValueError(
+                "quotas.scope fleet needs fleet.secret_file or fleet.secret_env: the members "
+                "authenticate each other's records with it (docs/fleet.md)"
+            )
         return self
 
     @model_validator(mode="after")
     def _fixed_ports_for_workers(self) -> Self:
         if self.workers > 1:
             if self.listen.bootstrap_port == 0:
-                raise ValueError(f"workers: {self.workers} needs a fixed listen.bootstrap_port, not 0 (every "
-                                 "process listens on the same port)")
+                raise ValueError(
+                    f"workers: {self.workers} needs a fixed listen.bootstrap_port, not 0 (every "
+                    "process listens on the same port)"
+                )
             if self.listen.broker_ports == "ephemeral":
-                raise ValueError(f"workers: {self.workers} needs a listen.broker_ports range, not ephemeral (a "
-                                 "broker's port must be the same in every process)")
+                raise ValueError(
+                    f"workers: {self.workers} needs a listen.broker_ports range, not ephemeral (a "
+                    "broker's port must be the same in every process)"
+                )
             if self.metrics.port == 0:
-                raise ValueError(f"workers: {self.workers} needs a fixed metrics.port, not 0 (worker i serves "
-                                 "its metrics on metrics.port + i)")
+                raise ValueError(
+                    f"workers: {self.workers} needs a fixed metrics.port, not 0 (worker i serves "
+                    "its metrics on metrics.port + i)"
+                )
             if self.quotas.admins and not self.quotas.state_file:
-                raise ValueError(f"workers: {self.workers} with quotas.admins needs quotas.state_file (a quota "
-                                 "altered through one worker reaches the others through it)")
+                raise ValueError(
+                    f"workers: {self.workers} with quotas.admins needs quotas.state_file (a quota "
+                    "altered through one worker reaches the others through it)"
+                )
         return self

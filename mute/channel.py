@@ -28,8 +28,9 @@ class ChannelMute:
 
     __slots__ = ("_loop", "_pause", "_resume", "_until", "_timer", "held")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pause: Callable[[], None],
-                 resume: Callable[[bool], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, pause: Callable[[], None], resume: Callable[[bool], None]
+    ) -> None:
         self._loop = loop
         self._pause = pause
         self._resume = resume

@@ -78,9 +78,7 @@ class BrokerDirectory:
                     if ep.node_id not in self.ports:
                         port = await self._listen(ep.node_id)
                         self.ports[ep.node_id] = port
-                        log.info(
-                            "broker %d (%s:%d) is served at %s:%d", ep.node_id, *addr, self._advertised, port
-                        )
+                        log.info("broker %d (%s:%d) is served at %s:%d", ep.node_id, *addr, self._advertised, port)
 
     async def _listen(self, node_id: int) -> int:
         """Start broker ``node_id``'s listener on its port, or on the next free one of the range when something
@@ -92,8 +90,12 @@ class BrokerDirectory:
             except OSError as exc:
                 if port == 0 or self._fixed:
                     raise
-                log.warning("broker_ports: port %d is not available for broker %d (%s); trying the next one",
-                            port, node_id, exc.strerror or exc)
+                log.warning(
+                    "broker_ports: port %d is not available for broker %d (%s); trying the next one",
+                    port,
+                    node_id,
+                    exc.strerror or exc,
+                )
                 self._unavailable.add(port)
 
     def _choose_port(self, node_id: int) -> int:
@@ -105,8 +107,10 @@ class BrokerDirectory:
         if node_id >= 0 and preferred <= last and preferred not in used:
             return preferred
         if self._fixed:
-            raise NoBrokerPort(f"broker_ports {first}-{last}: with workers, broker {node_id} must be served at "
-                               f"{first} + {node_id} = {preferred}, outside the range; make the range reach it")
+            raise NoBrokerPort(
+                f"broker_ports {first}-{last}: with workers, broker {node_id} must be served at "
+                f"{first} + {node_id} = {preferred}, outside the range; make the range reach it"
+            )
         for port in range(first, last + 1):
             if port not in used:
                 return port

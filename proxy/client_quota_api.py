@@ -67,26 +67,40 @@ def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], s
     return entries
 
 
-def describe(sources: QuotaSources, body, version: int, principal: str, describers: frozenset[str],
-             ip_quotas: IpQuotas | None = None) -> bytes:
+def describe(
+    sources: QuotaSources,
+    body,
+    version: int,
+    principal: str,
+    describers: frozenset[str],
+    ip_quotas: IpQuotas | None = None,
+) -> bytes:
     """The response body for a DescribeClientQuotas request body, when ``principal`` may describe."""
     req = decode_body(DescribeClientQuotasRequest, body, version)
     if principal not in describers:
-        return bytes(DescribeClientQuotasResponse(
-            throttle_time_ms=0, error_code=CLUSTER_AUTHORIZATION_FAILED,
-            error_message="not authorized to describe client quotas at this proxy", entries=None,
-        ).encode(version=version))
+        return bytes(
+            DescribeClientQuotasResponse(
+                throttle_time_ms=0,
+                error_code=CLUSTER_AUTHORIZATION_FAILED,
+                error_message="not authorized to describe client quotas at this proxy",
+                entries=None,
+            ).encode(version=version)
+        )
     components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in req.components or ()]
     try:
         found = sources.store.describe(components, strict=bool(req.strict))
     except UnsupportedEntityTypeError as exc:
-        return bytes(DescribeClientQuotasResponse(
-            throttle_time_ms=0, error_code=UNSUPPORTED_VERSION, error_message=str(exc), entries=None
-        ).encode(version=version))
+        return bytes(
+            DescribeClientQuotasResponse(
+                throttle_time_ms=0, error_code=UNSUPPORTED_VERSION, error_message=str(exc), entries=None
+            ).encode(version=version)
+        )
     except QuotaFilterError as exc:
-        return bytes(DescribeClientQuotasResponse(
-            throttle_time_ms=0, error_code=INVALID_REQUEST, error_message=str(exc), entries=None
-        ).encode(version=version))
+        return bytes(
+            DescribeClientQuotasResponse(
+                throttle_time_ms=0, error_code=INVALID_REQUEST, error_message=str(exc), entries=None
+            ).encode(version=version)
+        )
     entry_cls = DescribeClientQuotasResponse.EntryData
     entries = [
         entry_cls(
@@ -95,12 +109,18 @@ def describe(sources: QuotaSources, body, version: int, principal: str, describe
         )
         for entity, quotas in found.items()
     ]
-    entries += [entry_cls(entity=[entry_cls.EntityData(entity_type=ENTITY_IP, entity_name=n)],
-                          values=[entry_cls.ValueData(key=CONNECTION_CREATION_RATE, value=r)])
-                for n, r in _ip_entries(ip_quotas, components, bool(req.strict))]
-    return bytes(DescribeClientQuotasResponse(
-        throttle_time_ms=0, error_code=NONE, error_message=None, entries=entries
-    ).encode(version=version))
+    entries += [
+        entry_cls(
+            entity=[entry_cls.EntityData(entity_type=ENTITY_IP, entity_name=n)],
+            values=[entry_cls.ValueData(key=CONNECTION_CREATION_RATE, value=r)],
+        )
+        for n, r in _ip_entries(ip_quotas, components, bool(req.strict))
+    ]
+    return bytes(
+        DescribeClientQuotasResponse(throttle_time_ms=0, error_code=NONE, error_message=None, entries=entries).encode(
+            version=version
+        )
+    )
 
 
 def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
@@ -120,16 +140,19 @@ def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
             ip_quotas.alter(name, value)
 
 
-def alter(sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str],
-          ip_quotas: IpQuotas | None = None) -> bytes:
+def alter(
+    sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str], ip_quotas: IpQuotas | None = None
+) -> bytes:
     """The response body for an AlterClientQuotas request body, applying the valid entries (unless
     validate-only) when ``principal`` is an admin. Each entry stands or falls on its own, as in Kafka."""
     req = decode_body(AlterClientQuotasRequest, body, version)
     entry_cls = AlterClientQuotasResponse.EntryData
     results = []
     for entry in _array(req.entries, "AlterClientQuotas entries"):
-        wire_entity = [entry_cls.EntityData(entity_type=e.entity_type, entity_name=e.entity_name)
-                       for e in _array(entry.entity, "AlterClientQuotas entity")]
+        wire_entity = [
+            entry_cls.EntityData(entity_type=e.entity_type, entity_name=e.entity_name)
+            for e in _array(entry.entity, "AlterClientQuotas entity")
+        ]
         _array(entry.ops, "AlterClientQuotas ops")
         code, message = NONE, None
         if principal not in admins:

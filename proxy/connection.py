@@ -59,11 +59,17 @@ _SIZE = struct.Struct(">i")
 
 
 _ERROR_KINDS = (
-    ("request stream", "bad_frame"), ("malformed", "malformed_request"), ("SASL", "sasl"),
-    ("request timeout", "request_timeout"), ("broker timeout", "broker_timeout"),
-    ("no broker reachable", "broker_unreachable"), ("client certificate refused", "tls"),
-    ("response stream from broker", "bad_response"), ("cannot process response", "bad_response"),
-    ("cannot rewrite broker addresses", "listener"), ("cannot decide", "decide_failed"),
+    ("request stream", "bad_frame"),
+    ("malformed", "malformed_request"),
+    ("SASL", "sasl"),
+    ("request timeout", "request_timeout"),
+    ("broker timeout", "broker_timeout"),
+    ("no broker reachable", "broker_unreachable"),
+    ("client certificate refused", "tls"),
+    ("response stream from broker", "bad_response"),
+    ("cannot process response", "bad_response"),
+    ("cannot rewrite broker addresses", "listener"),
+    ("cannot decide", "decide_failed"),
     ("cannot process a request", "internal"),
 )
 
@@ -74,7 +80,6 @@ def error_kind(reason: str) -> str:
         if reason.startswith(prefix):
             return kind
     return "protocol"
-
 
 
 @dataclass(slots=True)
@@ -206,8 +211,9 @@ class Connection:
         self.upstream_addr: tuple[str, int] | None = None
         # The ordering state (in flight, held, SASL), sans-IO. The identity: SASL principal once an exchange
         # succeeds, else the client certificate's mapped name, else ANONYMOUS.
-        self.session = Session(ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim),
-                               services.version_caps)
+        self.session = Session(
+            ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim), services.version_caps
+        )
         self.inflight = self.session.inflight
         self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
         self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
@@ -263,8 +269,7 @@ class Connection:
         if refusal is not None:  # over a connection limit: never served, closed at once or after the throttle
             if refusal.close_after_ms > 0:
                 self.pause(self.client, "refused")
-                self._refused_timer = asyncio.get_running_loop().call_later(refusal.close_after_ms / 1000,
-                                                                            self.close)
+                self._refused_timer = asyncio.get_running_loop().call_later(refusal.close_after_ms / 1000, self.close)
             else:
                 self.close()
             return
@@ -272,7 +277,8 @@ class Connection:
         if self.services.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
             try:
                 self.identity.tls_principal = peer_principal(
-                    transport.get_extra_info("ssl_object"), self.services.principal_mapper)
+                    transport.get_extra_info("ssl_object"), self.services.principal_mapper
+                )
             except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
                 self.close(f"client certificate refused: {exc}")
                 return
@@ -286,11 +292,13 @@ class Connection:
             if self.closed:
                 return
             try:
-                await asyncio.wait_for(loop.create_connection(self._upstream_protocol, host, port,
-                                                                   ssl=self.services.upstream_ssl), timeout)
+                await asyncio.wait_for(
+                    loop.create_connection(self._upstream_protocol, host, port, ssl=self.services.upstream_ssl), timeout
+                )
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-                log.warning("%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port,
-                            exc or "timeout")
+                log.warning(
+                    "%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port, exc or "timeout"
+                )
                 continue
             self.upstream_addr = (host, port)
             if self.closed:  # the client left while we were connecting
@@ -327,30 +335,51 @@ class Connection:
         if self.closed:
             return
         cfg = self.services.config
-        if (self._frame_since is not None and not self.client.pauses
-                and now - self._frame_since > cfg.request_read_timeout_ms / 1000):
-            self.close(f"request timeout: a request frame was still incomplete after {cfg.request_read_timeout_ms} "
-                       f"ms ({self._requests.held_bytes} bytes received)")
+        if (
+            self._frame_since is not None
+            and not self.client.pauses
+            and now - self._frame_since > cfg.request_read_timeout_ms / 1000
+        ):
+            self.close(
+                f"request timeout: a request frame was still incomplete after {cfg.request_read_timeout_ms} "
+                f"ms ({self._requests.held_bytes} bytes received)"
+            )
             return
         head = self.inflight.head()
-        if (head is not None and head.local is None
-                and now - head.sent_at > (head.wait_ms + cfg.upstream_timeout_margin_ms) / 1000):
+        if (
+            head is not None
+            and head.local is None
+            and now - head.sent_at > (head.wait_ms + cfg.upstream_timeout_margin_ms) / 1000
+        ):
             host, port = self.upstream_addr or ("?", 0)
-            what = "raw SASL token" if head.header is RAW else (
-                f"{api_name(head.header.api_key)} v{head.header.api_version}")
-            self.close(f"broker timeout: broker {host}:{port} did not answer {what} within "
-                       f"{head.wait_ms + cfg.upstream_timeout_margin_ms} ms (its own wait "
-                       f"{head.wait_ms} ms + upstream_timeout_margin_ms)")
+            what = (
+                "raw SASL token"
+                if head.header is RAW
+                else (f"{api_name(head.header.api_key)} v{head.header.api_version}")
+            )
+            self.close(
+                f"broker timeout: broker {host}:{port} did not answer {what} within "
+                f"{head.wait_ms + cfg.upstream_timeout_margin_ms} ms (its own wait "
+                f"{head.wait_ms} ms + upstream_timeout_margin_ms)"
+            )
             return
         quiet = now - self.last_active
-        if (quiet > cfg.connections_max_idle_ms / 1000 and not self.inflight and self._requests.idle
-                and not self._responses.streaming):
-            log.debug("%s via %s: idle for %d ms; closing (connections_max_idle_ms)", self.peer, self.label,
-                      quiet * 1000)
+        if (
+            quiet > cfg.connections_max_idle_ms / 1000
+            and not self.inflight
+            and self._requests.idle
+            and not self._responses.streaming
+        ):
+            log.debug(
+                "%s via %s: idle for %d ms; closing (connections_max_idle_ms)", self.peer, self.label, quiet * 1000
+            )
             self.close()
             return
-        if quiet > 5 and self.session.held_responses is None and (self.client.transport is None
-                                                or self.client.transport.get_write_buffer_size() == 0):
+        if (
+            quiet > 5
+            and self.session.held_responses is None
+            and (self.client.transport is None or self.client.transport.get_write_buffer_size() == 0)
+        ):
             self._responses.shrink()
 
     def drain(self) -> None:
@@ -384,10 +413,16 @@ class Connection:
         for task in list(self._tasks):
             task.cancel()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
-                      self.peer, self.label, self._responses.allocations,
-                      ", ".join(f"{api} {'streamed' if s else 'assembled'} ×{n}" for (api, s), n in
-                                sorted(self._decided.items())) or "none")
+            log.debug(
+                "%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
+                self.peer,
+                self.label,
+                self._responses.allocations,
+                ", ".join(
+                    f"{api} {'streamed' if s else 'assembled'} ×{n}" for (api, s), n in sorted(self._decided.items())
+                )
+                or "none",
+            )
         for side in (self.client, self.upstream):
             if side.transport is not None:
                 side.transport.close()  # flushes what is already written
@@ -409,8 +444,14 @@ class Connection:
     def idle_for_shedding(self, now: float, min_idle_s: float) -> bool:
         """Whether closing this connection loses nothing: nothing in flight, in the middle of arriving, or
         streaming, and no traffic for ``min_idle_s`` (asked only when room must be made, never per request)."""
-        return (not self.closed and not self.inflight and self._requests.idle and not self._responses.streaming
-                and self.session.deferred is None and now - self.last_active >= min_idle_s)
+        return (
+            not self.closed
+            and not self.inflight
+            and self._requests.idle
+            and not self._responses.streaming
+            and self.session.deferred is None
+            and now - self.last_active >= min_idle_s
+        )
 
     # -- requests: client → broker -----------------------------------------------------------------
     def requests_received(self, data: bytes) -> None:
@@ -613,8 +654,7 @@ class Connection:
         body (after its header). It is answered in order, like the client's requests, so it sees the cluster
         as the client's next request will."""
         fut = asyncio.get_running_loop().create_future()
-        self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, monotonic(),
-                                                                    fut))
+        self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, monotonic(), fut))
         return fut
 
     # -- responses: broker → client ----------------------------------------------------------------
@@ -623,8 +663,7 @@ class Connection:
         only once the client transport has sent them all (it keeps views, not copies) and nothing is
         held for a new listener; otherwise the read goes to fresh space."""
         transport = self.client.transport
-        reusable = self.session.held_responses is None and (transport is None
-                                                             or transport.get_write_buffer_size() == 0)
+        reusable = self.session.held_responses is None and (transport is None or transport.get_write_buffer_size() == 0)
         return self._responses.get_buffer(reusable)
 
     def _may_stream(self, head: memoryview) -> bool:
@@ -657,15 +696,18 @@ class Connection:
         n = len(data)
         now = self._read_from_broker(n)
         responses = self._responses
-        if (4 < n <= SMALL_RESPONSE_BYTES and responses.idle
-                and (data[0] << 24 | data[1] << 16 | data[2] << 8 | data[3]) + 4 == n):
+        if (
+            4 < n <= SMALL_RESPONSE_BYTES
+            and responses.idle
+            and (data[0] << 24 | data[1] << 16 | data[2] << 8 | data[3]) + 4 == n
+        ):
             self._deliver([data], now)
             return
         pos = 0
         while pos < n and not self.closed:
             room = self.response_buffer()
             k = min(len(room), n - pos)
-            room[:k] = data if k == n else data[pos:pos + k]
+            room[:k] = data if k == n else data[pos : pos + k]
             responses.add(k)
             pos += k
             self._deliver(None, now)
@@ -726,8 +768,7 @@ class Connection:
             return
         if out:
             self.client.transport.writelines(out)
-        if (self.draining and not self.inflight and session.held_responses is None
-                and not self._responses.streaming):
+        if self.draining and not self.inflight and session.held_responses is None and not self._responses.streaming:
             self.close()
 
     def _release_local(self, out: list, now: float) -> None:
@@ -792,12 +833,23 @@ class Connection:
         if sasl_released:
             asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
         identity = session.identity
-        if (pending.header.api_key in (Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE) and not identity.in_progress
-                and identity.last_failure and not identity.authenticated):
+        if (
+            pending.header.api_key in (Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE)
+            and not identity.in_progress
+            and identity.last_failure
+            and not identity.authenticated
+        ):
             log.info("%s via %s: %s", self.peer, self.label, printable(identity.last_failure))
         services = self.services
-        result = inspect_response(pending, body, services.directory, services.topic_ids, services.version_caps,
-                                  self._shape, services.policy.guard)
+        result = inspect_response(
+            pending,
+            body,
+            services.directory,
+            services.topic_ids,
+            services.version_caps,
+            self._shape,
+            services.policy.guard,
+        )
         if result is None:
             self._finish(pending, frame, out, now)
         elif isinstance(result, AddressEdit):

@@ -79,9 +79,15 @@ def topic_name(fleet: str) -> str:
 
 
 class FleetSync:
-    def __init__(self, config: ProxyConfig, manager: QuotaManager, now_ms: Callable[[], int],
-                 sources: QuotaSources | None = None, guard: ProtectedTopics | None = None,
-                 worker: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        manager: QuotaManager,
+        now_ms: Callable[[], int],
+        sources: QuotaSources | None = None,
+        guard: ProtectedTopics | None = None,
+        worker: int | None = None,
+    ) -> None:
         """``worker``: this process's index among the host's workers (None: a single process); workers of one host
         are members of their own, so each needs its own id."""
         fc = config.fleet
@@ -98,8 +104,11 @@ class FleetSync:
         self.alters_published = self.alters_taken_in = 0
         if sources is not None:
             sources.on_alter = self._altered_here
-        self.member = (fc.member + (f"-w{worker}" if worker is not None else "") if fc.member
-                       else f"{socket.gethostname()}-{os.getpid()}")
+        self.member = (
+            fc.member + (f"-w{worker}" if worker is not None else "")
+            if fc.member
+            else f"{socket.gethostname()}-{os.getpid()}"
+        )
         self.interval_s = fc.sync_interval_ms / 1000
         self.servers = fc.bootstrap_servers or config.upstream.bootstrap_servers
         self.client = dict(fc.client)
@@ -141,25 +150,37 @@ class FleetSync:
     def gauges(self) -> dict[str, tuple[str, float]]:
         return {
             "ktp_fleet_members": ("Fleet members heard from in the last 10 s, this one included", self.members()),
-            "ktp_fleet_connected": ("1 while the fleet topic is reachable (0: enforcing local usage only)",
-                                    float(self.connected)),
+            "ktp_fleet_connected": (
+                "1 while the fleet topic is reachable (0: enforcing local usage only)",
+                float(self.connected),
+            ),
             "ktp_fleet_reports_sent": ("Usage reports this member published", self.sent),
             "ktp_fleet_reports_received": ("Usage reports from other members folded in", self.received),
             "ktp_fleet_usage_applied": ("Bucket usages from other members recorded here", self.applied),
             "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
-            "ktp_fleet_usage_dropped": ("Own usage not published: reports the topic refused, bucket usages over the "
-                                        "ledger's bound", self.dropped + (self.manager.ledger.dropped
-                                                                          if self.manager.ledger else 0)),
+            "ktp_fleet_usage_dropped": (
+                "Own usage not published: reports the topic refused, bucket usages over the ledger's bound",
+                self.dropped + (self.manager.ledger.dropped if self.manager.ledger else 0),
+            ),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
-            "ktp_fleet_usage_unnamed": ("Bucket usages of other members dropped before any report had named the "
-                                        "bucket here (a member's first seconds)", self.fold.unnamed),
-            "ktp_fleet_sync_delay_p99_ms": ("99th percentile of the last 4096 reports' delay from their member's "
-                                            "drain to their fold here (ms)", self.delay_p99()),
-            "ktp_fleet_records_unauthenticated": ("Records on the fleet's topics ignored for a missing or wrong MAC "
-                                                  "(written by something other than a member)",
-                                                  self.unauthenticated),
-            "ktp_fleet_quota_alters_published": ("Quota alters made here and published to the fleet",
-                                                 self.alters_published),
+            "ktp_fleet_usage_unnamed": (
+                "Bucket usages of other members dropped before any report had named the "
+                "bucket here (a member's first seconds)",
+                self.fold.unnamed,
+            ),
+            "ktp_fleet_sync_delay_p99_ms": (
+                "99th percentile of the last 4096 reports' delay from their member's drain to their fold here (ms)",
+                self.delay_p99(),
+            ),
+            "ktp_fleet_records_unauthenticated": (
+                "Records on the fleet's topics ignored for a missing or wrong MAC "
+                "(written by something other than a member)",
+                self.unauthenticated,
+            ),
+            "ktp_fleet_quota_alters_published": (
+                "Quota alters made here and published to the fleet",
+                self.alters_published,
+            ),
             "ktp_fleet_quota_alters_taken_in": ("Quota alters of other members taken in", self.alters_taken_in),
         }
 
@@ -175,16 +196,26 @@ class FleetSync:
         try:
             self.alters.put_nowait((entity, layer))
         except asyncio.QueueFull:
-            log.warning("fleet %s: %d quota alters waiting for the topic; the alter of %s stays local to this "
-                        "member", self.quota_topic, self.alters.qsize(), entity)
+            log.warning(
+                "fleet %s: %d quota alters waiting for the topic; the alter of %s stays local to this member",
+                self.quota_topic,
+                self.alters.qsize(),
+                entity,
+            )
 
     def _warn(self, what: str, exc: BaseException) -> None:
         self.errors += 1
         now = time.monotonic()
         if now - self._last_warning >= WARN_EVERY_S:
             self._last_warning = now
-            log.warning("fleet %s: %s (%s: %s); enforcing this member's own usage only until it recovers "
-                        "(%d failures so far)", self.topic, what, type(exc).__name__, exc, self.errors)
+            log.warning(
+                "fleet %s: %s (%s: %s); enforcing this member's own usage only until it recovers (%d failures so far)",
+                self.topic,
+                what,
+                type(exc).__name__,
+                exc,
+                self.errors,
+            )
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -196,12 +227,22 @@ class FleetSync:
             producer = consumer = None
             try:
                 await self._ensure_topic()
-                producer = AIOKafkaProducer(bootstrap_servers=self.servers, acks=1, linger_ms=0,
-                                            request_timeout_ms=5_000, client_id=f"ktp-fleet-{self.member}",
-                                            **self.client)
-                consumer = AIOKafkaConsumer(bootstrap_servers=self.servers, enable_auto_commit=False,
-                                            group_id=None, client_id=f"ktp-fleet-{self.member}",
-                                            fetch_max_wait_ms=100, **self.client)
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.servers,
+                    acks=1,
+                    linger_ms=0,
+                    request_timeout_ms=5_000,
+                    client_id=f"ktp-fleet-{self.member}",
+                    **self.client,
+                )
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.servers,
+                    enable_auto_commit=False,
+                    group_id=None,
+                    client_id=f"ktp-fleet-{self.member}",
+                    fetch_max_wait_ms=100,
+                    **self.client,
+                )
                 await producer.start()
                 await consumer.start()
                 tp, qtp = TopicPartition(self.topic, 0), TopicPartition(self.quota_topic, 0)
@@ -210,8 +251,9 @@ class FleetSync:
                 await consumer.seek_to_beginning(qtp)  # compacted: the last alter of every entity
                 self.connected = True
                 backoff = 1.0
-                log.info("fleet %s: member %s publishing every %d ms", self.topic, self.member,
-                         round(self.interval_s * 1000))
+                log.info(
+                    "fleet %s: member %s publishing every %d ms", self.topic, self.member, round(self.interval_s * 1000)
+                )
                 await asyncio.gather(self._publish(producer), self._read(consumer), self._publish_alters(producer))
             except asyncio.CancelledError:
                 raise
@@ -240,8 +282,10 @@ class FleetSync:
                 await self._learn_ids(admin)
                 return
             rf = min(3, max(1, len((await admin.describe_cluster())["brokers"])))
-            wanted = {self.topic: {"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"},
-                      self.quota_topic: {"cleanup.policy": "compact"}}
+            wanted = {
+                self.topic: {"retention.ms": str(RETENTION_MS), "cleanup.policy": "delete"},
+                self.quota_topic: {"cleanup.policy": "compact"},
+            }
             for name, configs in wanted.items():
                 if name not in existing:
                     with contextlib.suppress(TopicAlreadyExistsError):  # another member created it meanwhile
@@ -269,8 +313,9 @@ class FleetSync:
             entity, layer = await self.alters.get()
             key, value = encode_quota_record(entity, layer)
             try:
-                await producer.send_and_wait(self.quota_topic, value, key=key, headers=self._mac(self.quota_topic,
-                                                                                                  key, value))
+                await producer.send_and_wait(
+                    self.quota_topic, value, key=key, headers=self._mac(self.quota_topic, key, value)
+                )
             except Exception:
                 self._altered_here(entity, layer)  # again after the reconnect
                 raise
@@ -363,9 +408,12 @@ class FleetSync:
         if not authentic(self.secret, topic, key, value, headers):
             self.unauthenticated += 1
             if self.unauthenticated == 1 or self.unauthenticated % 1000 == 0:
-                log.warning("fleet %s: ignored a record without a valid MAC (written by something other than a "
-                            "member, or altered; %d so far): check the cluster's ACLs on the fleet's topics",
-                            topic, self.unauthenticated)
+                log.warning(
+                    "fleet %s: ignored a record without a valid MAC (written by something other than a "
+                    "member, or altered; %d so far): check the cluster's ACLs on the fleet's topics",
+                    topic,
+                    self.unauthenticated,
+                )
             return
         if topic == self.topic:
             self._fold(value)

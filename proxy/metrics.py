@@ -31,7 +31,6 @@ def _metric_name(group: str, name: str) -> str:
     return f"ktp_{group.lower()}_{name.replace('-', '_')}"
 
 
-
 def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
     """A counter family with one series per key of ``counts`` (a bounded vocabulary: reasons, kinds, API labels)."""
     family = CounterMetricFamily(name, doc, labels=[label])
@@ -39,11 +38,16 @@ def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> Counte
         family.add_metric([key], n)
     return family
 
+
 class _Collector:
-    def __init__(self, stats: Stats, live_connections: Callable[[], int],
-                 quota_samples: Callable[[], Iterable[QuotaSample]],
-                 log_stats: Callable[[], dict[str, int]],
-                 gauges: Callable[[], dict[str, tuple[str, float]]] = dict) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        live_connections: Callable[[], int],
+        quota_samples: Callable[[], Iterable[QuotaSample]],
+        log_stats: Callable[[], dict[str, int]],
+        gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
+    ) -> None:
         self.log_stats = log_stats
         self.gauges = gauges
         self.stats = stats
@@ -64,57 +68,84 @@ class _Collector:
             if c.requests:
                 r.add_metric([api], c.requests)
         yield r
-        lat = SummaryMetricFamily("ktp_request_latency_seconds",
-                                  "Time from forwarding a request to its response, by API", labels=["api"])
+        lat = SummaryMetricFamily(
+            "ktp_request_latency_seconds", "Time from forwarding a request to its response, by API", labels=["api"]
+        )
         for api, c in by_api:
             if c.latency_count:
                 lat.add_metric([api], count_value=c.latency_count, sum_value=c.latency_sum)
         yield lat
-        yield _by_label("ktp_connection_errors", "Connections closed on an error, by reason", "reason",
-                        s.connection_errors)
-        yield _by_label("ktp_connections_refused", "New connections refused at a connection limit, by limit",
-                        "reason", s.connections_refused)
-        yield _by_label("ktp_protected_topic_refusals", "Requests that named the proxy's own topics (the fleet's, "
-                        "the decision log's) and were refused, by API", "api", s.protected_refusals)
-        yield _by_label("ktp_connections_shed", "Connections closed to make room for another address's "
-                        "(shed_when_full), by kind", "kind", s.connections_shed)
+        yield _by_label(
+            "ktp_connection_errors", "Connections closed on an error, by reason", "reason", s.connection_errors
+        )
+        yield _by_label(
+            "ktp_connections_refused",
+            "New connections refused at a connection limit, by limit",
+            "reason",
+            s.connections_refused,
+        )
+        yield _by_label(
+            "ktp_protected_topic_refusals",
+            "Requests that named the proxy's own topics (the fleet's, the decision log's) and were refused, by API",
+            "api",
+            s.protected_refusals,
+        )
+        yield _by_label(
+            "ktp_connections_shed",
+            "Connections closed to make room for another address's (shed_when_full), by kind",
+            "kind",
+            s.connections_shed,
+        )
         for name, (doc, value) in self.gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)
-        d = CounterMetricFamily("ktp_quota_decisions", "Quota decisions, by quota kind and action",
-                                labels=["quota", "action", "shadow"])
+        d = CounterMetricFamily(
+            "ktp_quota_decisions", "Quota decisions, by quota kind and action", labels=["quota", "action", "shadow"]
+        )
         for (kind, action, shadow), n in s.decision_counts().items():
             d.add_metric([kind, action, str(shadow).lower()], n)
         yield d
         dl = self.log_stats()
         if "pid_cache_users" in dl:
-            yield GaugeMetricFamily("ktp_producerids_cache_users", "Users with producer-id bloom filters (KIP-936)",
-                                    value=dl["pid_cache_users"])
-            yield GaugeMetricFamily("ktp_producerids_cache_bytes", "Bytes of producer-id bloom filters (KIP-936)",
-                                    value=dl["pid_cache_bytes"])
+            yield GaugeMetricFamily(
+                "ktp_producerids_cache_users",
+                "Users with producer-id bloom filters (KIP-936)",
+                value=dl["pid_cache_users"],
+            )
+            yield GaugeMetricFamily(
+                "ktp_producerids_cache_bytes",
+                "Bytes of producer-id bloom filters (KIP-936)",
+                value=dl["pid_cache_bytes"],
+            )
         if "written" in dl:
-            events = CounterMetricFamily("ktp_decision_log_events", "Decision-log events, by outcome",
-                                         labels=["outcome"])
+            events = CounterMetricFamily(
+                "ktp_decision_log_events", "Decision-log events, by outcome", labels=["outcome"]
+            )
             for outcome in ("written", "dropped", "failed", "topic_sent", "topic_failed"):
                 if outcome in dl or not outcome.startswith("topic"):  # the topic's only when it is on
                     events.add_metric([outcome], dl.get(outcome, 0))
             yield events
-            yield GaugeMetricFamily("ktp_decision_log_queued", "Decision-log events waiting for the writer",
-                                    value=dl.get("queued", 0))
+            yield GaugeMetricFamily(
+                "ktp_decision_log_queued", "Decision-log events waiting for the writer", value=dl.get("queued", 0)
+            )
         families: dict[str, GaugeMetricFamily] = {}
         for group, name, user, client_id, scope, value in self.quota_samples():
             metric = _metric_name(group, name)
             fam = families.get(metric)
             if fam is None:
-                fam = families[metric] = GaugeMetricFamily(metric, f"Kafka quota metric {group} {name}",
-                                                           labels=["user", "client_id", "scope"])
+                fam = families[metric] = GaugeMetricFamily(
+                    metric, f"Kafka quota metric {group} {name}", labels=["user", "client_id", "scope"]
+                )
             fam.add_metric([user, client_id, scope], value)
         yield from families.values()
 
 
-def make_registry(stats: Stats, live_connections: Callable[[], int],
-                  quota_samples: Callable[[], Iterable[QuotaSample]],
-                  log_stats: Callable[[], dict[str, int]] = dict,
-                  gauges: Callable[[], dict[str, tuple[str, float]]] = dict) -> CollectorRegistry:
+def make_registry(
+    stats: Stats,
+    live_connections: Callable[[], int],
+    quota_samples: Callable[[], Iterable[QuotaSample]],
+    log_stats: Callable[[], dict[str, int]] = dict,
+    gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
+) -> CollectorRegistry:
     """``gauges()``: more gauges read at scrape time, name -> (help, value)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges))

@@ -106,8 +106,9 @@ def _ms(seconds: float) -> int:
 def local_frame(header: RequestHeader, body: bytes | bytearray) -> bytes:
     """A whole response frame (size prefix, response header, ``body``) answering ``header``. ``body`` may be a
     bytearray (kafka-python encodes into one): compiled, a ``bytes`` parameter would refuse it."""
-    head = encode_response_header(header.correlation_id,
-                                  bool(response_header_is_flexible(header.api_key, header.api_version)))
+    head = encode_response_header(
+        header.correlation_id, bool(response_header_is_flexible(header.api_key, header.api_version))
+    )
     return _SIZE.pack(len(head) + len(body)) + head + body
 
 
@@ -130,11 +131,20 @@ class _Bound:
     """One API's :class:`_Plan` bound to one connection's user, client id and scope: the quota handles its
     requests are charged through (see :class:`quotas.manager.Bound`), kept until the manager's stamp moves."""
 
-    __slots__ = ("at_request", "at_request_kinds", "later", "later_kinds", "later_replica", "later_replica_kinds",
-                 "pids", "plan")
+    __slots__ = (
+        "at_request",
+        "at_request_kinds",
+        "later",
+        "later_kinds",
+        "later_replica",
+        "later_replica_kinds",
+        "pids",
+        "plan",
+    )
 
-    def __init__(self, plan: _Plan, at_request: tuple[_Charged, ...], later: tuple[_Charged, ...],
-                 pids: Bound | None) -> None:
+    def __init__(
+        self, plan: _Plan, at_request: tuple[_Charged, ...], later: tuple[_Charged, ...], pids: Bound | None
+    ) -> None:
         self.plan = plan
         self.at_request = at_request
         """(kind, handle, basis) for every kind charged when the request arrives and applying to this client
@@ -174,8 +184,18 @@ class _PidMemo:
 class _ConnState:
     """What the policy keeps per connection (``PolicyConnection.policy_state``)."""
 
-    __slots__ = ("identity", "last", "last_client_id", "last_key", "last_response_at", "pid_memo",
-                 "produce_shape", "scope", "stamp", "user")
+    __slots__ = (
+        "identity",
+        "last",
+        "last_client_id",
+        "last_key",
+        "last_response_at",
+        "pid_memo",
+        "produce_shape",
+        "scope",
+        "stamp",
+        "user",
+    )
 
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
@@ -208,12 +228,32 @@ _MUTATION_BIT: Final = BIT[CONTROLLER_MUTATION_RATE]
 class Decision:
     """What the policy decided for one request, carried to its response."""
 
-    __slots__ = ("user", "client_id", "scope", "state", "throttle_ms", "later", "later_kinds", "merge", "values",
-                 "noted", "mutations", "rejected", "new_pids", "bytes_in", "api_key", "api_version", "charged_ms",
-                 "holds", "topic_partitions", "paced_ms")
+    __slots__ = (
+        "user",
+        "client_id",
+        "scope",
+        "state",
+        "throttle_ms",
+        "later",
+        "later_kinds",
+        "merge",
+        "values",
+        "noted",
+        "mutations",
+        "rejected",
+        "new_pids",
+        "bytes_in",
+        "api_key",
+        "api_version",
+        "charged_ms",
+        "holds",
+        "topic_partitions",
+        "paced_ms",
+    )
 
-    def __init__(self, state: _ConnState, client_id: str, header: RequestHeader, bytes_in: int,
-                 keep_values: bool) -> None:
+    def __init__(
+        self, state: _ConnState, client_id: str, header: RequestHeader, bytes_in: int, keep_values: bool
+    ) -> None:
         self.state = state
         """The connection's policy state (read natively at the response; the connection's own fields are not)."""
         user, scope = state.user, state.scope
@@ -310,14 +350,16 @@ class Policy:
         elif self.guard is None or self.guard.names != own:
             self.guard = ProtectedTopics(own)
         self.pid_hold_max_ms = qc.producer_id_hold_max_ms
-        pid_config = ProducerIdQuotaConfig(qc.producer_id_window_num, round(qc.producer_id_window_size_seconds),
-                                           qc.producer_id_cleanup_interval_ms)
+        pid_config = ProducerIdQuotaConfig(
+            qc.producer_id_window_num, round(qc.producer_id_window_size_seconds), qc.producer_id_cleanup_interval_ms
+        )
         if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
             self.producer_ids = ProducerIdTracker(pid_config)
         self.smooth = qc.enforcement == "smooth"
         self.quotas.configure(
             Windows.from_settings(qc.model_dump()),
-            round(qc.entity_idle_seconds * 1000), qc.max_tracked_buckets,
+            round(qc.entity_idle_seconds * 1000),
+            qc.max_tracked_buckets,
             qc.smooth_burst_seconds if self.smooth else None,
         )
 
@@ -337,8 +379,9 @@ class Policy:
 
     def upkeep(self) -> None:
         if self.sources.refresh():  # a sibling worker altered quotas through its AlterClientQuotas
-            log.info("quotas.state_file %s changed (altered through another worker); now in force",
-                     self.sources.state_file)
+            log.info(
+                "quotas.state_file %s changed (altered through another worker); now in force", self.sources.state_file
+            )
         now_ms = self._now_ms()
         self.quotas.expire(now_ms)
         self.producer_ids.cleanup(now_ms)
@@ -378,13 +421,14 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ own topics
 
-    def _refusal(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer,
-                 guard: ProtectedTopics) -> Refusal | None:
+    def _refusal(
+        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, guard: ProtectedTopics
+    ) -> Refusal | None:
         """The request names a protected topic (``protocol.topic_guard``): counted, and logged at most once per
         10 s with the number refused meanwhile (a client can send one such request after another)."""
         if header.body_offset is None:
             return None
-        refusal = check_topics(guard, header.api_key, header.api_version, memoryview(frame)[4 + header.body_offset:])
+        refusal = check_topics(guard, header.api_key, header.api_version, memoryview(frame)[4 + header.body_offset :])
         if refusal is None:
             return None
         self.stats.protected_refusals[api_label(header.api_key)] += 1
@@ -393,32 +437,45 @@ class Policy:
         now = time.monotonic()
         if now - logged[0] >= 10:
             more = f" ({logged[1] - 1} more refused since the last such line)" if logged[1] > 1 else ""
-            log.warning("%s: refused %s v%d by %s naming the proxy's own topic(s) %s%s", conn.peer,
-                        api_label(header.api_key), header.api_version, printable(conn.identity.principal),
-                        printable(", ".join(refusal.topics[:3])), more)
+            log.warning(
+                "%s: refused %s v%d by %s naming the proxy's own topic(s) %s%s",
+                conn.peer,
+                api_label(header.api_key),
+                header.api_version,
+                printable(conn.identity.principal),
+                printable(", ".join(refusal.topics[:3])),
+                more,
+            )
             logged[0], logged[1] = now, 0
         return refusal
 
-    def _refuse(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, refusal: Refusal,
-                now: float) -> Verdict:
+    def _refuse(
+        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, refusal: Refusal, now: float
+    ) -> Verdict:
         """Answer the protected topics' refusal here, or forward the rest of the request (charged as what it
         became) and merge the refusal into whatever answers it: the broker, or the policy itself."""
         if refusal.answer is not None:
             return Answer(None, local_frame(header, refusal.answer))
         assert refusal.forward is not None and refusal.merge is not None and header.body_offset is not None
-        head = bytes(memoryview(frame)[4:4 + header.body_offset])
+        head = bytes(memoryview(frame)[4 : 4 + header.body_offset])
         stripped = _SIZE.pack(len(head) + len(refusal.forward)) + head + refusal.forward
         return self._merged(conn, header, self._decide(conn, header, stripped, now), stripped, refusal.merge)
 
-    def _merged(self, conn: PolicyConnection, header: RequestHeader, verdict: Verdict, frame: bytes,
-                merge: Callable[[memoryview], bytes]) -> Verdict:
+    def _merged(
+        self,
+        conn: PolicyConnection,
+        header: RequestHeader,
+        verdict: Verdict,
+        frame: bytes,
+        merge: Callable[[memoryview], bytes],
+    ) -> Verdict:
         """``verdict`` (for the stripped request ``frame``) with ``merge`` applied to its answer."""
         if type(verdict) is Defer:
             inner = verdict.decide
             return Defer(lambda: self._merged_later(conn, header, inner, frame, merge), wait_s=verdict.wait_s)
         if type(verdict) is Answer:
             body = memoryview(verdict.frame)[4:]
-            body = body[response_body_offset(body, header.api_key, header.api_version):]
+            body = body[response_body_offset(body, header.api_key, header.api_version) :]
             return Answer(verdict.decision, local_frame(header, merge(body)))
         if type(verdict) is Replace:
             d: Decision = verdict.decision
@@ -433,8 +490,9 @@ class Policy:
         _add_merge(verdict, merge)
         return Replace(verdict, frame, whole=True)
 
-    async def _merged_later(self, conn: PolicyConnection, header: RequestHeader, inner, frame: bytes,
-                            merge: Callable[[memoryview], bytes]):
+    async def _merged_later(
+        self, conn: PolicyConnection, header: RequestHeader, inner, frame: bytes, merge: Callable[[memoryview], bytes]
+    ):
         return self._merged(conn, header, await inner(), frame, merge)
 
     def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer:
@@ -461,9 +519,13 @@ class Policy:
             pass
         plan = None
         if active and key not in NEVER_CHARGED_APIS:
-            plan = _Plan(charged_at(key, "request", active), charged_at(key, "response", active),
-                         key == Api.PRODUCE and PRODUCER_IDS_RATE in active,
-                         key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active, False)
+            plan = _Plan(
+                charged_at(key, "request", active),
+                charged_at(key, "response", active),
+                key == Api.PRODUCE and PRODUCER_IDS_RATE in active,
+                key in MUTATION_APIS and CONTROLLER_MUTATION_RATE in active,
+                False,
+            )
             plan = plan._replace(exempt_replicas=any(k.exempt_replicas for k in plan.at_response))
             if not (plan.at_request or plan.at_response or plan.pids or plan.mutation):
                 plan = None
@@ -472,8 +534,9 @@ class Policy:
         plans[key] = plan
         return plan
 
-    def _bind(self, conn: PolicyConnection, st: _ConnState, plan: _Plan, key: int, client_id: str,
-              now_ms: int) -> _Bound | None:
+    def _bind(
+        self, conn: PolicyConnection, st: _ConnState, plan: _Plan, key: int, client_id: str, now_ms: int
+    ) -> _Bound | None:
         """API ``key``'s plan bound to the connection's principal, client id and scope (None: no quota applies to
         this client); the scope is looked up again when the quotas or the principal changed."""
         q = self.quotas
@@ -481,10 +544,16 @@ class Policy:
         if st.stamp != q.stamp() or st.user != user:
             st.user, st.scope = user, self._scope(conn)
         scope = st.scope
-        at_request = tuple((k, h, basis(k, key)) for k in plan.at_request
-                           if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
-        later = tuple((k, h, basis(k, key)) for k in plan.at_response
-                      if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None)
+        at_request = tuple(
+            (k, h, basis(k, key))
+            for k in plan.at_request
+            if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None
+        )
+        later = tuple(
+            (k, h, basis(k, key))
+            for k in plan.at_response
+            if (h := q.bind(k.key, user, client_id, scope, now_ms)) is not None
+        )
         pids = q.bind(PRODUCER_IDS_RATE, user, client_id, scope, now_ms) if plan.pids else None
         b: _Bound | None = None
         if at_request or later or pids is not None or plan.mutation:  # else no quota applies to this client
@@ -498,8 +567,13 @@ class Policy:
         client_id = header.client_id or ""
         st: _ConnState | None = conn.policy_state  # the one read of it a request: the rest is native
         b: _Bound | None
-        if (st is not None and st.last_key == key and st.stamp == self.quotas.stamp() and st.last_client_id == client_id
-                and st.user == st.identity.principal):  # as the last request: its plan, bound (see _ConnState.last)
+        if (
+            st is not None
+            and st.last_key == key
+            and st.stamp == self.quotas.stamp()
+            and st.last_client_id == client_id
+            and st.user == st.identity.principal
+        ):  # as the last request: its plan, bound (see _ConnState.last)
             b = st.last
             if b is None:
                 return None
@@ -582,7 +656,7 @@ class Policy:
         cap = int(room) if room >= 1 else 1  # in debt (a batch larger than the last cap): one batch, no more
         if asked <= cap:
             return None
-        return frame[:at] + _I32.pack(cap) + frame[at + 4:]
+        return frame[:at] + _I32.pack(cap) + frame[at + 4 :]
 
     def _charge_producer_ids(self, d: Decision, h: Bound, header: RequestHeader, frame: Buffer, now_ms: int) -> None:
         """KIP-936: each producer id new to the user (per broker, as a broker would see it) within the window
@@ -607,8 +681,14 @@ class Policy:
         tracker = self.producer_ids
         if pid is not None:  # the usual producer: one id, request after request, on one connection
             seen = st.pid_memo
-            if (seen is not None and seen.tracker is tracker and seen.pid == pid and now_ms < seen.until
-                    and seen.user == d.user and seen.scope == d.scope):
+            if (
+                seen is not None
+                and seen.tracker is tracker
+                and seen.pid == pid
+                and now_ms < seen.until
+                and seen.user == d.user
+                and seen.scope == d.scope
+            ):
                 return  # known to the user's filters until seen.until: asking again would change nothing
             new, until = tracker.observe_until((d.user, d.scope), pid, now_ms)
             st.pid_memo = _PidMemo(tracker, d.user, d.scope, pid, until)
@@ -629,23 +709,31 @@ class Policy:
     def _client_quotas(self, conn: PolicyConnection, header: RequestHeader, body: memoryview) -> Answer:
         version = header.api_version
         if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
-            reply = client_quota_api.describe(self.sources, body[header.body_offset:], version,
-                                              conn.identity.principal, self.describers, self.ip_quotas)
+            reply = client_quota_api.describe(
+                self.sources,
+                body[header.body_offset :],
+                version,
+                conn.identity.principal,
+                self.describers,
+                self.ip_quotas,
+            )
         else:
             principal = conn.identity.principal
-            reply = client_quota_api.alter(self.sources, body[header.body_offset:], version, principal, self.admins,
-                                           self.ip_quotas)
+            reply = client_quota_api.alter(
+                self.sources, body[header.body_offset :], version, principal, self.admins, self.ip_quotas
+            )
             log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, printable(principal))
         return Answer(None, local_frame(header, reply))
 
     # ------------------------------------------------------------------------------------------ KIP-599
 
-    def _mutation_request(self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview,
-                          now_ms: int) -> Verdict:
+    def _mutation_request(
+        self, conn: PolicyConnection, d: Decision, header: RequestHeader, body: memoryview, now_ms: int
+    ) -> Verdict:
         tracker = self.quotas.mutation_tracker(d.user, d.client_id, d.scope, now_ms)
         if tracker is None:
             return d if d.later else None
-        request = mutations.parse_request(header.api_key, header.api_version, body[header.body_offset:])
+        request = mutations.parse_request(header.api_key, header.api_version, body[header.body_offset :])
         if request.validate_only and not self.charge_validate_only:
             return d if d.later else None
         frame_body = body.tobytes()
@@ -666,9 +754,17 @@ class Policy:
         d.note(CONTROLLER_MUTATION_RATE, d.mutations, charge.limit, throttle)
         d.noted |= _MUTATION_BIT
         if rejected:
-            log.info("%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s", conn.peer,
-                     request.label, printable(d.user), printable(d.client_id), len(rejected), len(counts), throttle,
-                     "" if self.enforce else " [shadow: not enforced]")
+            log.info(
+                "%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s",
+                conn.peer,
+                request.label,
+                printable(d.user),
+                printable(d.client_id),
+                len(rejected),
+                len(counts),
+                throttle,
+                "" if self.enforce else " [shadow: not enforced]",
+            )
         if not rejected or not self.enforce:
             if request.validate_only:  # nothing changes on the cluster: nothing to learn from its answer
                 return d
@@ -676,13 +772,14 @@ class Policy:
             # merge needs the whole response, never a streamed one).
             d.merge = lambda broker_body: self._learn(request, counts, broker_body)
             return Replace(d, _SIZE.pack(len(body)) + body, whole=True)
-        head = body[:header.body_offset]
+        head = body[: header.body_offset]
         if len(rejected) == len(counts):
             return Answer(d, local_frame(header, mutations.reject_all(request, throttle)))
         admitted_idx = [i for i, ok in enumerate(admitted) if ok]
         sub = head + mutations.subset_request(request, admitted_idx)
         d.merge = lambda broker_body: self._learn(
-            request, counts, mutations.merge_response(request, broker_body, rejected, throttle))
+            request, counts, mutations.merge_response(request, broker_body, rejected, throttle)
+        )
         return Replace(d, _SIZE.pack(len(sub)) + sub, whole=True)
 
     def _learn(self, request, counts: list[int], body: Buffer) -> bytes:
@@ -761,8 +858,9 @@ class Policy:
                 known = self.recent_topics.get(key, now_ms)
                 if mt is not None and mt.error_code == 0:
                     count = len(mt.partitions)
-                    if known is not None and (known.topic_id is None or mt.topic_id is None
-                                              or known.topic_id == mt.topic_id):
+                    if known is not None and (
+                        known.topic_id is None or mt.topic_id is None or known.topic_id == mt.topic_id
+                    ):
                         count = max(count, known.partitions)
                     out[key] = count
                 elif mt is not None and mt.error_code not in _NOT_SEEN_YET:
@@ -778,30 +876,36 @@ class Policy:
             todo = unseen
 
     async def _metadata(self, conn: PolicyConnection, topics):
-        wanted = [MetadataRequest.MetadataRequestTopic(topic_id=getattr(t, "topic_id", None), name=t.name)
-                  for t in topics]
-        req = MetadataRequest(topics=wanted, allow_auto_topic_creation=False,
-                              include_topic_authorized_operations=False)
+        wanted = [
+            MetadataRequest.MetadataRequestTopic(topic_id=getattr(t, "topic_id", None), name=t.name) for t in topics
+        ]
+        req = MetadataRequest(topics=wanted, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
         reply = await conn.ask(Api.METADATA, _METADATA_VERSION, bytes(req.encode(version=_METADATA_VERSION)))
         return decode_body(MetadataResponse, reply, _METADATA_VERSION)
 
     async def _default_partitions(self, conn: PolicyConnection, topics) -> dict[str, int]:
         """The cluster's default partition count for topics created with -1, by asking it to validate them."""
         probe = CreateTopicsRequest(
-            topics=[CreateTopicsRequest.CreatableTopic(name=t.name, num_partitions=-1,
-                                                       replication_factor=t.replication_factor, assignments=[],
-                                                       configs=[]) for t in topics],
-            timeout_ms=30_000, validate_only=True,
+            topics=[
+                CreateTopicsRequest.CreatableTopic(
+                    name=t.name, num_partitions=-1, replication_factor=t.replication_factor, assignments=[], configs=[]
+                )
+                for t in topics
+            ],
+            timeout_ms=30_000,
+            validate_only=True,
         )
-        reply = await conn.ask(Api.CREATE_TOPICS, _PROBE_CREATE_VERSION,
-                               bytes(probe.encode(version=_PROBE_CREATE_VERSION)))
+        reply = await conn.ask(
+            Api.CREATE_TOPICS, _PROBE_CREATE_VERSION, bytes(probe.encode(version=_PROBE_CREATE_VERSION))
+        )
         answer = decode_body(CreateTopicsResponse, reply, _PROBE_CREATE_VERSION)
         return {t.name: t.num_partitions for t in answer.topics if t.error_code == 0 and t.num_partitions > 0}
 
     # ------------------------------------------------------------------------------------------ responses
 
-    def on_response(self, conn: PolicyConnection, pending: Pending, frame, now: float,
-                    total: int | None = None) -> list | None:
+    def on_response(
+        self, conn: PolicyConnection, pending: Pending, frame, now: float, total: int | None = None
+    ) -> list | None:
         """``frame`` is the whole response frame, or only its leading bytes when it streams through
         (``total`` is then the frame's full length): throttle_time_ms sits within them (see _may_stream).
         ``now``: monotonic seconds when it was read (the connection reads the clock once a read)."""
@@ -847,7 +951,7 @@ class Policy:
                 at = body_start + offset
                 broker = _I32.unpack_from(view, at)[0]
                 if throttle > broker:  # the client waits for the longest of all: the broker's and every quota's
-                    pieces = [view[:at], _I32.pack(combine(throttle, broker)), view[at + 4:]]
+                    pieces = [view[:at], _I32.pack(combine(throttle, broker)), view[at + 4 :]]
             if not d.holds:
                 conn.mute.mute_for(throttle / 1000)
         if d.holds:
@@ -863,8 +967,9 @@ class Policy:
             conn.mute.mute_for(d.throttle_ms / 1000)
         self._record(conn, d, 0, None, d.charged_ms)
 
-    def _record(self, conn: PolicyConnection, d: Decision, bytes_out: int, upstream_ms: float | None,
-                now_ms: int) -> None:
+    def _record(
+        self, conn: PolicyConnection, d: Decision, bytes_out: int, upstream_ms: float | None, now_ms: int
+    ) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
         shadow = not self.enforce
         throttle_ms = d.throttle_ms if d.throttle_ms >= d.paced_ms else d.paced_ms
@@ -883,12 +988,29 @@ class Policy:
         # decision, so summing any column over all events counts each request once.
         conn.traffic.logged_response(bytes_out + 4 if bytes_out else 0)
         off = self._epoch_offset_ms
-        self.decision_log.emit(request_event(
-            ts_ms=now_ms + off, req_ts_ms=d.charged_ms + off, conn=conn.id, user=d.user, client_id=d.client_id,
-            api_key=d.api_key, api_version=d.api_version, bytes_in=d.bytes_in, bytes_out=bytes_out,
-            mutations=d.mutations, new_pids=d.new_pids, upstream_ms=upstream_ms, action=action,
-            throttle_ms=throttle_ms, shadow=shadow, rejected_topics=d.rejected, scope=d.scope,
-            topic_partitions=d.topic_partitions, values=d.values or {}))
+        self.decision_log.emit(
+            request_event(
+                ts_ms=now_ms + off,
+                req_ts_ms=d.charged_ms + off,
+                conn=conn.id,
+                user=d.user,
+                client_id=d.client_id,
+                api_key=d.api_key,
+                api_version=d.api_version,
+                bytes_in=d.bytes_in,
+                bytes_out=bytes_out,
+                mutations=d.mutations,
+                new_pids=d.new_pids,
+                upstream_ms=upstream_ms,
+                action=action,
+                throttle_ms=throttle_ms,
+                shadow=shadow,
+                rejected_topics=d.rejected,
+                scope=d.scope,
+                topic_partitions=d.topic_partitions,
+                values=d.values or {},
+            )
+        )
 
     def summarise(self, conn: PolicyConnection) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
@@ -898,10 +1020,19 @@ class Policy:
         if counts is None:
             return
         requests, bytes_in, bytes_out = counts
-        self.decision_log.emit(summary_event(
-            ts_ms=round(time.time() * 1000), conn=conn.id, user=conn.identity.principal, client_id=conn.client_id,
-            requests=requests, bytes_in=bytes_in, bytes_out=bytes_out, shadow=not self.enforce,
-            scope=self._scope(conn)))
+        self.decision_log.emit(
+            summary_event(
+                ts_ms=round(time.time() * 1000),
+                conn=conn.id,
+                user=conn.identity.principal,
+                client_id=conn.client_id,
+                requests=requests,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+                shadow=not self.enforce,
+                scope=self._scope(conn),
+            )
+        )
 
     def decision_log_stats(self) -> dict[str, int]:
         out = dict(self.decision_log.stats()) if self.decision_log is not None else {}
@@ -927,11 +1058,19 @@ def _open_decision_log(config: ProxyConfig):
     if dc.topic is not None:
         topic = TopicSink(dc.topic, dc.bootstrap_servers or config.upstream.bootstrap_servers, instance, dc.client)
     try:
-        return DecisionLog(dc.directory, instance, topic=topic, max_queue=dc.max_queue,
-                           rotate_seconds=dc.rotate_seconds, rotate_bytes=dc.rotate_bytes, fmt=dc.format)
+        return DecisionLog(
+            dc.directory,
+            instance,
+            topic=topic,
+            max_queue=dc.max_queue,
+            rotate_seconds=dc.rotate_seconds,
+            rotate_bytes=dc.rotate_bytes,
+            fmt=dc.format,
+        )
     except (OSError, ValueError, ImportError) as exc:
-        raise ConfigError(f"decision_log.directory {dc.directory}: cannot write the decision log there "
-                          f"({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"decision_log.directory {dc.directory}: cannot write the decision log there ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _add_merge(d: Decision, merge: Callable[[memoryview], bytes]) -> None:

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 _VERSION = 0
 
 
-async def fetch_cluster_quotas(addresses: list[tuple[str, int]], timeout: float,
-                               max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
+async def fetch_cluster_quotas(
+    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl=None
+) -> dict[QuotaEntity, dict[str, float]]:
     errors = []
     for host, port in addresses:
         try:
@@ -32,8 +33,15 @@ async def fetch_cluster_quotas(addresses: list[tuple[str, int]], timeout: float,
 
 
 async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
-    resp = await ask_once(host, port, DescribeClientQuotasRequest(components=[], strict=False),
-                          DescribeClientQuotasResponse, _VERSION, max_frame_bytes, ssl)
+    resp = await ask_once(
+        host,
+        port,
+        DescribeClientQuotasRequest(components=[], strict=False),
+        DescribeClientQuotasResponse,
+        _VERSION,
+        max_frame_bytes,
+        ssl,
+    )
     if resp.error_code != 0:
         raise ConnectionError(f"DescribeClientQuotas error {resp.error_code}: {resp.error_message}")
     out: dict[QuotaEntity, dict[str, float]] = {}

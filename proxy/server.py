@@ -33,10 +33,20 @@ from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
 log = logging.getLogger(__name__)
 
 # APIs whose requests or responses the proxy decodes, so clients must not negotiate past kafka-python's schemas.
-DECODED_APIS = frozenset({
-    Api.API_VERSIONS, Api.PRODUCE, Api.FETCH, Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS,
-    Api.DESCRIBE_CLIENT_QUOTAS, Api.ALTER_CLIENT_QUOTAS, Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE,
-})
+DECODED_APIS = frozenset(
+    {
+        Api.API_VERSIONS,
+        Api.PRODUCE,
+        Api.FETCH,
+        Api.CREATE_TOPICS,
+        Api.DELETE_TOPICS,
+        Api.CREATE_PARTITIONS,
+        Api.DESCRIBE_CLIENT_QUOTAS,
+        Api.ALTER_CLIENT_QUOTAS,
+        Api.SASL_HANDSHAKE,
+        Api.SASL_AUTHENTICATE,
+    }
+)
 
 
 def _fd_budget() -> int:
@@ -71,8 +81,9 @@ class Proxy:
         self.worker = worker
         listen = config.listen
         port_range = None if listen.broker_ports == "ephemeral" else listen.broker_ports
-        self.directory = BrokerDirectory(listen.advertised(), port_range, self._start_broker_listener,
-                                         fixed=worker is not None)
+        self.directory = BrokerDirectory(
+            listen.advertised(), port_range, self._start_broker_listener, fixed=worker is not None
+        )
         self.topic_ids = TopicIds()
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
@@ -87,13 +98,29 @@ class Proxy:
         self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
         self.connection_quotas = ConnectionQuotas()
         self._configure_limits(config)
-        self.services = Services(config, self.stats, self.policy, self.request_pool, self.directory, self.topic_ids,
-                                 self.version_caps, self.admit_connection, self.connection_quotas.closed,
-                                 self.connection_spoke, self.principal_mapper, self.upstream_ssl)
+        self.services = Services(
+            config,
+            self.stats,
+            self.policy,
+            self.request_pool,
+            self.directory,
+            self.topic_ids,
+            self.version_caps,
+            self.admit_connection,
+            self.connection_quotas.closed,
+            self.connection_spoke,
+            self.principal_mapper,
+            self.upstream_ssl,
+        )
         self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
         self._sheds: dict[str, list[float]] = {}  # kind -> [last logged (monotonic s), shed since]
-        self.registry = metrics.make_registry(self.stats, lambda: len(self.connections), self.policy.quota_samples,
-                                              self.policy.decision_log_stats, self._gauges)
+        self.registry = metrics.make_registry(
+            self.stats,
+            lambda: len(self.connections),
+            self.policy.quota_samples,
+            self.policy.decision_log_stats,
+            self._gauges,
+        )
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
         self._servers: dict[int | None, asyncio.Server] = {}
@@ -119,8 +146,10 @@ class Proxy:
         listen = self.config.listen
         loop = asyncio.get_running_loop()
         brokers = await discover_brokers(
-            self.config.upstream.addresses(), self.config.upstream.connect_timeout_ms / 1000,
-            self.config.max_frame_bytes, self.upstream_ssl,
+            self.config.upstream.addresses(),
+            self.config.upstream.connect_timeout_ms / 1000,
+            self.config.max_frame_bytes,
+            self.upstream_ssl,
         )
         if brokers:
             try:
@@ -128,12 +157,16 @@ class Proxy:
             except (NoBrokerPort, OSError) as exc:
                 raise ConfigError(f"listen.broker_ports: cannot listen for the cluster's brokers ({exc})") from None
         else:  # serving anyway: clients get "no broker reachable" until it is up, and listeners come as it answers
-            log.warning("upstream %s: no broker answered at startup; serving anyway, broker listeners start as "
-                        "the cluster answers", ",".join(self.config.upstream.bootstrap_servers))
+            log.warning(
+                "upstream %s: no broker answered at startup; serving anyway, broker listeners start as "
+                "the cluster answers",
+                ",".join(self.config.upstream.bootstrap_servers),
+            )
         self._tasks.append(loop.create_task(self._upkeep()))
         if self.config.quotas.scope == "fleet":
-            self.fleet = FleetSync(self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources,
-                                   self.policy.guard, self.worker)
+            self.fleet = FleetSync(
+                self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources, self.policy.guard, self.worker
+            )
             self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
             self._tasks.append(loop.create_task(self._import_quotas()))
@@ -141,19 +174,28 @@ class Proxy:
             try:
                 self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self._metrics_port())
             except OSError as exc:
-                raise ConfigError(f"metrics.port {self._metrics_port()} on {self.config.metrics.host}: cannot "
-                                  f"listen ({exc.strerror or exc})") from None
+                raise ConfigError(
+                    f"metrics.port {self._metrics_port()} on {self.config.metrics.host}: cannot "
+                    f"listen ({exc.strerror or exc})"
+                ) from None
         try:
             self._servers[None] = await loop.create_server(
-                lambda: self._accept(None), listen.host, listen.bootstrap_port, reuse_address=True,
-                reuse_port=self.worker is not None, ssl=self.listen_ssl,
+                lambda: self._accept(None),
+                listen.host,
+                listen.bootstrap_port,
+                reuse_address=True,
+                reuse_port=self.worker is not None,
+                ssl=self.listen_ssl,
             )
         except OSError as exc:
-            raise ConfigError(f"listen.bootstrap_port {listen.bootstrap_port} on {listen.host}: cannot listen "
-                              f"({exc.strerror or exc})") from None
+            raise ConfigError(
+                f"listen.bootstrap_port {listen.bootstrap_port} on {listen.host}: cannot listen ({exc.strerror or exc})"
+            ) from None
         log.info(
             "bootstrap listener on %s:%d for %s; point clients at %s",
-            listen.host, self.bootstrap_port, ",".join(self.config.upstream.bootstrap_servers),
+            listen.host,
+            self.bootstrap_port,
+            ",".join(self.config.upstream.bootstrap_servers),
             self.bootstrap_address,
         )
 
@@ -185,8 +227,12 @@ class Proxy:
         while True:
             cfg = self.config
             try:
-                quotas = await fetch_cluster_quotas(cfg.upstream.addresses(), cfg.upstream.connect_timeout_ms / 1000,
-                                                    cfg.max_frame_bytes, self.upstream_ssl)
+                quotas = await fetch_cluster_quotas(
+                    cfg.upstream.addresses(),
+                    cfg.upstream.connect_timeout_ms / 1000,
+                    cfg.max_frame_bytes,
+                    self.upstream_ssl,
+                )
             except Exception as exc:  # noqa: BLE001 - keep the last imported quotas and try again later
                 log.warning("quota import: %s", exc)
             else:
@@ -251,9 +297,15 @@ class Proxy:
             if since is not None:
                 more = f" ({since} more shed since the last such line)" if since else ""
                 what = "that never spoke" if shed.kind == NEVER_SPOKE else "idle past shed_idle_ms"
-                log.warning("shed a connection %s from %s (%d still open from it, the most of any address) to make "
-                            "room for one from %s: out of connections or file descriptors%s", what, shed.ip,
-                            shed.held, shed.for_ip, more)
+                log.warning(
+                    "shed a connection %s from %s (%d still open from it, the most of any address) to make "
+                    "room for one from %s: out of connections or file descriptors%s",
+                    what,
+                    shed.ip,
+                    shed.held,
+                    shed.for_ip,
+                    more,
+                )
 
     def _forget(self, conn: Connection) -> None:
         """A closed connection: its last summary (traffic since the previous one would be lost otherwise)."""
@@ -275,9 +327,18 @@ class Proxy:
 
     def reload(self, config: ProxyConfig) -> None:
         """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
-        for field in ("upstream", "listen", "max_frame_bytes", "metrics", "sasl", "queued_max_request_bytes",
-                      "request_pool_min_bytes", "request_read_timeout_ms", "connections_max_idle_ms",
-                      "upstream_timeout_margin_ms"):
+        for field in (
+            "upstream",
+            "listen",
+            "max_frame_bytes",
+            "metrics",
+            "sasl",
+            "queued_max_request_bytes",
+            "request_pool_min_bytes",
+            "request_read_timeout_ms",
+            "connections_max_idle_ms",
+            "upstream_timeout_margin_ms",
+        ):
             if getattr(config, field) != getattr(self.config, field):
                 log.warning("config reload: %s changed; it takes effect only after a restart", field)
         for field in ("state_file", "import_interval_seconds"):  # read once, at start
@@ -289,8 +350,12 @@ class Proxy:
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: self._accept(node_id), self.config.listen.host, port, reuse_address=True,
-            reuse_port=self.worker is not None, ssl=self.listen_ssl,
+            lambda: self._accept(node_id),
+            self.config.listen.host,
+            port,
+            reuse_address=True,
+            reuse_port=self.worker is not None,
+            ssl=self.listen_ssl,
         )
         self._servers[node_id] = server
         return server.sockets[0].getsockname()[1]

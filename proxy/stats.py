@@ -55,8 +55,11 @@ class Traffic:
         """Requests, bytes in and bytes out since the last take that no event of their own counted (None when
         there were none); the counts start again from zero. A request read before a take and logged after it
         is left out of both summaries, never counted twice (hence the floor at zero)."""
-        out = (max(0, self.requests - self.logged_requests), max(0, self.bytes_in - self.logged_in),
-               max(0, self.bytes_out - self.logged_out))
+        out = (
+            max(0, self.requests - self.logged_requests),
+            max(0, self.bytes_in - self.logged_in),
+            max(0, self.bytes_out - self.logged_out),
+        )
         self.requests = self.bytes_in = self.bytes_out = 0
         self.logged_requests = self.logged_in = self.logged_out = 0
         return out if any(out) else None
@@ -75,9 +78,19 @@ class Tally:
 class Stats:
     """Counters bumped on the hot path; exported at scrape time."""
 
-    __slots__ = ("connections_total", "requests", "bytes_from_clients", "bytes_to_clients", "by_api",
-                 "connection_errors", "decisions", "passes", "connections_refused", "protected_refusals",
-                 "connections_shed")
+    __slots__ = (
+        "connections_total",
+        "requests",
+        "bytes_from_clients",
+        "bytes_to_clients",
+        "by_api",
+        "connection_errors",
+        "decisions",
+        "passes",
+        "connections_refused",
+        "protected_refusals",
+        "connections_shed",
+    )
 
     def __init__(self) -> None:
         self.connections_total = 0

@@ -102,11 +102,20 @@ class _Address:
 
 
 class ConnectionQuotas:
-    def __init__(self, max_connections: int | None = None, max_per_ip: int | None = None,
-                 per_ip_overrides: Mapping[str, int] | None = None, max_creation_rate: float | None = None,
-                 ip_rate: Callable[[str], float | None] = lambda ip: None, samples: int = 11,
-                 window_ms: int = 1000, max_ip_rates: int = 10_000, max_fds: int | None = None,
-                 shed: bool = True, is_idle: Callable[[Hashable, int], bool] = lambda key, now_ms: False) -> None:
+    def __init__(
+        self,
+        max_connections: int | None = None,
+        max_per_ip: int | None = None,
+        per_ip_overrides: Mapping[str, int] | None = None,
+        max_creation_rate: float | None = None,
+        ip_rate: Callable[[str], float | None] = lambda ip: None,
+        samples: int = 11,
+        window_ms: int = 1000,
+        max_ip_rates: int = 10_000,
+        max_fds: int | None = None,
+        shed: bool = True,
+        is_idle: Callable[[Hashable, int], bool] = lambda key, now_ms: False,
+    ) -> None:
         """``ip_rate(ip)``: the ``connection_creation_rate`` quota that applies to ``ip`` (its own, else the
         ``<default>`` ip's), None for none. ``is_idle(key, now_ms)``: whether a connection that spoke may be shed
         (nothing in flight, quiet long enough); asked only when room must be made."""
@@ -148,8 +157,9 @@ class ConnectionQuotas:
         if self.max_creation_rate is not None:
             observed, window = self._rate.measure_and_window(now_ms)
             if (observed * window / 1000 + 1) / (window / 1000) > self.max_creation_rate:
-                return Refusal("connection_creation_rate",
-                               f"{observed:.1f} new connections/s (max_connection_creation_rate)")
+                return Refusal(
+                    "connection_creation_rate", f"{observed:.1f} new connections/s (max_connection_creation_rate)"
+                )
             self._rate.record(1, now_ms)
         quota = self.ip_rate(ip)
         if quota is not None:
@@ -158,9 +168,11 @@ class ConnectionQuotas:
             observed, window = rate.measure_and_window(now_ms)
             throttle = byte_rate_throttle_ms(observed, quota, window)
             if throttle > 0:
-                return Refusal("ip_connection_rate",
-                               f"{observed:.1f} new connections/s from {ip} (connection_creation_rate {quota:g})",
-                               throttle)
+                return Refusal(
+                    "ip_connection_rate",
+                    f"{observed:.1f} new connections/s from {ip} (connection_creation_rate {quota:g})",
+                    throttle,
+                )
         if victim is not None:  # only now: a newcomer refused for another reason costs nobody a connection
             self._drop(victim, ip)
         self._conns[key] = ip
@@ -186,8 +198,11 @@ class ConnectionQuotas:
             victim = self._victim(ip, now_ms, admitting=False, exclude=key)
             if victim is None or self.fds + 1 - _fds_of(victim) > self.max_fds:
                 self._forget(key)
-                return Refusal("open_files", f"{self.fds} of {self.max_fds} file descriptors held by connections, "
-                                             f"none can be shed for a broker connection (open-file limit)")
+                return Refusal(
+                    "open_files",
+                    f"{self.fds} of {self.max_fds} file descriptors held by connections, "
+                    f"none can be shed for a broker connection (open-file limit)",
+                )
             self._drop(victim, ip)
         del address.quiet[key]
         address.spoken[key] = None
@@ -206,17 +221,21 @@ class ConnectionQuotas:
 
     # -- capacity and victims ----------------------------------------------------------------------
     def _full(self, more_connections: int, more_fds: int) -> bool:
-        return ((self.max_connections is not None and self.total + more_connections > self.max_connections)
-                or (self.max_fds is not None and self.fds + more_fds > self.max_fds))
+        return (self.max_connections is not None and self.total + more_connections > self.max_connections) or (
+            self.max_fds is not None and self.fds + more_fds > self.max_fds
+        )
 
     def _full_refusal(self) -> Refusal:
         if self.max_connections is not None and self.total >= self.max_connections:
             return Refusal("max_connections", f"{self.total} connections open (max_connections)")
-        return Refusal("open_files", f"{self.fds} of {self.max_fds} file descriptors held by {self.total} "
-                                     f"connections (open-file limit)")
+        return Refusal(
+            "open_files",
+            f"{self.fds} of {self.max_fds} file descriptors held by {self.total} connections (open-file limit)",
+        )
 
-    def _victim(self, for_ip: str, now_ms: int, admitting: bool,
-                exclude: Hashable = None) -> tuple[Hashable, str, str] | None:
+    def _victim(
+        self, for_ip: str, now_ms: int, admitting: bool, exclude: Hashable = None
+    ) -> tuple[Hashable, str, str] | None:
         """A connection of the biggest address to close for one of ``for_ip`` (key, ip, kind), None for none;
         never ``exclude``. Admitting, the biggest must hold two more than ``for_ip`` (after the shed it still
         holds at least as many): an address never sheds another for its own growth unless that one holds more.
@@ -284,8 +303,9 @@ class ConnectionQuotas:
         entry = self._ip_rates.get(ip)
         if entry is None:
             if len(self._ip_rates) >= self._max_ip_rates:
-                for k, _ in heapq.nsmallest(max(1, self._max_ip_rates // 10), self._ip_rates.items(),
-                                            key=lambda kv: kv[1][1][0]):
+                for k, _ in heapq.nsmallest(
+                    max(1, self._max_ip_rates // 10), self._ip_rates.items(), key=lambda kv: kv[1][1][0]
+                ):
                     del self._ip_rates[k]
             entry = self._ip_rates[ip] = (SampledRate(self._samples, self._window_ms), [now_ms])
         entry[1][0] = now_ms
@@ -349,8 +369,9 @@ class IpQuotas:
                 raise IpQuotaError(f"{who}: {name!r} is not a valid IP address") from None
         if key != CONNECTION_CREATION_RATE:
             raise IpQuotaError(f"{who}: {key} is not an ip quota; ip entities take only {CONNECTION_CREATION_RATE}")
-        if value is not None and (not isinstance(value, int | float) or math.isnan(value) or math.isinf(value)
-                                  or value <= 0):
+        if value is not None and (
+            not isinstance(value, int | float) or math.isnan(value) or math.isinf(value) or value <= 0
+        ):
             raise IpQuotaError(f"{who}: {CONNECTION_CREATION_RATE} must be a finite number greater than 0")
 
     def alter(self, name: str | None, value: float | None) -> None:

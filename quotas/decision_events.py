@@ -43,8 +43,9 @@ _BASE: Final[tuple[tuple[str, str], ...]] = (
     ("shadow", "bool"),
 )
 _PER_KIND: Final = tuple(
-    col for k in QUOTA_KINDS for col in ((f"{k}_value", "float64"), (f"{k}_limit", "float64"),
-                                         (f"{k}_throttle_ms", "int64"))
+    col
+    for k in QUOTA_KINDS
+    for col in ((f"{k}_value", "float64"), (f"{k}_limit", "float64"), (f"{k}_throttle_ms", "int64"))
 )
 _TAIL: Final[tuple[tuple[str, str], ...]] = (
     ("rejected_topics", "int32"),
@@ -67,26 +68,66 @@ def arrow_schema() -> pa.Schema:
     """The schema as a ``pyarrow.Schema`` (imports pyarrow lazily: the proxy needs it only with Parquet)."""
     import pyarrow as pa
 
-    types = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
-             "bool": pa.bool_(), "list<int32>": pa.list_(pa.int32())}
-    return pa.schema([pa.field(n, types[t]) for n, t in COLUMNS],
-                     metadata={b"kafka_throttle_proxy.decision_log.schema": str(SCHEMA_VERSION).encode()})
+    types = {
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "string": pa.string(),
+        "bool": pa.bool_(),
+        "list<int32>": pa.list_(pa.int32()),
+    }
+    return pa.schema(
+        [pa.field(n, types[t]) for n, t in COLUMNS],
+        metadata={b"kafka_throttle_proxy.decision_log.schema": str(SCHEMA_VERSION).encode()},
+    )
 
 
-def request_event(*, ts_ms: int, req_ts_ms: int, conn: str, user: str, client_id: str, api_key: int,
-                  api_version: int, bytes_in: int, bytes_out: int, mutations: int, new_pids: int,
-                  upstream_ms: float | None, action: str, throttle_ms: int, shadow: bool, rejected_topics: int,
-                  scope: str, topic_partitions: list[int] | None,
-                  values: dict[str, tuple[float, float, int]]) -> dict[str, Any]:
+def request_event(
+    *,
+    ts_ms: int,
+    req_ts_ms: int,
+    conn: str,
+    user: str,
+    client_id: str,
+    api_key: int,
+    api_version: int,
+    bytes_in: int,
+    bytes_out: int,
+    mutations: int,
+    new_pids: int,
+    upstream_ms: float | None,
+    action: str,
+    throttle_ms: int,
+    shadow: bool,
+    rejected_topics: int,
+    scope: str,
+    topic_partitions: list[int] | None,
+    values: dict[str, tuple[float, float, int]],
+) -> dict[str, Any]:
     """One decided request. ``values``: quota key -> (amount recorded, limit, throttle ms); ``ts_ms`` and
     ``req_ts_ms`` are the exact (epoch-shifted) clock values the response- and request-time charges used, so
     a replay reproduces them."""
     event = {
-        "event": "request", "ts_ms": ts_ms, "req_ts_ms": req_ts_ms, "conn": conn, "user": user,
-        "client_id": client_id, "api_key": api_key, "api_version": api_version, "requests": 1,
-        "bytes_in": bytes_in, "bytes_out": bytes_out, "mutations": mutations, "new_pids": new_pids,
-        "upstream_ms": upstream_ms, "action": action, "throttle_ms": throttle_ms, "shadow": shadow,
-        "rejected_topics": rejected_topics, "scope": scope, "topic_partitions": topic_partitions,
+        "event": "request",
+        "ts_ms": ts_ms,
+        "req_ts_ms": req_ts_ms,
+        "conn": conn,
+        "user": user,
+        "client_id": client_id,
+        "api_key": api_key,
+        "api_version": api_version,
+        "requests": 1,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "mutations": mutations,
+        "new_pids": new_pids,
+        "upstream_ms": upstream_ms,
+        "action": action,
+        "throttle_ms": throttle_ms,
+        "shadow": shadow,
+        "rejected_topics": rejected_topics,
+        "scope": scope,
+        "topic_partitions": topic_partitions,
     }
     for key, (value, limit, throttle) in values.items():
         name = BY_KEY[key].name
@@ -96,12 +137,35 @@ def request_event(*, ts_ms: int, req_ts_ms: int, conn: str, user: str, client_id
     return event
 
 
-def summary_event(*, ts_ms: int, conn: str, user: str, client_id: str, requests: int, bytes_in: int,
-                  bytes_out: int, shadow: bool, scope: str) -> dict[str, Any]:
+def summary_event(
+    *,
+    ts_ms: int,
+    conn: str,
+    user: str,
+    client_id: str,
+    requests: int,
+    bytes_in: int,
+    bytes_out: int,
+    shadow: bool,
+    scope: str,
+) -> dict[str, Any]:
     """A connection's traffic since its last summary that met no quota decision (``api_key`` -1): decided requests
     have their own events, so a column summed over all events counts every request once."""
     return {
-        "event": "summary", "ts_ms": ts_ms, "conn": conn, "user": user, "client_id": client_id, "api_key": -1,
-        "api_version": -1, "requests": requests, "bytes_in": bytes_in, "bytes_out": bytes_out, "mutations": 0,
-        "new_pids": 0, "action": "pass", "throttle_ms": 0, "shadow": shadow, "scope": scope,
+        "event": "summary",
+        "ts_ms": ts_ms,
+        "conn": conn,
+        "user": user,
+        "client_id": client_id,
+        "api_key": -1,
+        "api_version": -1,
+        "requests": requests,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "mutations": 0,
+        "new_pids": 0,
+        "action": "pass",
+        "throttle_ms": 0,
+        "shadow": shadow,
+        "scope": scope,
     }

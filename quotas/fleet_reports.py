@@ -80,12 +80,16 @@ def record_mac(secret: bytes, topic: str, key: bytes | None, value: bytes | None
     return mac.digest()
 
 
-def authentic(secret: bytes, topic: str, key: bytes | None, value: bytes | None,
-              headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
+def authentic(
+    secret: bytes,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]] | None,
+) -> bool:
     """Whether a record read from a fleet topic carries the MAC a member would have given it."""
     want = record_mac(secret, topic, key, value)
-    return any(name == MAC_HEADER and mac is not None and hmac.compare_digest(mac, want)
-               for name, mac in headers or ())
+    return any(name == MAC_HEADER and mac is not None and hmac.compare_digest(mac, want) for name, mac in headers or ())
 
 
 class ReportError(ValueError):
@@ -137,8 +141,7 @@ class UsageReport:
     def encode(self) -> bytes:
         member = self.member.encode()[:MAX_MEMBER_BYTES]
         usage = self.usage
-        ids = np.array(self.ids if self.ids is not None else [bucket_id(u[0], u[1], u[2]) for u in usage],
-                       dtype=_IDS)
+        ids = np.array(self.ids if self.ids is not None else [bucket_id(u[0], u[1], u[2]) for u in usage], dtype=_IDS)
         amounts = np.fromiter([u[3] for u in usage], dtype=_AMOUNTS, count=len(usage))
         order = np.argsort(ids, kind="stable")  # sorted by id: the receivers' binary search is then a merge
         where = np.empty_like(order)
@@ -147,8 +150,16 @@ class UsageReport:
         named = range(len(usage)) if self.named is None else [i for i, yes in enumerate(self.named) if yes]
         index = where[np.array(named, dtype=np.intp)].astype(_INDEX)
         names = b"".join(_name_bytes(usage[i][0], usage[i][1], usage[i][2]) for i in named)
-        return b"".join((_HEAD.pack(MAGIC, self.ts_ms, len(usage), len(index), len(member)), member,
-                         ids.tobytes(), amounts.tobytes(), index.tobytes(), names))
+        return b"".join(
+            (
+                _HEAD.pack(MAGIC, self.ts_ms, len(usage), len(index), len(member)),
+                member,
+                ids.tobytes(),
+                amounts.tobytes(),
+                index.tobytes(),
+                names,
+            )
+        )
 
     @staticmethod
     def decode(data: bytes) -> ReceivedReport:
@@ -166,7 +177,7 @@ class UsageReport:
         if n > MAX_ENTRIES or m > n or names_at > len(data):
             raise ReportError(f"fleet report is malformed ({n} entries, {m} named, in {len(data)} bytes)")
         try:
-            member = bytes(data[_HEAD.size:pos]).decode()
+            member = bytes(data[_HEAD.size : pos]).decode()
         except UnicodeDecodeError:
             raise ReportError("fleet report is malformed (member id is not UTF-8)") from None
         ids = np.frombuffer(data, _IDS, n, pos)
@@ -204,13 +215,13 @@ class ReceivedReport:
         try:
             for i in self.named.tolist():
                 klen = data[pos]
-                key = data[pos + 1:pos + 1 + klen].decode()
+                key = data[pos + 1 : pos + 1 + klen].decode()
                 pos += 1 + klen
                 (ulen,) = _U32.unpack_from(data, pos)
-                user = data[pos + 4:pos + 4 + ulen].decode()
+                user = data[pos + 4 : pos + 4 + ulen].decode()
                 pos += 4 + ulen
                 (clen,) = _U32.unpack_from(data, pos)
-                client_id = data[pos + 4:pos + 4 + clen].decode()
+                client_id = data[pos + 4 : pos + 4 + clen].decode()
                 pos += 4 + clen
                 if pos > end:
                     raise ReportError("fleet report is malformed (a name runs past its end)")
@@ -345,7 +356,7 @@ class FleetFold:
             if any(i not in names for i in report.named_ids()):
                 learnt = report.names()
                 if len(names) + len(learnt) > MAX_NAMES:
-                    for old in list(names)[:max(len(learnt), MAX_NAMES // 4)]:
+                    for old in list(names)[: max(len(learnt), MAX_NAMES // 4)]:
                         del names[old]
                     names.update(learnt)
                     self._known = np.sort(np.fromiter(names, dtype=_IDS, count=len(names)))

@@ -82,25 +82,78 @@ CONTROLLER_MUTATION_RATE: Final = "controller_mutation_rate"
 PRODUCER_IDS_RATE: Final = "producer_ids_rate"
 
 KINDS: Final[tuple[QuotaKind, ...]] = (
-    QuotaKind(PRODUCER_BYTE_RATE, "produce", group="Produce", metric="byte-rate", unit="B/s", window="rate",
-              throttle="bytes", apis=frozenset({PRODUCE}), at="request", measure="request_bytes", logged="bytes_in",
-              integral=True),
+    QuotaKind(
+        PRODUCER_BYTE_RATE,
+        "produce",
+        group="Produce",
+        metric="byte-rate",
+        unit="B/s",
+        window="rate",
+        throttle="bytes",
+        apis=frozenset({PRODUCE}),
+        at="request",
+        measure="request_bytes",
+        logged="bytes_in",
+        integral=True,
+    ),
     # ShareFetch (KIP-932) too: Kafka's broker records a ShareFetch response's size on the same Fetch quota sensor
     # (KafkaApis.processShareFetchResponse: quotas.fetch.maybeRecordAndGetThrottleTimeMs).
-    QuotaKind(CONSUMER_BYTE_RATE, "fetch", group="Fetch", metric="byte-rate", unit="B/s", window="rate",
-              throttle="bytes", apis=frozenset({FETCH, SHARE_FETCH}), at="response", measure="response_bytes",
-              logged="bytes_out", integral=True,
-              exempt_replicas=True),
-    QuotaKind(REQUEST_PERCENTAGE, "request", group="Request", metric="request-time", unit="% of a thread",
-              window="rate", throttle="request", apis=frozenset(), at="response", measure="service_time",
-              logged="upstream_ms"),
-    QuotaKind(CONTROLLER_MUTATION_RATE, "mutation", group="ControllerMutation", metric="tokens",
-              unit="partitions/s", window="controller", throttle="bucket",
-              apis=frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}), at="request", measure=None,
-              logged="mutations", cluster_wide=True),
-    QuotaKind(PRODUCER_IDS_RATE, "pids", group="ProducerIds", metric="rate", unit="new producer ids per window",
-              window="pids", throttle="per_window", apis=frozenset({PRODUCE}), at="request", measure=None,
-              logged="new_pids", user_only=True),
+    QuotaKind(
+        CONSUMER_BYTE_RATE,
+        "fetch",
+        group="Fetch",
+        metric="byte-rate",
+        unit="B/s",
+        window="rate",
+        throttle="bytes",
+        apis=frozenset({FETCH, SHARE_FETCH}),
+        at="response",
+        measure="response_bytes",
+        logged="bytes_out",
+        integral=True,
+        exempt_replicas=True,
+    ),
+    QuotaKind(
+        REQUEST_PERCENTAGE,
+        "request",
+        group="Request",
+        metric="request-time",
+        unit="% of a thread",
+        window="rate",
+        throttle="request",
+        apis=frozenset(),
+        at="response",
+        measure="service_time",
+        logged="upstream_ms",
+    ),
+    QuotaKind(
+        CONTROLLER_MUTATION_RATE,
+        "mutation",
+        group="ControllerMutation",
+        metric="tokens",
+        unit="partitions/s",
+        window="controller",
+        throttle="bucket",
+        apis=frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}),
+        at="request",
+        measure=None,
+        logged="mutations",
+        cluster_wide=True,
+    ),
+    QuotaKind(
+        PRODUCER_IDS_RATE,
+        "pids",
+        group="ProducerIds",
+        metric="rate",
+        unit="new producer ids per window",
+        window="pids",
+        throttle="per_window",
+        apis=frozenset({PRODUCE}),
+        at="request",
+        measure=None,
+        logged="new_pids",
+        user_only=True,
+    ),
 )
 """Every quota kind, in the order of their decision-log columns."""
 
@@ -119,8 +172,9 @@ NAMES: Final = tuple(k.name for k in KINDS)
 KIND_KEYS: Final = {k.name: k.key for k in KINDS}
 """Short name -> quota key."""
 
-NEVER_CHARGED_APIS: Final = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS, DESCRIBE_CLIENT_QUOTAS,
-                                       ALTER_CLIENT_QUOTAS})
+NEVER_CHARGED_APIS: Final = frozenset(
+    {SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS, DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS}
+)
 """Authentication, version discovery and the quota API itself are never charged to any quota."""
 
 WAITING_APIS: Final = frozenset({PRODUCE, FETCH, JOIN_GROUP, SYNC_GROUP, DELETE_RECORDS, ELECT_LEADERS, SHARE_FETCH})
@@ -152,8 +206,9 @@ def charged_at(key: int, at: str, active: frozenset[str]) -> tuple[QuotaKind, ..
     """The generic kinds among ``active`` keys that charge API ``key`` at ``at`` ("request" or "response")."""
     if key in NEVER_CHARGED_APIS:
         return ()
-    kinds = (k for k in KINDS if k.measure is not None and k.at == at and k.key in active
-             and (not k.apis or key in k.apis))
+    kinds = (
+        k for k in KINDS if k.measure is not None and k.at == at and k.key in active and (not k.apis or key in k.apis)
+    )
     if key in REPLICA_APIS:
         return tuple(kinds)
     # Why: the policy reads a replica id from the request of any API charged to an exempting kind; ShareFetch
@@ -176,8 +231,9 @@ def basis(kind: QuotaKind, api_key: int) -> Basis:
     return measure
 
 
-def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes: int = 0,
-           service_ms: float = 0.0) -> float:
+def amount(
+    kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes: int = 0, service_ms: float = 0.0
+) -> float:
     """What one request of API ``api_key`` charges a generic ``kind``: the same figure live and in replay."""
     return amount_from(basis(kind, api_key), request_bytes, response_bytes, service_ms)
 

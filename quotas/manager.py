@@ -40,6 +40,7 @@ token bucket already; KIP-936 counts ids per window, not a flow to pace)."""
 OTHER = "__other__"
 """User and client-id label of the bucket that stands for every bucket not named in a capped scrape."""
 
+
 def bucket_scope(key: str, scope: str) -> str:
     """The scope a charge to ``key`` is kept under, for a connection whose scope is ``scope``."""
     return "" if key in CLUSTER_WIDE_KEYS else scope
@@ -74,9 +75,10 @@ class Windows(NamedTuple):
         families = {}
         for family, prefix in _SETTING_PREFIX.items():
             d = getattr(defaults, family)
-            families[family] = Window(int(settings.get(prefix + "window_num", d.samples)),
-                                      round(float(settings.get(prefix + "window_size_seconds", d.size_ms / 1000))
-                                            * 1000))
+            families[family] = Window(
+                int(settings.get(prefix + "window_num", d.samples)),
+                round(float(settings.get(prefix + "window_size_seconds", d.size_ms / 1000)) * 1000),
+            )
         return cls(**families)
 
 
@@ -113,11 +115,26 @@ class MutationCharge:
 
 
 class Tracker:
-    __slots__ = ("stat", "limit", "last_used_ms", "throttle_ms_total", "last_throttle_ms", "mutations",
-                 "recorded_total", "remote_total", "pace")
+    __slots__ = (
+        "stat",
+        "limit",
+        "last_used_ms",
+        "throttle_ms_total",
+        "last_throttle_ms",
+        "mutations",
+        "recorded_total",
+        "remote_total",
+        "pace",
+    )
 
-    def __init__(self, stat: Any, limit: float, now_ms: int, mutations: SampledRate | None = None,
-                 pace: TokenBucket | None = None) -> None:
+    def __init__(
+        self,
+        stat: Any,
+        limit: float,
+        now_ms: int,
+        mutations: SampledRate | None = None,
+        pace: TokenBucket | None = None,
+    ) -> None:
         self.stat = stat
         """A :class:`TokenBucket` (the controller-mutation quota) or a :class:`SampledRate` (the rest). Typed Any,
         not the union: each reader takes it as the one type its path knows (``stat: SampledRate = t.stat``, a
@@ -164,8 +181,13 @@ class Bound:
 
 
 class QuotaManager:
-    def __init__(self, store: QuotaStore, windows: Windows = DEFAULT_WINDOWS, idle_ms: int = 3_600_000,
-                 max_trackers: int = 20_000) -> None:
+    def __init__(
+        self,
+        store: QuotaStore,
+        windows: Windows = DEFAULT_WINDOWS,
+        idle_ms: int = 3_600_000,
+        max_trackers: int = 20_000,
+    ) -> None:
         self.store = store
         self._epoch = 0
         """Bumped whenever the store's quotas change, a tracker is dropped or the windows change: a kept
@@ -183,8 +205,9 @@ class QuotaManager:
         """Smooth enforcement: byte rates and the request quota are paced by a bucket of this many seconds of
         quota (None: Kafka's windowed throttles)."""
 
-    def configure(self, windows: Windows, idle_ms: int, max_trackers: int | None = None,
-                  pace_s: float | None = None) -> None:
+    def configure(
+        self, windows: Windows, idle_ms: int, max_trackers: int | None = None, pace_s: float | None = None
+    ) -> None:
         """New window or pacing settings drop all state (Kafka needs a restart for these; the proxy starts
         afresh)."""
         if windows != self.windows or pace_s != self.pace_s:
@@ -248,8 +271,7 @@ class QuotaManager:
             return None
         return Bound(key, r, user, client_id, self._tracker(r, scope, now_ms))
 
-    def charge_rate(self, key: str, user: str, client_id: str, scope: str, amount: float,
-                    now_ms: int) -> Charge | None:
+    def charge_rate(self, key: str, user: str, client_id: str, scope: str, amount: float, now_ms: int) -> Charge | None:
         """Record ``amount`` against the rate quota ``key`` (bytes, percent-seconds, new producer ids), then
         check (Kafka records first: a violating request is already counted). None when no quota applies."""
         b = self.bind(key, user, client_id, scope, now_ms)
@@ -283,8 +305,11 @@ class QuotaManager:
             # bloom filter has turned over and the user's ids count as new again anyway.
             per_window_s = self.windows.pids.size_ms / 1000
             limit /= per_window_s
-            throttle = 0 if observed <= limit else min(byte_rate_throttle_ms(observed, limit, window),
-                                                       self.windows.pids.size_ms)
+            throttle = (
+                0
+                if observed <= limit
+                else min(byte_rate_throttle_ms(observed, limit, window), self.windows.pids.size_ms)
+            )
             observed *= per_window_s
         elif observed <= limit:  # within quota, the common case: every formula gives 0
             throttle = 0
@@ -312,8 +337,9 @@ class QuotaManager:
             return None
         return self._tracker(r, scope, now_ms)
 
-    def charge_mutations(self, user: str, client_id: str, scope: str, counts: list[int], now_ms: int,
-                         strict: bool) -> MutationCharge | None:
+    def charge_mutations(
+        self, user: str, client_id: str, scope: str, counts: list[int], now_ms: int, strict: bool
+    ) -> MutationCharge | None:
         """KIP-599, the one sequence the proxy and the offline replay both run: admit the topics of one request
         against the bucket (:func:`quotas.token_bucket.admit`: strict requests report a throttle only when a
         topic was rejected; a fully admitted one that drives tokens negative gets 0, its successor is
@@ -328,8 +354,9 @@ class QuotaManager:
         tracker.mutations.record(admitted, now_ms)
         tracker.recorded_total += admitted
         if self.ledger is not None and admitted:
-            self.ledger.add((CONTROLLER_MUTATION_RATE, user, client_id), CONTROLLER_MUTATION_RATE, user, client_id,
-                            admitted)
+            self.ledger.add(
+                (CONTROLLER_MUTATION_RATE, user, client_id), CONTROLLER_MUTATION_RATE, user, client_id, admitted
+            )
         return MutationCharge(admission.admitted, admitted, tracker.limit, admission.throttle_ms)
 
     # ------------------------------------------------------------------------------------------ fleet
@@ -399,8 +426,9 @@ class QuotaManager:
                 if len(group_items) <= top:
                     items.extend(group_items)
                     continue
-                ranked = heapq.nlargest(top, group_items,
-                                        key=lambda kv: (kv[1].last_throttle_ms > 0, kv[1].recorded_total))
+                ranked = heapq.nlargest(
+                    top, group_items, key=lambda kv: (kv[1].last_throttle_ms > 0, kv[1].recorded_total)
+                )
                 items.extend(ranked)
                 named = {id(kv[1]) for kv in ranked}
                 folded: dict[str, list[float]] = {}

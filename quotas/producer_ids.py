@@ -171,4 +171,3 @@ class ProducerIdTracker:
     def max_bytes_per_user(self) -> int:
         """Upper bound of :meth:`user_memory_bytes`: two filters, whatever the user sends."""
         return 2 * self._filter_bytes
-

@@ -41,6 +41,7 @@ __all__ = [
 THROTTLING_QUOTA_EXCEEDED: Final = 89
 """Error code for a topic rejected by a strict controller-mutation quota."""
 
+
 class TokenBucket:
     """Tokens for one quota entity: refill ``rate`` per second up to ``burst``; may go negative.
 

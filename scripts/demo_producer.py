@@ -66,8 +66,9 @@ def read_quota(bootstrap: str, client_id: str) -> float | None:
 
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
     C = DescribeClientQuotasRequest.ComponentData
-    req = DescribeClientQuotasRequest(components=[C(entity_type="client-id", match_type=0, match=client_id)],
-                                      strict=False)
+    req = DescribeClientQuotasRequest(
+        components=[C(entity_type="client-id", match_type=0, match=client_id)], strict=False
+    )
     req.API_VERSION = 0
     req.with_header(correlation_id=1, client_id=f"{client_id}-describe")
     try:
@@ -102,14 +103,25 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
 
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # it warns on every throttled response; we summarise
     # A one-second sample window: throttle-time-max then covers about the last two seconds, one report line.
-    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks=1, linger_ms=5,
-                             batch_size=256 * 1024, max_request_size=1 * MIB, max_block_ms=60_000,
-                             metrics_sample_window_ms=1000, metrics_num_samples=2)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        acks=1,
+        linger_ms=5,
+        batch_size=256 * 1024,
+        max_request_size=1 * MIB,
+        max_block_ms=60_000,
+        metrics_sample_window_ms=1000,
+        metrics_num_samples=2,
+    )
     acked, failed = Acked(), [0]
     value = bytes(RECORD)
     until = f"for {seconds:.0f} s" if seconds > 0 else "until Ctrl-C"
-    print(f"demo producer: client id {client_id!r}, sending {RECORD >> 10} KiB records to topic {topic!r} as fast "
-          f"as it can {until}; quota {quota / MIB:.2f} MiB/s", flush=True)
+    print(
+        f"demo producer: client id {client_id!r}, sending {RECORD >> 10} KiB records to topic {topic!r} as fast "
+        f"as it can {until}; quota {quota / MIB:.2f} MiB/s",
+        flush=True,
+    )
     start = time.monotonic()
     stop = threading.Event()
     throttle_seen = [0.0]
@@ -126,9 +138,11 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
             if now_quota != quotas_seen[-1]:
                 quotas_seen.append(now_quota)
                 print(f"  quota for {client_id!r} is now {now_quota / MIB:.2f} MiB/s", flush=True)
-            print(f"  t={tick - start:4.0f} s  acked {acked.total / MIB:6.1f} MiB  last 2 s {got / MIB:5.2f} MiB/s "
-                  f"({got / now_quota:4.0%} of {now_quota / MIB:.2f} MiB/s)  throttle_time_ms max {throttle:5.0f}",
-                  flush=True)
+            print(
+                f"  t={tick - start:4.0f} s  acked {acked.total / MIB:6.1f} MiB  last 2 s {got / MIB:5.2f} MiB/s "
+                f"({got / now_quota:4.0%} of {now_quota / MIB:.2f} MiB/s)  throttle_time_ms max {throttle:5.0f}",
+                flush=True,
+            )
 
     reporter = threading.Thread(target=report, daemon=True)
     reporter.start()
@@ -156,19 +170,27 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
     run_s = end - start
     if len(quotas_seen) == 1:
         allowed = quota * (run_s + WINDOW_S)
-        bound = (f"quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + {WINDOW_S:.0f} s) "
-                 f"= {allowed / MIB:.1f} MiB through in that time")
+        bound = (
+            f"quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + {WINDOW_S:.0f} s) "
+            f"= {allowed / MIB:.1f} MiB through in that time"
+        )
     else:
         bound = "the quota changed during the run: " + " -> ".join(f"{q / MIB:.2f}" for q in quotas_seen) + " MiB/s"
-    print(f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average, the "
-          f"first burst included ({bound}); the largest throttle_time_ms the client got: {throttle_seen[0]:.0f}; "
-          f"failed sends: {failed[0]}", flush=True)
+    print(
+        f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average, the "
+        f"first burst included ({bound}); the largest throttle_time_ms the client got: {throttle_seen[0]:.0f}; "
+        f"failed sends: {failed[0]}",
+        flush=True,
+    )
     if trace:  # every acknowledgement, for bench/throttle_shape.py's plot
         with open(trace, "w") as out:
             out.write("t_s,acked_bytes\n")
             out.writelines(f"{t - start:.4f},{b}\n" for t, b in acked.points)
-    print(f"DEMO-RESULT acked_bytes={acked.total} run_s={run_s:.3f} quota={quota:.0f} "
-          f"throttle_ms={throttle_seen[0]:.0f} failed={failed[0]}", flush=True)
+    print(
+        f"DEMO-RESULT acked_bytes={acked.total} run_s={run_s:.3f} quota={quota:.0f} "
+        f"throttle_ms={throttle_seen[0]:.0f} failed={failed[0]}",
+        flush=True,
+    )
     return 0 if failed[0] == 0 else 1
 
 

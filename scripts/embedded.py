@@ -70,8 +70,14 @@ def _progress(what: str, detail: Callable[[], str] = lambda: "") -> Iterator[Non
 
 def _config(path: str | None, bootstrap: str, port: int):
     """The file's settings (quotas, metrics...) with the embedded broker as upstream and --port's listeners."""
-    return load_config(path, {"upstream.bootstrap_servers": bootstrap, "listen.bootstrap_port": port,
-                              "listen.broker_ports": f"{port + 1}-{port + 100}"})
+    return load_config(
+        path,
+        {
+            "upstream.bootstrap_servers": bootstrap,
+            "listen.bootstrap_port": port,
+            "listen.broker_ports": f"{port + 1}-{port + 100}",
+        },
+    )
 
 
 def _try_it(bootstrap: str) -> str:
@@ -93,21 +99,37 @@ async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
     """Run the demo producer (its own process: an ordinary client) through the proxy; say what to look at and how
     to change the quota first, so both can be tried while it runs."""
     metrics = f"http://127.0.0.1:{proxy.metrics_port}/metrics" if proxy.metrics_port else None
-    print(f"\nDEMO: a producer sends as fast as it can; the proxy holds client id {DEMO_CLIENT_ID!r} to "
-          f"{quota / (1 << 20):.2f} MiB/s.\n"
-          "What to look at:\n"
-          "  - the rate below: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
-          "quota;\n"
-          "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);",
-          flush=True)
+    print(
+        f"\nDEMO: a producer sends as fast as it can; the proxy holds client id {DEMO_CLIENT_ID!r} to "
+        f"{quota / (1 << 20):.2f} MiB/s.\n"
+        "What to look at:\n"
+        "  - the rate below: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
+        "quota;\n"
+        "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);",
+        flush=True,
+    )
     if metrics:
         print(f"  - the proxy's metrics: curl -s {metrics} | grep -E 'ktp_produce|ktp_quota_decisions'", flush=True)
-    print(f"  - change the quota live, in another terminal (the producer's lines follow it):\n"
-          f"      .venv/bin/kafka-throttle-proxy quotas --bootstrap-server {proxy.bootstrap_address} alter "
-          f"--client-id {DEMO_CLIENT_ID} --add-config producer_byte_rate=4194304\n", flush=True)
+    print(
+        f"  - change the quota live, in another terminal (the producer's lines follow it):\n"
+        f"      .venv/bin/kafka-throttle-proxy quotas --bootstrap-server {proxy.bootstrap_address} alter "
+        f"--client-id {DEMO_CLIENT_ID} --add-config producer_byte_rate=4194304\n",
+        flush=True,
+    )
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scripts.demo_producer", "--bootstrap-server", proxy.bootstrap_address,
-        "--quota", str(quota), "--seconds", str(seconds), "--client-id", DEMO_CLIENT_ID, cwd=REPO)
+        sys.executable,
+        "-m",
+        "scripts.demo_producer",
+        "--bootstrap-server",
+        proxy.bootstrap_address,
+        "--quota",
+        str(quota),
+        "--seconds",
+        str(seconds),
+        "--client-id",
+        DEMO_CLIENT_ID,
+        cwd=REPO,
+    )
     try:
         return await child.wait()
     except asyncio.CancelledError:  # Ctrl-C: the producer ends with its summary before the proxy goes
@@ -124,10 +146,13 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
     logging.getLogger(__name__).info("%s", build_info.describe())  # which build runs, as `run` says it
     proxy = Proxy(config)
     await proxy.start()
-    print(f"\nKafka is at {bootstrap} (do not use it directly).\n"
-          f"Point clients at the proxy:  bootstrap.servers={proxy.bootstrap_address}\n"
-          f"  e.g. {_try_it(proxy.bootstrap_address)}\n"
-          "Ctrl-C stops the proxy and the broker.\n", flush=True)
+    print(
+        f"\nKafka is at {bootstrap} (do not use it directly).\n"
+        f"Point clients at the proxy:  bootstrap.servers={proxy.bootstrap_address}\n"
+        f"  e.g. {_try_it(proxy.bootstrap_address)}\n"
+        "Ctrl-C stops the proxy and the broker.\n",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -155,13 +180,20 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=19092, help="proxy bootstrap port (brokers get the next 100)")
-    ap.add_argument("-c", "--config", help="a proxy config (e.g. examples/byte-rates.yaml); its upstream and "
-                                           "listen ports are replaced by the embedded broker's and --port's")
-    ap.add_argument("--demo", action="store_true",
-                    help=f"run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is given) and "
-                         "show what it gets")
-    ap.add_argument("--demo-seconds", type=float, default=0.0,
-                    help="how long the demo producer runs (0, the default: until Ctrl-C)")
+    ap.add_argument(
+        "-c",
+        "--config",
+        help="a proxy config (e.g. examples/byte-rates.yaml); its upstream and "
+        "listen ports are replaced by the embedded broker's and --port's",
+    )
+    ap.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is given) and show what it gets",
+    )
+    ap.add_argument(
+        "--demo-seconds", type=float, default=0.0, help="how long the demo producer runs (0, the default: until Ctrl-C)"
+    )
     ap.add_argument("--once", action="store_true", help="with --demo: stop everything when the demo ends")
     args = ap.parse_args()
     if args.demo and not args.config:
@@ -179,21 +211,26 @@ def main() -> int:
             with socket.create_server(("127.0.0.1", port)):
                 pass
     except OSError as exc:
-        print(f"--port {args.port}: 127.0.0.1:{port} cannot be used ({exc.strerror or exc}); pick another "
-              "with --port", file=sys.stderr)
+        print(
+            f"--port {args.port}: 127.0.0.1:{port} cannot be used ({exc.strerror or exc}); pick another with --port",
+            file=sys.stderr,
+        )
         return 2
     m2 = Path.home() / ".m2" / "repository"
     before = _du_mb(m2) if m2.exists() else 0.0
-    with _progress(f"fetching Apache Kafka {DEFAULT_KAFKA_VERSION}'s jars (Maven Central, cached in "
-                   f"{cache_root()}; the first run downloads about 150 MB)",
-                   lambda: f"{max(0.0, _du_mb(m2) - before):.0f} MB downloaded" if m2.exists() else ""):
+    with _progress(
+        f"fetching Apache Kafka {DEFAULT_KAFKA_VERSION}'s jars (Maven Central, cached in "
+        f"{cache_root()}; the first run downloads about 150 MB)",
+        lambda: f"{max(0.0, _du_mb(m2) - before):.0f} MB downloaded" if m2.exists() else "",
+    ):
         dist = ensure_kafka()
     cluster = KafkaCluster(1, dist=dist)
     with _progress("starting a single-node Kafka broker (KRaft)"):
         cluster.start()
     try:
-        return uvloop.run(_serve(args.config, cluster.bootstrap, args.port,
-                                 args.demo_seconds if args.demo else None, args.once))
+        return uvloop.run(
+            _serve(args.config, cluster.bootstrap, args.port, args.demo_seconds if args.demo else None, args.once)
+        )
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2

@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kafka-tool: unknown tool {argv[0]!r}; known tools: {_known()}", file=sys.stderr)
         return 2
     try:
-        dist = ensure_kafka(tools_only=True, progress=lambda what: print(f"kafka-tool: {what}", file=sys.stderr,
-                                                                           flush=True))
+        dist = ensure_kafka(
+            tools_only=True, progress=lambda what: print(f"kafka-tool: {what}", file=sys.stderr, flush=True)
+        )
     except (RuntimeError, OSError) as exc:  # no java, no mvn, or Maven failed (its output is in the message)
         print(f"kafka-tool: cannot fetch Kafka's jars: {exc}", file=sys.stderr)
         return 1
@@ -96,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     jvm_opts = PERF_TOOL_JVM_OPTS if main_class.endswith("Performance") else TOOL_JVM_OPTS
     if heap := os.environ.get("KAFKA_HEAP_OPTS"):  # as bin/kafka-run-class.sh: replaces the default heap
         jvm_opts = tuple(o for o in jvm_opts if not o.startswith("-Xm")) + tuple(heap.split())
-    cmd = dist.java(main_class, *argv[1:], jvm_opts=jvm_opts,
-                    sys_props={"log4j2.configurationFile": str(_log4j_config())})
+    cmd = dist.java(
+        main_class, *argv[1:], jvm_opts=jvm_opts, sys_props={"log4j2.configurationFile": str(_log4j_config())}
+    )
     try:
         os.execv(cmd[0], cmd)
     except OSError as exc:

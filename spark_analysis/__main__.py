@@ -34,10 +34,14 @@ def _budgets(text: str | None) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m spark_analysis",
-                                description="Analyse kafka-throttle-proxy decision logs with Spark.")
-    p.add_argument("input", help="decision log: a file, directory or glob; local, hdfs://, s3a://...; or "
-                                 "kafka://HOST:PORT/TOPIC (decision_log.topic, read with Spark's Kafka connector)")
+    p = argparse.ArgumentParser(
+        prog="python -m spark_analysis", description="Analyse kafka-throttle-proxy decision logs with Spark."
+    )
+    p.add_argument(
+        "input",
+        help="decision log: a file, directory or glob; local, hdfs://, s3a://...; or "
+        "kafka://HOST:PORT/TOPIC (decision_log.topic, read with Spark's Kafka connector)",
+    )
     p.add_argument("--out", required=True, help="output directory for Parquet tables and report.html")
     p.add_argument("--quotas", help="proposed quota config (YAML) to replay over the logged traffic")
     p.add_argument("--master", default=None, help="Spark master (default local[*]; ignored under spark-submit)")
@@ -75,9 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         raise SystemExit(f"spark_analysis: {exc}") from None
     spark = build_spark(args.master, args.driver_memory, args.shuffle_partitions, args.ui, packages=packages)
-    opts = JobOptions(input=args.input, out=args.out, fmt=args.format, quotas=quotas, quotas_path=args.quotas,
-                      window_s=args.window, percentile=args.percentile, headroom=args.headroom,
-                      budgets=_budgets(args.budget), top=args.top, report=not args.no_report)
+    opts = JobOptions(
+        input=args.input,
+        out=args.out,
+        fmt=args.format,
+        quotas=quotas,
+        quotas_path=args.quotas,
+        window_s=args.window,
+        percentile=args.percentile,
+        headroom=args.headroom,
+        budgets=_budgets(args.budget),
+        top=args.top,
+        report=not args.no_report,
+    )
     try:
         result = run(spark, opts)
     finally:

@@ -85,9 +85,14 @@ class JobResult:
 # ------------------------------------------------------------------------------------------------- session
 
 
-def build_spark(master: str | None = "local[*]", driver_memory: str = "2g", shuffle_partitions: int | None = None,
-                ui: bool = False, app_name: str = "kafka-throttle-proxy decision log",
-                packages: list[str] | None = None) -> SparkSession:
+def build_spark(
+    master: str | None = "local[*]",
+    driver_memory: str = "2g",
+    shuffle_partitions: int | None = None,
+    ui: bool = False,
+    app_name: str = "kafka-throttle-proxy decision log",
+    packages: list[str] | None = None,
+) -> SparkSession:
     """A SparkSession tuned for this job (AQE on, Arrow for pandas, few shuffle partitions on a small master).
 
     Under ``spark-submit`` (``master`` None) the master and memory come from spark-submit's flags.
@@ -170,9 +175,11 @@ def ship_code(spark: SparkSession) -> None:
 
     missing = spark.sparkContext.parallelize([0], 1).map(executor_missing).collect()[0]
     if missing:
-        raise RuntimeError(f"Spark executors on {master} cannot import {', '.join(missing)}: install "
-                           f"{' '.join(EXECUTOR_PACKAGES)} in the workers' Python (and pyspark of the cluster's "
-                           "version); the job ships its own code")
+        raise RuntimeError(
+            f"Spark executors on {master} cannot import {', '.join(missing)}: install "
+            f"{' '.join(EXECUTOR_PACKAGES)} in the workers' Python (and pyspark of the cluster's "
+            "version); the job ships its own code"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- stages
@@ -208,14 +215,21 @@ def overview(events: DataFrame) -> dict[str, Any]:
     # per member of a fleet (or instance): its traffic and throttles, and the events its log is missing
     proxies: pd.DataFrame = (
         events.groupBy("proxy")
-        .agg(F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"), F.max("seq").alias("max_seq"),
-             F.sum("requests").alias("requests"), F.sum("bytes_in").alias("bytes_in"),
-             F.sum("bytes_out").alias("bytes_out"),
-             F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
-             F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
-             F.sum(F.when(F.col("action") == "reject", 1).otherwise(0)).alias("rejects"))
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            F.min("seq").alias("min_seq"),
+            F.max("seq").alias("max_seq"),
+            F.sum("requests").alias("requests"),
+            F.sum("bytes_in").alias("bytes_in"),
+            F.sum("bytes_out").alias("bytes_out"),
+            F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+            F.sum(F.coalesce(F.col("throttle_ms"), F.lit(0))).alias("throttle_ms"),
+            F.sum(F.when(F.col("action") == "reject", 1).otherwise(0)).alias("rejects"),
+        )
         .withColumn("missing", F.greatest(F.lit(0), F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")))
-        .orderBy("proxy").limit(1000).toPandas()
+        .orderBy("proxy")
+        .limit(1000)
+        .toPandas()
     )
     ov["proxies"] = proxies
     ov["missing_events"] = int(proxies["missing"].fillna(0).sum()) if len(proxies) else 0
@@ -233,8 +247,11 @@ def usage_per_second(events: DataFrame) -> DataFrame:
         F.sum("rejected_topics").alias("rejected_topics"),
     ]
     for k in QUOTA_KINDS:
-        aggs += [F.sum(f"{k}_amt").alias(k), F.max(f"{k}_limit").alias(f"{k}_limit"),
-                 F.sum(f"{k}_throttle_ms").alias(f"{k}_throttle_ms")]
+        aggs += [
+            F.sum(f"{k}_amt").alias(k),
+            F.max(f"{k}_limit").alias(f"{k}_limit"),
+            F.sum(f"{k}_throttle_ms").alias(f"{k}_throttle_ms"),
+        ]
     return events.groupBy("user", "client_id", "sec").agg(*aggs)
 
 
@@ -255,57 +272,98 @@ def throttle_totals(events: DataFrame) -> DataFrame:
     ]
     for k in QUOTA_KINDS:
         t = F.col(f"{k}_throttle_ms")
-        aggs += [F.sum(F.when(t > 0, 1).otherwise(0)).alias(f"{k}_throttled"),
-                 F.sum(F.coalesce(t, F.lit(0))).alias(f"{k}_throttle_ms")]
+        aggs += [
+            F.sum(F.when(t > 0, 1).otherwise(0)).alias(f"{k}_throttled"),
+            F.sum(F.coalesce(t, F.lit(0))).alias(f"{k}_throttle_ms"),
+        ]
     return events.groupBy("user", "client_id").agg(*aggs)
 
 
 def latency(events: DataFrame) -> DataFrame:
     req = events.where((F.col("event") == "request") & F.col("upstream_ms").isNotNull())
     q = F.percentile_approx("upstream_ms", [0.5, 0.9, 0.99, 0.999], 2000)
-    return (req.groupBy("api_key")
-            .agg(F.count(F.lit(1)).alias("requests"), F.avg("upstream_ms").alias("mean_ms"), q.alias("q"),
-                 F.max("upstream_ms").alias("max_ms"))
-            .select("api_key", "requests", "mean_ms", F.col("q")[0].alias("p50_ms"), F.col("q")[1].alias("p90_ms"),
-                    F.col("q")[2].alias("p99_ms"), F.col("q")[3].alias("p999_ms"), "max_ms")
-            .orderBy("api_key"))
+    return (
+        req.groupBy("api_key")
+        .agg(
+            F.count(F.lit(1)).alias("requests"),
+            F.avg("upstream_ms").alias("mean_ms"),
+            q.alias("q"),
+            F.max("upstream_ms").alias("max_ms"),
+        )
+        .select(
+            "api_key",
+            "requests",
+            "mean_ms",
+            F.col("q")[0].alias("p50_ms"),
+            F.col("q")[1].alias("p90_ms"),
+            F.col("q")[2].alias("p99_ms"),
+            F.col("q")[3].alias("p999_ms"),
+            "max_ms",
+        )
+        .orderBy("api_key")
+    )
 
 
 def _long_usage(usage_1s: DataFrame) -> DataFrame:
     """usage_1s (wide) -> (user, client_id, sec, kind, amount, limit, throttle_ms), only where amount > 0."""
     rows = ", ".join(f"'{k}', `{k}`, `{k}_limit`, `{k}_throttle_ms`" for k in QUOTA_KINDS)
     stack = f"stack({len(QUOTA_KINDS)}, {rows}) as (kind, amount, limit, kind_throttle_ms)"
-    return (usage_1s.select("user", "client_id", "sec", F.expr(stack))
-            .where(F.col("amount").isNotNull() & (F.col("amount") > 0)))
+    return usage_1s.select("user", "client_id", "sec", F.expr(stack)).where(
+        F.col("amount").isNotNull() & (F.col("amount") > 0)
+    )
 
 
 def usage_windows(usage_1s: DataFrame, window_s: int, pid_window_s: int) -> DataFrame:
     long = _long_usage(usage_1s)
     w = F.when(F.col("kind") == "pids", F.lit(pid_window_s)).otherwise(F.lit(window_s))
-    return (long.withColumn("window_s", w)
-            .withColumn("window_start", (F.floor(F.col("sec") / F.col("window_s")) * F.col("window_s")).cast("long"))
-            .groupBy("user", "client_id", "kind", "window_s", "window_start")
-            # producer_ids_rate is a count per window (KIP-936, quotas/manager.py), the others per second
-            .agg(F.when(F.first("kind") == "pids", F.sum("amount"))
-                 .otherwise(F.sum("amount") / F.first("window_s")).alias("rate"), F.max("limit").alias("limit"),
-                 F.sum("kind_throttle_ms").alias("throttle_ms")))
+    return (
+        long.withColumn("window_s", w)
+        .withColumn("window_start", (F.floor(F.col("sec") / F.col("window_s")) * F.col("window_s")).cast("long"))
+        .groupBy("user", "client_id", "kind", "window_s", "window_start")
+        # producer_ids_rate is a count per window (KIP-936, quotas/manager.py), the others per second
+        .agg(
+            F.when(F.first("kind") == "pids", F.sum("amount"))
+            .otherwise(F.sum("amount") / F.first("window_s"))
+            .alias("rate"),
+            F.max("limit").alias("limit"),
+            F.sum("kind_throttle_ms").alias("throttle_ms"),
+        )
+    )
 
 
 def recommendations(windows: DataFrame, percentile: float, headroom: float) -> DataFrame:
     """Per user (all client ids) and per (user, client_id), per kind: percentile of windowed rate x headroom."""
-    per_user = (windows.groupBy("user", "kind", "window_s", "window_start")
-                .agg(F.sum("rate").alias("rate"), F.max("limit").alias("limit"))
-                .withColumn("client_id", F.lit(None).cast("string")).withColumn("level", F.lit("user")))
-    per_pair = windows.select("user", "kind", "window_s", "window_start", "rate", "limit", "client_id",
-                              F.lit("user+client-id").alias("level"))
+    per_user = (
+        windows.groupBy("user", "kind", "window_s", "window_start")
+        .agg(F.sum("rate").alias("rate"), F.max("limit").alias("limit"))
+        .withColumn("client_id", F.lit(None).cast("string"))
+        .withColumn("level", F.lit("user"))
+    )
+    per_pair = windows.select(
+        "user", "kind", "window_s", "window_start", "rate", "limit", "client_id", F.lit("user+client-id").alias("level")
+    )
     both = per_user.unionByName(per_pair)
     q = F.percentile_approx("rate", [0.5, percentile], 5000)
-    agg = (both.groupBy("level", "user", "client_id", "kind", "window_s")
-           .agg(F.count(F.lit(1)).alias("active_windows"), q.alias("q"), F.max("rate").alias("peak_rate"),
-                F.avg("rate").alias("mean_rate"), F.max("limit").alias("current_limit")))
-    return agg.select("level", "user", "client_id", "kind", "window_s", "active_windows",
-                      F.col("q")[0].alias("p50_rate"), F.col("q")[1].alias("pct_rate"), "peak_rate", "mean_rate",
-                      "current_limit")
+    agg = both.groupBy("level", "user", "client_id", "kind", "window_s").agg(
+        F.count(F.lit(1)).alias("active_windows"),
+        q.alias("q"),
+        F.max("rate").alias("peak_rate"),
+        F.avg("rate").alias("mean_rate"),
+        F.max("limit").alias("current_limit"),
+    )
+    return agg.select(
+        "level",
+        "user",
+        "client_id",
+        "kind",
+        "window_s",
+        "active_windows",
+        F.col("q")[0].alias("p50_rate"),
+        F.col("q")[1].alias("pct_rate"),
+        "peak_rate",
+        "mean_rate",
+        "current_limit",
+    )
 
 
 def _nice_ceil(x: float, integral: bool) -> float:
@@ -339,8 +397,9 @@ def split_budget(demands: dict[str, float], budget: float) -> dict[str, float]:
     return out
 
 
-def finish_recommendations(rec: pd.DataFrame, percentile: float, headroom: float,
-                           budgets: dict[str, float]) -> pd.DataFrame:
+def finish_recommendations(
+    rec: pd.DataFrame, percentile: float, headroom: float, budgets: dict[str, float]
+) -> pd.DataFrame:
     """Driver side, over the aggregate only: the recommended value, a budget share and the reasoning text."""
     if rec.empty:
         return rec.assign(recommended=[], budget_share=[], reasoning=[])
@@ -353,8 +412,10 @@ def finish_recommendations(rec: pd.DataFrame, percentile: float, headroom: float
         value = _nice_ceil(r.pct_rate * headroom, integral)
         recommended.append(value)
         unit = UNITS[r.kind]
-        text = (f"{pct} of {r.active_windows} active {r.window_s}s windows = {r.pct_rate:,.4g} {unit} "
-                f"(median {r.p50_rate:,.4g}, peak {r.peak_rate:,.4g}); x{headroom:g} headroom -> {value:,.6g} {unit}")
+        text = (
+            f"{pct} of {r.active_windows} active {r.window_s}s windows = {r.pct_rate:,.4g} {unit} "
+            f"(median {r.p50_rate:,.4g}, peak {r.peak_rate:,.4g}); x{headroom:g} headroom -> {value:,.6g} {unit}"
+        )
         if r.current_limit is not None and not pd.isna(r.current_limit):
             ratio = r.peak_rate / r.current_limit if r.current_limit else float("inf")
             text += f"; current limit {r.current_limit:,.6g} (peak is {ratio:.2f}x of it)"
@@ -373,8 +434,10 @@ def finish_recommendations(rec: pd.DataFrame, percentile: float, headroom: float
             share = split[user]
             out.at[idx, "budget_share"] = float(math.floor(share)) if kind in ("produce", "fetch") else share
             verdict = "fits" if total <= budget else "capped (max-min fair)"
-            out.at[idx, "reasoning"] += (f"; cluster budget {budget:,.6g} {UNITS[kind]} over {len(demands)} users "
-                                         f"(total demand {total:,.6g}): {verdict} -> {share:,.6g}")
+            out.at[idx, "reasoning"] += (
+                f"; cluster budget {budget:,.6g} {UNITS[kind]} over {len(demands)} users "
+                f"(total demand {total:,.6g}): {verdict} -> {share:,.6g}"
+            )
     return out.sort_values(["level", "kind", "pct_rate"], ascending=[True, True, False]).reset_index(drop=True)
 
 
@@ -395,19 +458,36 @@ def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFra
         if k == "mutation":
             # Only requests that met the bucket: something charged, a topic rejected, or per-topic counts known
             # (validate-only requests the proxy leaves free log no mutation_value and 0 mutations).
-            cond = cond & ((amt > 0) | (F.coalesce(F.col("rejected_topics"), F.lit(0)) > 0)
-                           | F.coalesce(F.size("topic_partitions") > 0, F.lit(False)))
-        parts.append(events.where(cond).select(
-            F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),  # bucket columns are join keys: never null
-            # One bucket per entity across the cluster for the keys Kafka enforces at the controller
-            # (quotas.manager.bucket_scope), whichever broker's scope the event was logged under.
-            (F.lit("") if cluster_scope or KIND_KEYS[k] in CLUSTER_WIDE_KEYS
-             else F.coalesce(F.col("scope"), F.lit(""))).alias("scope"),
-            F.lit(k).alias("kind"), "user", F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
-            ts.alias("charge_ts_ms"), "ts_ms", F.coalesce(F.col("seq"), F.lit(0)).alias("seq"), "event",
-            amt.alias("amount"), "api_key", "api_version", "topic_partitions",
-            F.col(f"{k}_throttle_ms").alias("logged_throttle_ms"), F.col(f"{k}_limit").alias("logged_limit"),
-        ))
+            cond = cond & (
+                (amt > 0)
+                | (F.coalesce(F.col("rejected_topics"), F.lit(0)) > 0)
+                | F.coalesce(F.size("topic_partitions") > 0, F.lit(False))
+            )
+        parts.append(
+            events.where(cond).select(
+                F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),  # bucket columns are join keys: never null
+                # One bucket per entity across the cluster for the keys Kafka enforces at the controller
+                # (quotas.manager.bucket_scope), whichever broker's scope the event was logged under.
+                (
+                    F.lit("")
+                    if cluster_scope or KIND_KEYS[k] in CLUSTER_WIDE_KEYS
+                    else F.coalesce(F.col("scope"), F.lit(""))
+                ).alias("scope"),
+                F.lit(k).alias("kind"),
+                "user",
+                F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
+                ts.alias("charge_ts_ms"),
+                "ts_ms",
+                F.coalesce(F.col("seq"), F.lit(0)).alias("seq"),
+                "event",
+                amt.alias("amount"),
+                "api_key",
+                "api_version",
+                "topic_partitions",
+                F.col(f"{k}_throttle_ms").alias("logged_throttle_ms"),
+                F.col(f"{k}_limit").alias("logged_limit"),
+            )
+        )
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -418,8 +498,14 @@ REPLAY_TASKS = 16
 """Least number of replay tasks; the job writes the replay with AQE's partition coalescing off."""
 
 
-def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, prefilter: bool = True,
-           skipped: dict[str, Any] | None = None) -> DataFrame:
+def whatif(
+    spark: SparkSession,
+    events: DataFrame,
+    config: ReplayConfig,
+    *,
+    prefilter: bool = True,
+    skipped: dict[str, Any] | None = None,
+) -> DataFrame:
     """Per-charge replay of ``config`` (a lazy DataFrame with :data:`REPLAY_OUTPUT_SCHEMA`).
 
     ``prefilter``: rate buckets that provably never exceed their quota are not fed through Python (see
@@ -434,11 +520,11 @@ def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, pref
     def resolve(batches):
         for pdf in batches:
             rows = resolve_pairs(list(zip(pdf["user"], pdf["client_id"], strict=True)), config)
-            yield pd.DataFrame(rows, columns=["user", "client_id", "kind", "bucket_user", "bucket_client_id",
-                                              "limit"])
+            yield pd.DataFrame(rows, columns=["user", "client_id", "kind", "bucket_user", "bucket_client_id", "limit"])
 
-    resolved = pairs.mapInPandas(resolve, "user string, client_id string, kind string, bucket_user string, "
-                                          "bucket_client_id string, limit double")
+    resolved = pairs.mapInPandas(
+        resolve, "user string, client_id string, kind string, bucket_user string, bucket_client_id string, limit double"
+    )
     ch = charges(events, kinds, config.scope == "cluster")
     joined = ch.join(F.broadcast(resolved), ["user", "client_id", "kind"])
     group = list(GROUP_COLUMNS)
@@ -448,20 +534,29 @@ def whatif(spark: SparkSession, events: DataFrame, config: ReplayConfig, *, pref
         rows = at_risk_buckets(joined, config).select(*group, "at_risk", "charges", "logged_throttled").collect()
         if skipped is not None:
             safe = [r for r in rows if not r["at_risk"]]
-            skipped.update({"buckets": len(safe), "charges": sum(int(r["charges"]) for r in safe),
-                            "logged_throttled": sum(int(r["logged_throttled"] or 0) for r in safe)})
+            skipped.update(
+                {
+                    "buckets": len(safe),
+                    "charges": sum(int(r["charges"]) for r in safe),
+                    "logged_throttled": sum(int(r["logged_throttled"] or 0) for r in safe),
+                }
+            )
         rows = [r for r in rows if r["at_risk"]]
     else:
         rows = joined.select(*group).distinct().collect()
     buckets = {i: tuple(r[c] for c in group) for i, r in enumerate(rows)}
-    ids = spark.createDataFrame([(i, *keys) for i, keys in buckets.items()],
-                                "bucket_id long, " + ", ".join(f"{c} string" for c in group))
+    ids = spark.createDataFrame(
+        [(i, *keys) for i, keys in buckets.items()], "bucket_id long, " + ", ".join(f"{c} string" for c in group)
+    )
     slim = joined.join(F.broadcast(ids), group).drop(*group, "limit")
     # Many small tasks rather than AQE's few big ones: a bucket's replay is CPU in Python, so two coalesced
     # partitions left one core idle while the other finished the larger half.
     tasks = max(REPLAY_TASKS, 4 * spark.sparkContext.defaultParallelism)
-    replayed = (slim.repartition(tasks, "bucket_id").groupBy("bucket_id")
-                .applyInPandas(make_replay_fn(config, buckets), BY_ID_OUTPUT_SCHEMA))
+    replayed = (
+        slim.repartition(tasks, "bucket_id")
+        .groupBy("bucket_id")
+        .applyInPandas(make_replay_fn(config, buckets), BY_ID_OUTPUT_SCHEMA)
+    )
     columns = [c.split(" ")[0] for c in REPLAY_OUTPUT_SCHEMA.split(", ")]
     return replayed.join(F.broadcast(ids), "bucket_id").select(*columns)
 
@@ -478,6 +573,7 @@ def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
     window, with its own cap) are always replayed - they are rare.
     """
     w = config.windows
+
     def per_kind(attr: str):  # each kind's window family, from the catalogue
         expr = None
         for kind in KINDS:
@@ -488,44 +584,74 @@ def at_risk_buckets(joined: DataFrame, config: ReplayConfig) -> DataFrame:
 
     kind_w, kind_n = per_kind("size_ms"), per_kind("samples")
     group = list(GROUP_COLUMNS)
-    binned = (joined.withColumn("w", kind_w).withColumn("n", kind_n)
-              .withColumn("bin", F.floor(F.col("charge_ts_ms") / F.col("w")).cast("long"))
-              .groupBy(*group, "bin")
-              .agg(F.sum("amount").alias("amount"), F.first("w").alias("w"), F.first("n").alias("n"),
-                   F.max("limit").alias("limit"), F.count(F.lit(1)).alias("charges"),
-                   F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled")))
+    binned = (
+        joined.withColumn("w", kind_w)
+        .withColumn("n", kind_n)
+        .withColumn("bin", F.floor(F.col("charge_ts_ms") / F.col("w")).cast("long"))
+        .groupBy(*group, "bin")
+        .agg(
+            F.sum("amount").alias("amount"),
+            F.first("w").alias("w"),
+            F.first("n").alias("n"),
+            F.max("limit").alias("limit"),
+            F.count(F.lit(1)).alias("charges"),
+            F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled"),
+        )
+    )
     # (samples + 2) bins = the current bin and the (samples + 1) before it. One span for every kind: using the
     # larger sample count only widens the sum, which keeps the test sound (more buckets replayed, never fewer).
     span = max(getattr(w, kind.window).samples for kind in KINDS) + 1
     win = Window.partitionBy(*group).orderBy("bin").rangeBetween(-span, 0)
     rolled = binned.withColumn("run", F.sum("amount").over(win))
-    return (rolled.groupBy(*group)
-            .agg(F.max("run").alias("max_run"), F.first("w").alias("w"), F.first("n").alias("n"),
-                 F.max("limit").alias("limit"), F.sum("charges").alias("charges"),
-                 F.sum("logged_throttled").alias("logged_throttled"))
-            .withColumn("at_risk", F.col("kind").isin("mutation", "pids")
-                        | (F.col("max_run") > F.col("limit") * (F.col("n") - 1) * F.col("w") / 1000.0 * 0.999)))
+    return (
+        rolled.groupBy(*group)
+        .agg(
+            F.max("run").alias("max_run"),
+            F.first("w").alias("w"),
+            F.first("n").alias("n"),
+            F.max("limit").alias("limit"),
+            F.sum("charges").alias("charges"),
+            F.sum("logged_throttled").alias("logged_throttled"),
+        )
+        .withColumn(
+            "at_risk",
+            F.col("kind").isin("mutation", "pids")
+            | (F.col("max_run") > F.col("limit") * (F.col("n") - 1) * F.col("w") / 1000.0 * 0.999),
+        )
+    )
 
 
 def whatif_summaries(replayed: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Per bucket and kind: replayed vs logged throttles; and the agreement table (replay == log, per kind)."""
-    summary = (replayed.groupBy("kind", "bucket_user", "bucket_client_id")
-               .agg(F.count(F.lit(1)).alias("charges"), F.sum("amount").alias("amount"), F.max("limit").alias("limit"),
-                    F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
-                    F.sum("throttle_ms").alias("throttle_ms"), F.max("throttle_ms").alias("max_throttle_ms"),
-                    F.sum("rejected_topics").alias("rejected_topics"),
-                    F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled"),
-                    F.sum(F.coalesce(F.col("logged_throttle_ms"), F.lit(0))).alias("logged_throttle_ms"),
-                    F.countDistinct("user", "client_id").alias("clients"),
-                    F.min("ts_ms").alias("first_ts_ms"), F.max("ts_ms").alias("last_ts_ms"))
-               .withColumn("throttled_pct", F.col("throttled") * 100.0 / F.col("charges")))
+    summary = (
+        replayed.groupBy("kind", "bucket_user", "bucket_client_id")
+        .agg(
+            F.count(F.lit(1)).alias("charges"),
+            F.sum("amount").alias("amount"),
+            F.max("limit").alias("limit"),
+            F.sum(F.when(F.col("throttle_ms") > 0, 1).otherwise(0)).alias("throttled"),
+            F.sum("throttle_ms").alias("throttle_ms"),
+            F.max("throttle_ms").alias("max_throttle_ms"),
+            F.sum("rejected_topics").alias("rejected_topics"),
+            F.sum(F.when(F.col("logged_throttle_ms") > 0, 1).otherwise(0)).alias("logged_throttled"),
+            F.sum(F.coalesce(F.col("logged_throttle_ms"), F.lit(0))).alias("logged_throttle_ms"),
+            F.countDistinct("user", "client_id").alias("clients"),
+            F.min("ts_ms").alias("first_ts_ms"),
+            F.max("ts_ms").alias("last_ts_ms"),
+        )
+        .withColumn("throttled_pct", F.col("throttled") * 100.0 / F.col("charges"))
+    )
     logged = F.col("logged_throttle_ms").isNotNull() & (F.col("event") == "request")
-    agreement = (replayed.groupBy("kind")
-                 .agg(F.count(F.lit(1)).alias("charges"), F.sum(F.when(logged, 1).otherwise(0)).alias("logged"),
-                      F.sum(F.when(logged & (F.col("throttle_ms") == F.col("logged_throttle_ms")), 1).otherwise(0))
-                      .alias("identical"),
-                      F.sum(F.when(logged & ((F.col("throttle_ms") > 0) != (F.col("logged_throttle_ms") > 0)), 1)
-                            .otherwise(0)).alias("throttle_decision_differs")))
+    agreement = replayed.groupBy("kind").agg(
+        F.count(F.lit(1)).alias("charges"),
+        F.sum(F.when(logged, 1).otherwise(0)).alias("logged"),
+        F.sum(F.when(logged & (F.col("throttle_ms") == F.col("logged_throttle_ms")), 1).otherwise(0)).alias(
+            "identical"
+        ),
+        F.sum(F.when(logged & ((F.col("throttle_ms") > 0) != (F.col("logged_throttle_ms") > 0)), 1).otherwise(0)).alias(
+            "throttle_decision_differs"
+        ),
+    )
     return summary, agreement
 
 
@@ -547,8 +673,14 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
         events = prepare(read_events(spark, opts.input, opts.fmt))
         with prog.stage("overview"):
             ov = overview(events)
-            log.info("  %s events (%s requests) from %s users / %s (user, client-id) pairs; %s missing (seq gaps)",
-                     ov.get("events"), ov.get("requests"), ov.get("users"), ov.get("entities"), ov["missing_events"])
+            log.info(
+                "  %s events (%s requests) from %s users / %s (user, client-id) pairs; %s missing (seq gaps)",
+                ov.get("events"),
+                ov.get("requests"),
+                ov.get("users"),
+                ov.get("entities"),
+                ov["missing_events"],
+            )
             if len(ov["proxies"]):  # per member: what each proxy of a fleet carried and throttled
                 spark.createDataFrame(ov["proxies"]).coalesce(1).write.mode("overwrite").parquet(f"{out}/proxies")
                 tables["proxies"] = f"{out}/proxies"
@@ -558,8 +690,11 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
         with prog.stage("throttle and rejection totals"):
             _write(throttle_totals(events), out, "throttle_totals", tables)
             totals = spark.read.parquet(tables["throttle_totals"])
-            top = totals.orderBy(F.desc("throttle_ms"), F.desc("rejected_topics"), F.desc("bytes_in")) \
-                .limit(opts.top).toPandas()
+            top = (
+                totals.orderBy(F.desc("throttle_ms"), F.desc("rejected_topics"), F.desc("bytes_in"))
+                .limit(opts.top)
+                .toPandas()
+            )
         with prog.stage("latency per API"):
             _write(latency(events), out, "latency", tables)
             lat = spark.read.parquet(tables["latency"]).orderBy("api_key").toPandas()
@@ -570,8 +705,9 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
             rec_raw = recommendations(windows, opts.percentile, opts.headroom).toPandas()
             rec = finish_recommendations(rec_raw, opts.percentile, opts.headroom, opts.budgets)
             if len(rec):  # a short log can have no window to recommend from (Spark cannot type an empty frame)
-                spark.createDataFrame(rec.astype({"budget_share": "float64"})).coalesce(1).write.mode("overwrite") \
-                    .parquet(f"{out}/recommendations")
+                spark.createDataFrame(rec.astype({"budget_share": "float64"})).coalesce(1).write.mode(
+                    "overwrite"
+                ).parquet(f"{out}/recommendations")
                 tables["recommendations"] = f"{out}/recommendations"
         with prog.stage("plot data"):
             from spark_analysis import report as report_mod
@@ -583,8 +719,12 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
             with prog.stage("what-if replay through quotas/"):
                 skipped: dict[str, Any] = {}
                 replayed = whatif(spark, events, opts.quotas, skipped=skipped)
-                log.info("  %s buckets (%s charges) provably never over quota: not replayed (%s had a logged "
-                         "throttle)", skipped.get("buckets"), skipped.get("charges"), skipped.get("logged_throttled"))
+                log.info(
+                    "  %s buckets (%s charges) provably never over quota: not replayed (%s had a logged throttle)",
+                    skipped.get("buckets"),
+                    skipped.get("charges"),
+                    skipped.get("logged_throttled"),
+                )
                 ov["replay_skipped"] = skipped
                 coalesce = spark.conf.get("spark.sql.adaptive.coalescePartitions.enabled")
                 spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
@@ -598,19 +738,27 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
                 replayed = spark.read.parquet(tables["whatif_charges"])
                 summary, agreement = whatif_summaries(replayed)
                 _write(summary, out, "whatif_summary", tables)
-                summary_pd = (spark.read.parquet(tables["whatif_summary"])
-                              .orderBy(F.desc("throttle_ms"), F.desc("rejected_topics")).limit(200).toPandas())
+                summary_pd = (
+                    spark.read.parquet(tables["whatif_summary"])
+                    .orderBy(F.desc("throttle_ms"), F.desc("rejected_topics"))
+                    .limit(200)
+                    .toPandas()
+                )
                 agreement_pd = agreement.orderBy("kind").toPandas()
                 plots["whatif_bins"] = report_mod.whatif_bins(replayed, summary_pd, ov, opts)
                 # The ignore: mypy leaves the pandas class pyspark's toPandas() is annotated with unresolved (an
                 # unknown type, not Any: pandas has no stubs here), and the assignment above narrowed summary_pd to it.
-                log.info("  replay: %d buckets, %d throttled charges", len(summary_pd),
-                         int(summary_pd["throttled"].sum()) if len(summary_pd) else 0)  # type: ignore[index]
+                log.info(
+                    "  replay: %d buckets, %d throttled charges",
+                    len(summary_pd),
+                    int(summary_pd["throttled"].sum()) if len(summary_pd) else 0,  # type: ignore[index]
+                )
         report_path = None
         if opts.report:
             with prog.stage("HTML report"):
-                report_path = report_mod.write_report(out, ov, top, lat, rec, summary_pd, agreement_pd, plots, opts,
-                                                      tables)
+                report_path = report_mod.write_report(
+                    out, ov, top, lat, rec, summary_pd, agreement_pd, plots, opts, tables
+                )
                 log.info("  report: %s", report_path)
     finally:
         prog.close()

@@ -30,8 +30,9 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if sc is not None and heartbeat_s > 0:
-            self._thread = threading.Thread(target=self._beat, args=(sc, heartbeat_s), daemon=True,
-                                            name="spark-analysis-progress")
+            self._thread = threading.Thread(
+                target=self._beat, args=(sc, heartbeat_s), daemon=True, name="spark-analysis-progress"
+            )
             self._thread.start()
 
     @contextlib.contextmanager
@@ -57,8 +58,10 @@ class Progress:
                 for sid in tracker.getActiveStageIds():
                     info = tracker.getStageInfo(sid)
                     if info is not None:
-                        parts.append(f"spark stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks"
-                                     f" ({info.numActiveTasks} running)")
+                        parts.append(
+                            f"spark stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks"
+                            f" ({info.numActiveTasks} running)"
+                        )
                 if parts and self._current:
                     log.info("  ... %s: %s", self._current, "; ".join(parts))
             except Exception:  # noqa: BLE001 - progress must never break the job

@@ -34,12 +34,30 @@ from quotas.manager import Windows
 __all__ = ["KIND_KEYS", "QuotaConfigError", "ReplayConfig", "load_quota_config", "parse_quota_config"]
 
 
+_WINDOW_FIELDS = (
+    "window_num",
+    "window_size_seconds",
+    "controller_window_num",
+    "controller_window_size_seconds",
+    "producer_id_window_num",
+    "producer_id_window_size_seconds",
+    "entity_idle_seconds",
+    "scope",
+)
 
-_WINDOW_FIELDS = ("window_num", "window_size_seconds", "controller_window_num", "controller_window_size_seconds",
-                  "producer_id_window_num", "producer_id_window_size_seconds", "entity_idle_seconds", "scope")
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)(?:/s)?\s*$")
 
 
@@ -112,8 +130,11 @@ def parse_quota_config(doc: Any) -> ReplayConfig:
     seen: set[tuple[str | None, str | None]] = set()
     for i, entry in enumerate(entries):
         where = f"entry {i}"
-        if not isinstance(entry, dict) or not isinstance(entry.get("entity"), dict) \
-                or not isinstance(entry.get("quotas"), dict):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("entity"), dict)
+            or not isinstance(entry.get("quotas"), dict)
+        ):
             raise QuotaConfigError(f"{where}: expected {{entity: {{user: ..., client-id: ...}}, quotas: {{...}}}}")
         ent = entry["entity"]
         unknown = set(ent) - {"user", "client-id", "client_id"}

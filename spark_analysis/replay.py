@@ -90,24 +90,26 @@ def replay_frame(pdf: pd.DataFrame, config: ReplayConfig) -> pd.DataFrame:
                 continue
             throttles[i] = charge.throttle_ms
             limits[i] = charge.limit
-    return pd.DataFrame({
-        "proxy": pdf["proxy"].to_numpy(),
-        "scope": pdf["scope"].to_numpy(),
-        "kind": pdf["kind"].to_numpy(),
-        "bucket_user": pdf["bucket_user"].to_numpy(),
-        "bucket_client_id": pdf["bucket_client_id"].to_numpy(),
-        "user": pdf["user"].to_numpy(),
-        "client_id": pdf["client_id"].to_numpy(),
-        "ts_ms": pdf["ts_ms"].to_numpy(),
-        "seq": pdf["seq"].to_numpy(),
-        "event": pdf["event"].to_numpy(),
-        "amount": pdf["amount"].to_numpy(),
-        "limit": pd.array(limits, dtype="Float64"),
-        "throttle_ms": pd.array(throttles, dtype="Int64"),
-        "rejected_topics": pd.array(rejected, dtype="Int32"),
-        "logged_throttle_ms": pdf["logged_throttle_ms"].to_numpy(),
-        "logged_limit": pdf["logged_limit"].to_numpy(),
-    })
+    return pd.DataFrame(
+        {
+            "proxy": pdf["proxy"].to_numpy(),
+            "scope": pdf["scope"].to_numpy(),
+            "kind": pdf["kind"].to_numpy(),
+            "bucket_user": pdf["bucket_user"].to_numpy(),
+            "bucket_client_id": pdf["bucket_client_id"].to_numpy(),
+            "user": pdf["user"].to_numpy(),
+            "client_id": pdf["client_id"].to_numpy(),
+            "ts_ms": pdf["ts_ms"].to_numpy(),
+            "seq": pdf["seq"].to_numpy(),
+            "event": pdf["event"].to_numpy(),
+            "amount": pdf["amount"].to_numpy(),
+            "limit": pd.array(limits, dtype="Float64"),
+            "throttle_ms": pd.array(throttles, dtype="Int64"),
+            "rejected_topics": pd.array(rejected, dtype="Int32"),
+            "logged_throttle_ms": pdf["logged_throttle_ms"].to_numpy(),
+            "logged_limit": pdf["logged_limit"].to_numpy(),
+        }
+    )
 
 
 GROUP_COLUMNS = ("proxy", "scope", "kind", "bucket_user", "bucket_client_id")

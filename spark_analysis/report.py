@@ -21,16 +21,51 @@ from pyspark.sql import functions as F
 from spark_analysis.quota_config import KIND_KEYS
 
 API_NAMES = {
-    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
-    10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
-    15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics",
-    20: "DeleteTopics", 21: "DeleteRecords", 22: "InitProducerId", 23: "OffsetForLeaderEpoch",
-    24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit", 29: "DescribeAcls",
-    30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs", 33: "AlterConfigs", 35: "DescribeLogDirs",
-    36: "SaslAuthenticate", 37: "CreatePartitions", 42: "DeleteGroups", 44: "IncrementalAlterConfigs",
-    47: "OffsetDelete", 48: "DescribeClientQuotas", 49: "AlterClientQuotas", 60: "DescribeCluster",
-    61: "DescribeProducers", 65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
-    69: "ConsumerGroupDescribe", 71: "GetTelemetrySubscriptions", 72: "PushTelemetry",
+    0: "Produce",
+    1: "Fetch",
+    2: "ListOffsets",
+    3: "Metadata",
+    8: "OffsetCommit",
+    9: "OffsetFetch",
+    10: "FindCoordinator",
+    11: "JoinGroup",
+    12: "Heartbeat",
+    13: "LeaveGroup",
+    14: "SyncGroup",
+    15: "DescribeGroups",
+    16: "ListGroups",
+    17: "SaslHandshake",
+    18: "ApiVersions",
+    19: "CreateTopics",
+    20: "DeleteTopics",
+    21: "DeleteRecords",
+    22: "InitProducerId",
+    23: "OffsetForLeaderEpoch",
+    24: "AddPartitionsToTxn",
+    25: "AddOffsetsToTxn",
+    26: "EndTxn",
+    28: "TxnOffsetCommit",
+    29: "DescribeAcls",
+    30: "CreateAcls",
+    31: "DeleteAcls",
+    32: "DescribeConfigs",
+    33: "AlterConfigs",
+    35: "DescribeLogDirs",
+    36: "SaslAuthenticate",
+    37: "CreatePartitions",
+    42: "DeleteGroups",
+    44: "IncrementalAlterConfigs",
+    47: "OffsetDelete",
+    48: "DescribeClientQuotas",
+    49: "AlterClientQuotas",
+    60: "DescribeCluster",
+    61: "DescribeProducers",
+    65: "DescribeTransactions",
+    66: "ListTransactions",
+    68: "ConsumerGroupHeartbeat",
+    69: "ConsumerGroupDescribe",
+    71: "GetTelemetrySubscriptions",
+    72: "PushTelemetry",
 }
 
 MAX_SERIES = 6
@@ -61,8 +96,9 @@ def _dominant_kind(row: pd.Series) -> str:
     return "produce" if (row.get("bytes_in") or 0) >= (row.get("bytes_out") or 0) else "fetch"
 
 
-def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top: pd.DataFrame,
-              ov: dict[str, Any], opts) -> dict[str, Any]:
+def plot_data(
+    spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top: pd.DataFrame, ov: dict[str, Any], opts
+) -> dict[str, Any]:
     """Aggregates for the plots: usage-vs-quota series for the top entities, and the throttle heatmap."""
     first, last = _span(ov)
     span = max(last - first, 1)
@@ -79,12 +115,17 @@ def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top:
     kind_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}`" for k in KIND_KEYS) + " END")
     limit_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}_limit`" for k in KIND_KEYS) + " END")
     thr_expr = F.expr("CASE kind " + " ".join(f"WHEN '{k}' THEN `{k}_throttle_ms`" for k in KIND_KEYS) + " END")
-    series: pd.DataFrame = (usage_1s.join(F.broadcast(sel), ["user", "client_id"])
-                            .withColumn("bin", ((F.col("sec") - first) / bin_s).cast("long"))
-                            .groupBy("user", "client_id", "kind", "bin")
-                            .agg((F.sum(kind_expr) / bin_s).alias("rate"), F.max(limit_expr).alias("limit"),
-                                 F.sum(thr_expr).alias("throttle_ms"))
-                            .toPandas())
+    series: pd.DataFrame = (
+        usage_1s.join(F.broadcast(sel), ["user", "client_id"])
+        .withColumn("bin", ((F.col("sec") - first) / bin_s).cast("long"))
+        .groupBy("user", "client_id", "kind", "bin")
+        .agg(
+            (F.sum(kind_expr) / bin_s).alias("rate"),
+            F.max(limit_expr).alias("limit"),
+            F.sum(thr_expr).alias("throttle_ms"),
+        )
+        .toPandas()
+    )
     store = opts.quotas.store() if opts.quotas else None
     out["series"] = []
     for user, client, kind in picks:
@@ -93,8 +134,16 @@ def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top:
         if store is not None:
             r = store.resolve(user, client, KIND_KEYS[kind])
             proposed = r.limit if r is not None else None
-        out["series"].append({"user": user, "client_id": client, "kind": kind, "bin_s": bin_s,
-                              "data": s.sort_values("bin"), "proposed": proposed})
+        out["series"].append(
+            {
+                "user": user,
+                "client_id": client,
+                "kind": kind,
+                "bin_s": bin_s,
+                "data": s.sort_values("bin"),
+                "proposed": proposed,
+            }
+        )
     # Throttle heatmap: logged throttle time per entity per time bin.
     hbin = max(1, math.ceil(span / HEATMAP_BINS))
     throttled = top[top["throttle_ms"].fillna(0) > 0].head(HEATMAP_ROWS)
@@ -105,7 +154,9 @@ def plot_data(spark: SparkSession, usage_1s: DataFrame, windows: DataFrame, top:
         hm: pd.DataFrame = (
             usage_1s.join(F.broadcast(hs), ["user", "client_id"])
             .withColumn("bin", ((F.col("sec") - first) / hbin).cast("long"))
-            .groupBy("user", "client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms")).toPandas()
+            .groupBy("user", "client_id", "bin")
+            .agg(F.sum("throttle_ms").alias("throttle_ms"))
+            .toPandas()
         )
         hm["entity"] = [_label(u, c) for u, c in zip(hm["user"], hm["client_id"], strict=True)]
         out["heatmap"] = hm.pivot_table(index="entity", columns="bin", values="throttle_ms", aggfunc="sum")
@@ -127,11 +178,13 @@ def whatif_bins(replayed: DataFrame, summary: pd.DataFrame, ov: dict[str, Any], 
     hm: pd.DataFrame = (
         replayed.join(F.broadcast(sel), ["kind", "bucket_user", "bucket_client_id"])
         .withColumn("bin", ((F.floor(F.col("ts_ms") / 1000) - first) / hbin).cast("long"))
-        .groupBy("kind", "bucket_user", "bucket_client_id", "bin").agg(F.sum("throttle_ms").alias("throttle_ms"))
+        .groupBy("kind", "bucket_user", "bucket_client_id", "bin")
+        .agg(F.sum("throttle_ms").alias("throttle_ms"))
         .toPandas()
     )
-    hm["entity"] = [f"{k}: {_label(u, c)}" for k, u, c in
-                    zip(hm["kind"], hm["bucket_user"], hm["bucket_client_id"], strict=True)]
+    hm["entity"] = [
+        f"{k}: {_label(u, c)}" for k, u, c in zip(hm["kind"], hm["bucket_user"], hm["bucket_client_id"], strict=True)
+    ]
     piv = hm.pivot_table(index="entity", columns="bin", values="throttle_ms", aggfunc="sum")
     piv.attrs["bin_s"] = hbin
     return piv
@@ -205,8 +258,14 @@ def _heatmap_figure(piv: pd.DataFrame, bin_s: int, title: str):
     return fig
 
 
-def _bar_figure(labels: list[str], values: list[float], title: str, xlabel: str, second: list[float] | None = None,
-                second_label: str | None = None):
+def _bar_figure(
+    labels: list[str],
+    values: list[float],
+    title: str,
+    xlabel: str,
+    second: list[float] | None = None,
+    second_label: str | None = None,
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,38 +316,91 @@ text-align:right}table.t th{background:#f4f4f4}table.t td:first-child,table.t th
 """
 
 
-def write_report(out: str, ov: dict[str, Any], top: pd.DataFrame, lat: pd.DataFrame, rec: pd.DataFrame,
-                 whatif: pd.DataFrame | None, agreement: pd.DataFrame | None, plots: dict[str, Any], opts,
-                 tables: dict[str, str]) -> str:
+def write_report(
+    out: str,
+    ov: dict[str, Any],
+    top: pd.DataFrame,
+    lat: pd.DataFrame,
+    rec: pd.DataFrame,
+    whatif: pd.DataFrame | None,
+    agreement: pd.DataFrame | None,
+    plots: dict[str, Any],
+    opts,
+    tables: dict[str, str],
+) -> str:
     """Render ``report.html`` in ``out`` (local paths; for remote outputs it is written to the local cwd)."""
     e = html.escape
     first, last = plots["first_sec"], plots["last_sec"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Decision log analysis</title>"
-             f"<style>{_CSS}</style></head><body><h1>kafka-throttle-proxy: decision log analysis</h1>"]
-    parts.append(f"<p class='note'>Input <code>{e(opts.input)}</code>; {_fmt_time(first)} to {_fmt_time(last)} "
-                 f"({(last - first) / 60:.1f} min). Generated {_fmt_time(int(dt.datetime.now(dt.UTC).timestamp()))}."
-                 "</p>")
-    ovt = pd.DataFrame([{k: ov.get(k) for k in ("events", "request_events", "summary_events", "requests", "users",
-                                                 "entities", "shadow_events", "missing_events")}])
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Decision log analysis</title>"
+        f"<style>{_CSS}</style></head><body><h1>kafka-throttle-proxy: decision log analysis</h1>"
+    ]
+    parts.append(
+        f"<p class='note'>Input <code>{e(opts.input)}</code>; {_fmt_time(first)} to {_fmt_time(last)} "
+        f"({(last - first) / 60:.1f} min). Generated {_fmt_time(int(dt.datetime.now(dt.UTC).timestamp()))}."
+        "</p>"
+    )
+    ovt = pd.DataFrame(
+        [
+            {
+                k: ov.get(k)
+                for k in (
+                    "events",
+                    "request_events",
+                    "summary_events",
+                    "requests",
+                    "users",
+                    "entities",
+                    "shadow_events",
+                    "missing_events",
+                )
+            }
+        ]
+    )
     parts.append("<h2>Overview</h2>" + _table(ovt))
     if ov.get("missing_events"):
-        parts.append(f"<p class='note'>{ov['missing_events']:,} events are missing (gaps in <code>seq</code>): the "
-                     "proxy's decision-log queue was full and dropped them. Totals below undercount by that much.</p>")
+        parts.append(
+            f"<p class='note'>{ov['missing_events']:,} events are missing (gaps in <code>seq</code>): the "
+            "proxy's decision-log queue was full and dropped them. Totals below undercount by that much.</p>"
+        )
     parts.append("<h3>Per proxy instance</h3>" + _table(ov.get("proxies"), 100))
 
     parts.append("<h2>Top offenders (logged decisions)</h2>")
     if not top.empty and top["throttle_ms"].fillna(0).sum() > 0:
         t = top[top["throttle_ms"].fillna(0) > 0]
-        parts.append(_png(_bar_figure([_label(u, c) for u, c in zip(t["user"], t["client_id"], strict=True)],
-                                      list(t["throttle_ms"] / 1000.0), "Total throttle time (logged)", "seconds")))
-    cols = ["user", "client_id", "requests", "decisions", "throttled", "throttle_ms", "max_throttle_ms", "rejects",
-            "rejected_topics", "mutes", "shadow_not_enforced", "bytes_in", "bytes_out"]
+        parts.append(
+            _png(
+                _bar_figure(
+                    [_label(u, c) for u, c in zip(t["user"], t["client_id"], strict=True)],
+                    list(t["throttle_ms"] / 1000.0),
+                    "Total throttle time (logged)",
+                    "seconds",
+                )
+            )
+        )
+    cols = [
+        "user",
+        "client_id",
+        "requests",
+        "decisions",
+        "throttled",
+        "throttle_ms",
+        "max_throttle_ms",
+        "rejects",
+        "rejected_topics",
+        "mutes",
+        "shadow_not_enforced",
+        "bytes_in",
+        "bytes_out",
+    ]
     parts.append(_table(top[[c for c in cols if c in top.columns]] if not top.empty else top))
 
-    parts.append("<h2>Usage vs quota over time</h2><p class='note'>Per (user, client-id) usage of the quota kind "
-                 "that throttled it most. A quota shared by several client ids (a <code>&lt;user&gt;</code> quota) "
-                 "is measured over their sum, so one client's line can sit below the limit while the bucket is "
-                 "over it. Red: limit the proxy logged; green dashed: the proposed config.</p>")
+    parts.append(
+        "<h2>Usage vs quota over time</h2><p class='note'>Per (user, client-id) usage of the quota kind "
+        "that throttled it most. A quota shared by several client ids (a <code>&lt;user&gt;</code> quota) "
+        "is measured over their sum, so one client's line can sit below the limit while the bucket is "
+        "over it. Red: limit the proxy logged; green dashed: the proposed config.</p>"
+    )
     if plots.get("series"):
         parts.append(_png(_series_figure(plots["series"], first)))
     else:
@@ -304,57 +416,103 @@ def write_report(out: str, ov: dict[str, Any], top: pd.DataFrame, lat: pd.DataFr
     parts.append("<h2>Upstream latency per API</h2>")
     if lat is not None and not lat.empty:
         lat = lat.copy()
-        lat.insert(1, "api", [API_NAMES.get(int(k), f"api {k}") if k is not None and k >= 0 else "summary"
-                              for k in lat["api_key"]])
+        lat.insert(
+            1,
+            "api",
+            [API_NAMES.get(int(k), f"api {k}") if k is not None and k >= 0 else "summary" for k in lat["api_key"]],
+        )
     parts.append(_table(lat, 100))
 
-    parts.append(f"<h2>Quota recommendations</h2><p class='note'>Recommended quota = p{opts.percentile * 100:g} of "
-                 f"the windowed rate ({opts.window_s} s windows; the producer-id rate uses its own window) x "
-                 f"{opts.headroom:g} headroom, rounded up to two significant digits. Percentiles are over windows in "
-                 "which the entity was active (idle windows would only lower them). Traffic that was throttled "
-                 "was already slowed, so for throttled entities this measures the throttled demand.</p>")
-    rcols = ["level", "user", "client_id", "kind", "active_windows", "pct_rate", "peak_rate", "current_limit",
-             "recommended", "budget_share", "reasoning"]
-    parts.append(_table(rec[[c for c in rcols if c in rec.columns]] if rec is not None and not rec.empty else rec,
-                        200))
+    parts.append(
+        f"<h2>Quota recommendations</h2><p class='note'>Recommended quota = p{opts.percentile * 100:g} of "
+        f"the windowed rate ({opts.window_s} s windows; the producer-id rate uses its own window) x "
+        f"{opts.headroom:g} headroom, rounded up to two significant digits. Percentiles are over windows in "
+        "which the entity was active (idle windows would only lower them). Traffic that was throttled "
+        "was already slowed, so for throttled entities this measures the throttled demand.</p>"
+    )
+    rcols = [
+        "level",
+        "user",
+        "client_id",
+        "kind",
+        "active_windows",
+        "pct_rate",
+        "peak_rate",
+        "current_limit",
+        "recommended",
+        "budget_share",
+        "reasoning",
+    ]
+    parts.append(_table(rec[[c for c in rcols if c in rec.columns]] if rec is not None and not rec.empty else rec, 200))
 
     if opts.quotas is not None:
-        parts.append(f"<h2>What-if replay of <code>{e(str(opts.quotas_path))}</code></h2>"
-                     "<p class='note'>Every logged charge, grouped by proxy, scope, quota kind and bucket, in time "
-                     "order, fed through the proxy's own <code>quotas/</code> code (QuotaManager, SampledRate, "
-                     "TokenBucket, admit). Clients that would have been throttled would also have sent less, so a "
-                     "stricter config is judged on unthrottled traffic (pessimistic).</p>")
+        parts.append(
+            f"<h2>What-if replay of <code>{e(str(opts.quotas_path))}</code></h2>"
+            "<p class='note'>Every logged charge, grouped by proxy, scope, quota kind and bucket, in time "
+            "order, fed through the proxy's own <code>quotas/</code> code (QuotaManager, SampledRate, "
+            "TokenBucket, admit). Clients that would have been throttled would also have sent less, so a "
+            "stricter config is judged on unthrottled traffic (pessimistic).</p>"
+        )
         parts.append("<h3>Proposed quotas</h3>" + _table(pd.DataFrame(opts.quotas.describe()), 200))
         sk = ov.get("replay_skipped") or {}
         if sk.get("buckets"):
-            parts.append(f"<p class='note'>{sk['buckets']:,} rate buckets ({sk.get('charges', 0):,} charges) never "
-                         "came near their proposed quota - in no run of window_num + 2 sample windows did they "
-                         "carry quota x (window_num - 1) windows' worth - so they cannot be throttled and were not "
-                         f"replayed ({sk.get('logged_throttled', 0):,} of those charges had a logged throttle).</p>")
+            parts.append(
+                f"<p class='note'>{sk['buckets']:,} rate buckets ({sk.get('charges', 0):,} charges) never "
+                "came near their proposed quota - in no run of window_num + 2 sample windows did they "
+                "carry quota x (window_num - 1) windows' worth - so they cannot be throttled and were not "
+                f"replayed ({sk.get('logged_throttled', 0):,} of those charges had a logged throttle).</p>"
+            )
         if agreement is not None and not agreement.empty:
-            parts.append("<h3>Replay vs logged decisions</h3><p class='note'>Replaying the config that was live "
-                         "should reproduce the logged throttles (identical = same throttle_ms).</p>"
-                         + _table(agreement))
+            parts.append(
+                "<h3>Replay vs logged decisions</h3><p class='note'>Replaying the config that was live "
+                "should reproduce the logged throttles (identical = same throttle_ms).</p>" + _table(agreement)
+            )
         if whatif is not None and not whatif.empty:
             w = whatif[whatif["throttle_ms"].fillna(0) > 0].head(25)
             if not w.empty:
-                labels = [f"{k}: {_label(u, c)}" for k, u, c in
-                          zip(w["kind"], w["bucket_user"], w["bucket_client_id"], strict=True)]
-                parts.append(_png(_bar_figure(labels, list(w["throttle_ms"] / 1000.0),
-                                              "Who would have been throttled, and by how much", "seconds",
-                                              list(w["logged_throttle_ms"].fillna(0) / 1000.0), "logged")))
+                labels = [
+                    f"{k}: {_label(u, c)}"
+                    for k, u, c in zip(w["kind"], w["bucket_user"], w["bucket_client_id"], strict=True)
+                ]
+                parts.append(
+                    _png(
+                        _bar_figure(
+                            labels,
+                            list(w["throttle_ms"] / 1000.0),
+                            "Who would have been throttled, and by how much",
+                            "seconds",
+                            list(w["logged_throttle_ms"].fillna(0) / 1000.0),
+                            "logged",
+                        )
+                    )
+                )
             wb = plots.get("whatif_bins")
             if wb is not None and not wb.empty:
                 parts.append(_png(_heatmap_figure(wb, wb.attrs.get("bin_s", 1), "Replayed throttle time")))
-            wcols = ["kind", "bucket_user", "bucket_client_id", "clients", "charges", "limit", "throttled",
-                     "throttled_pct", "throttle_ms", "max_throttle_ms", "rejected_topics", "logged_throttled",
-                     "logged_throttle_ms"]
+            wcols = [
+                "kind",
+                "bucket_user",
+                "bucket_client_id",
+                "clients",
+                "charges",
+                "limit",
+                "throttled",
+                "throttled_pct",
+                "throttle_ms",
+                "max_throttle_ms",
+                "rejected_topics",
+                "logged_throttled",
+                "logged_throttle_ms",
+            ]
             parts.append(_table(whatif[[c for c in wcols if c in whatif.columns]], 100))
         else:
             parts.append("<p><i>the proposed quotas apply to none of the logged traffic</i></p>")
 
-    parts.append("<h2>Tables</h2><ul>" + "".join(f"<li><code>{e(n)}</code>: {e(p)}</li>" for n, p in tables.items())
-                 + "</ul></body></html>")
+    parts.append(
+        "<h2>Tables</h2><ul>"
+        + "".join(f"<li><code>{e(n)}</code>: {e(p)}</li>" for n, p in tables.items())
+        + "</ul></body></html>"
+    )
     path = out.rstrip("/") + "/report.html" if "://" not in out else "report.html"
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(parts))

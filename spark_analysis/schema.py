@@ -15,11 +15,25 @@ from pyspark.sql.types import StructType
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION
 from quotas.kinds import BY_NAME, MUTATION_APIS, NEVER_CHARGED_APIS, WAITING_APIS
 
-__all__ = ["MUTATION_APIS", "NEVER_CHARGED_APIS", "QUOTA_KINDS", "WAITING_APIS", "amount_column", "event_schema",
-           "read_events"]
+__all__ = [
+    "MUTATION_APIS",
+    "NEVER_CHARGED_APIS",
+    "QUOTA_KINDS",
+    "WAITING_APIS",
+    "amount_column",
+    "event_schema",
+    "read_events",
+]
 
-_DDL = {"int32": "int", "int64": "bigint", "float64": "double", "string": "string", "bool": "boolean",
-        "list<int32>": "array<int>"}
+_DDL = {
+    "int32": "int",
+    "int64": "bigint",
+    "float64": "double",
+    "string": "string",
+    "bool": "boolean",
+    "list<int32>": "array<int>",
+}
+
 
 def event_schema() -> StructType:
     """Spark schema of decision-log schema version 1."""
@@ -36,7 +50,7 @@ def _looks_like_json(path: str) -> bool:
     import glob
     import os
 
-    local = path[len("file://"):] if path.startswith("file://") else path
+    local = path[len("file://") :] if path.startswith("file://") else path
     if os.path.isdir(local):
         has_json = glob.glob(os.path.join(local, "**", "*.jsonl"), recursive=True)
         has_parquet = glob.glob(os.path.join(local, "**", "*.parquet"), recursive=True)
@@ -53,7 +67,7 @@ def kafka_input(path: str) -> tuple[str, str] | None:
     """``kafka://host:port[,host:port]/topic`` -> (bootstrap servers, topic); None for a file path."""
     if not path.startswith("kafka://"):
         return None
-    servers, _, topic = path[len("kafka://"):].partition("/")
+    servers, _, topic = path[len("kafka://") :].partition("/")
     if not servers or not topic or "/" in topic:
         raise ValueError(f"{path!r}: a topic input is kafka://HOST:PORT[,HOST:PORT...]/TOPIC")
     return servers, topic
@@ -68,8 +82,14 @@ def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     """
     topic = kafka_input(path)
     if topic is not None:
-        raw = (spark.read.format("kafka").option("kafka.bootstrap.servers", topic[0]).option("subscribe", topic[1])
-               .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+        raw = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", topic[0])
+            .option("subscribe", topic[1])
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+        )
         df = raw.select(F.from_json(F.col("value").cast("string"), event_schema()).alias("e")).select("e.*")
         df = df.select(*[n for n, _ in COLUMNS])
         return df.where(F.col("schema").isNull() | (F.col("schema") == SCHEMA_VERSION))

@@ -50,11 +50,13 @@ _VERSIONS = {0: 9, 1: 13, 2: 7, 3: 12, 8: 8, 12: 4, 19: 7, 22: 4}
 
 def live_config_yaml() -> str:
     """The config :func:`generate` pretends was live (for ``--quotas`` what-if runs of the same limits)."""
-    return ("scope: cluster\n"  # the generator's logged decisions pool a user's traffic over every broker
-            "quotas:\n"
-            "  - entity: {user: <default>}\n"
-            f"    quotas: {{producer_byte_rate: {int(LIVE_PRODUCE_LIMIT)}, "
-            f"consumer_byte_rate: {int(LIVE_FETCH_LIMIT)}}}\n")
+    return (
+        "scope: cluster\n"  # the generator's logged decisions pool a user's traffic over every broker
+        "quotas:\n"
+        "  - entity: {user: <default>}\n"
+        f"    quotas: {{producer_byte_rate: {int(LIVE_PRODUCE_LIMIT)}, "
+        f"consumer_byte_rate: {int(LIVE_FETCH_LIMIT)}}}\n"
+    )
 
 
 def _rolling_rate(per_sec: np.ndarray, samples: int = 11) -> np.ndarray:
@@ -65,8 +67,17 @@ def _rolling_rate(per_sec: np.ndarray, samples: int = 11) -> np.ndarray:
     return (c - shifted) / (samples - 0.5)
 
 
-def generate(out_dir: str | Path, n_events: int, *, span_s: int = 3600, n_users: int = 200, seed: int = 1,
-             proxies: int = 2, rows_per_file: int = 1_000_000, start_ms: int | None = None) -> dict[str, Any]:
+def generate(
+    out_dir: str | Path,
+    n_events: int,
+    *,
+    span_s: int = 3600,
+    n_users: int = 200,
+    seed: int = 1,
+    proxies: int = 2,
+    rows_per_file: int = 1_000_000,
+    start_ms: int | None = None,
+) -> dict[str, Any]:
     """Write ``n_events`` synthetic events as Parquet under ``out_dir/date=.../``; returns a small description."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -216,8 +227,16 @@ def generate(out_dir: str | Path, n_events: int, *, span_s: int = 3600, n_users:
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
         pq.write_table(table, out / f"date={day}" / f"decisions-synthetic-{files:05d}.parquet", compression="zstd")
         files += 1
-    return {"events": n, "files": files, "entities": n_ent, "users": n_users, "span_s": span_s,
-            "noisy_user": NOISY_USER, "seconds": time.monotonic() - t0, "start_ms": start_ms}
+    return {
+        "events": n,
+        "files": files,
+        "entities": n_ent,
+        "users": n_users,
+        "span_s": span_s,
+        "noisy_user": NOISY_USER,
+        "seconds": time.monotonic() - t0,
+        "start_ms": start_ms,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- exact
@@ -273,8 +292,11 @@ class ProxySimulator:
                 note("mutation", mc.mutations, mc.limit, mc.throttle_ms)
         if api >= 0:
             for kind in charged_at(api, "response", self.keys):
-                charge(kind.key, amount(kind, api, response_bytes=e.get("bytes_out", 0),
-                                        service_ms=e.get("upstream_ms") or 0.0), e["ts_ms"])
+                charge(
+                    kind.key,
+                    amount(kind, api, response_bytes=e.get("bytes_out", 0), service_ms=e.get("upstream_ms") or 0.0),
+                    e["ts_ms"],
+                )
         e["throttle_ms"] = throttle
         e["action"] = "reject" if e["rejected_topics"] else ("throttle" if throttle > 0 else "pass")
         return e
@@ -284,8 +306,9 @@ class ProxySimulator:
             yield self.decide(e)
 
 
-def small_traffic(n: int, *, seed: int = 7, start_ms: int = 1_767_225_600_000, span_s: int = 120,
-                  noisy_user: str = NOISY_USER) -> list[dict[str, Any]]:
+def small_traffic(
+    n: int, *, seed: int = 7, start_ms: int = 1_767_225_600_000, span_s: int = 120, noisy_user: str = NOISY_USER
+) -> list[dict[str, Any]]:
     """Raw traffic for tests: a few steady users and one noisy producer that bursts in the middle of the span."""
     rng = np.random.default_rng(seed)
     out: list[dict[str, Any]] = []
@@ -303,11 +326,26 @@ def small_traffic(n: int, *, seed: int = 7, start_ms: int = 1_767_225_600_000, s
             size = int(rng.integers(500, 5_000))
         up = float(rng.lognormal(0.5, 0.5))
         e: dict[str, Any] = {
-            "schema": SCHEMA_VERSION, "event": "request", "ts_ms": t, "req_ts_ms": t - int(up), "proxy": "p1",
-            "conn": f"c-{user}-{client}", "user": user, "client_id": client, "api_key": api,
-            "api_version": _VERSIONS.get(api, 1), "requests": 1, "bytes_in": size if api == 0 else 100,
-            "bytes_out": int(rng.integers(1_000, 20_000)) if api == 1 else 50, "mutations": 0, "new_pids": 0,
-            "upstream_ms": up, "shadow": False, "seq": i, "scope": "broker 1"}
+            "schema": SCHEMA_VERSION,
+            "event": "request",
+            "ts_ms": t,
+            "req_ts_ms": t - int(up),
+            "proxy": "p1",
+            "conn": f"c-{user}-{client}",
+            "user": user,
+            "client_id": client,
+            "api_key": api,
+            "api_version": _VERSIONS.get(api, 1),
+            "requests": 1,
+            "bytes_in": size if api == 0 else 100,
+            "bytes_out": int(rng.integers(1_000, 20_000)) if api == 1 else 50,
+            "mutations": 0,
+            "new_pids": 0,
+            "upstream_ms": up,
+            "shadow": False,
+            "seq": i,
+            "scope": "broker 1",
+        }
         if api == 19:
             e["topic_partitions"] = [int(rng.integers(1, 30))]
             e["mutations"] = e["topic_partitions"][0]
@@ -330,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.write_live_config:
         Path(a.write_live_config).write_text(live_config_yaml(), encoding="utf-8")
     rate = info["events"] / max(info["seconds"], 1e-9)
-    print(f"wrote {info['events']:,} events in {info['files']} files to {a.out} in {info['seconds']:.1f} s "
-          f"({rate:,.0f} events/s); {info['entities']} (user, client-id) pairs, noisy tenant {NOISY_USER!r}")
+    print(
+        f"wrote {info['events']:,} events in {info['files']} files to {a.out} in {info['seconds']:.1f} s "
+        f"({rate:,.0f} events/s); {info['entities']} (user, client-id) pairs, noisy tenant {NOISY_USER!r}"
+    )
     return 0
 
 

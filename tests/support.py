@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parent.parent
 class ProxyProcess:
     """``kafka-throttle-proxy run`` in a subprocess, on free ports, logging to a file."""
 
-    def __init__(self, workdir: Path, bootstrap_servers: str, extra: dict | None = None, name: str = "proxy",
-                 fd_limit: int | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        bootstrap_servers: str,
+        extra: dict | None = None,
+        name: str = "proxy",
+        fd_limit: int | None = None,
+    ):
         """``fd_limit``: the proxy's open-file limit (soft and hard, so it cannot raise it), else this process's."""
         self.workdir = workdir
         self.fd_limit = fd_limit
@@ -51,7 +57,10 @@ class ProxyProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "run", "-c", str(self.config_path)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=None if self.fd_limit is None else self._limit_fds,
         )
         deadline = time.monotonic() + timeout
@@ -77,8 +86,9 @@ class ProxyProcess:
 
     def listening_ports(self) -> set[int]:
         assert self.proc is not None
-        return {c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN}
+        return {
+            c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN
+        }
 
     def terminate(self, timeout: float = 30) -> int:
         if self.proc is None or self.proc.poll() is not None:

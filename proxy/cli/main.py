@@ -22,9 +22,12 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_ in (("run", "run the proxy"), ("check-config", "validate the configuration and exit")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("-c", "--config", help="YAML configuration file")
-        s.add_argument("--bootstrap-server", "--bootstrap-servers", dest="bootstrap_servers",
-                       help="upstream cluster, host:port[,host:port…] (either spelling: Kafka's tools say "
-                            "--bootstrap-server)")
+        s.add_argument(
+            "--bootstrap-server",
+            "--bootstrap-servers",
+            dest="bootstrap_servers",
+            help="upstream cluster, host:port[,host:port…] (either spelling: Kafka's tools say --bootstrap-server)",
+        )
         s.add_argument("--listen-host", help="interface the listeners bind to")
         s.add_argument("--bootstrap-port", type=int, help="port clients bootstrap from")
         s.add_argument("--broker-ports", help="FIRST-LAST port range (one per broker) or 'ephemeral'")
@@ -100,8 +103,10 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
         log.info("%s", build_info.describe())
         stale = build_info.stale_modules()
         if stale:
-            log.warning("compiled modules older than their source, running the old code: %s (run scripts/setup)",
-                        ", ".join(stale))
+            log.warning(
+                "compiled modules older than their source, running the old code: %s (run scripts/setup)",
+                ", ".join(stale),
+            )
     proxy = Proxy(config, worker=worker)
     await proxy.start()
     stop = asyncio.Event()
@@ -131,8 +136,7 @@ def _raise_fd_limit() -> None:
             logging.getLogger(__name__).warning("cannot raise the open-file limit from %d to %s: %s", soft, hard, exc)
             return
         soft = hard
-    logging.getLogger(__name__).info("open-file limit: %s (a client connection holds one, two once it "
-                                     "speaks)", soft)
+    logging.getLogger(__name__).info("open-file limit: %s (a client connection holds one, two once it speaks)", soft)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,14 @@ _SASL_VERSION = 1  # SaslHandshake v1 (then SaslAuthenticate frames) and SaslAut
 _MATCH_EXACT, _MATCH_DEFAULT = 0, 1
 _TYPES = (("user", "user"), ("client_id", "client-id"), ("ip", "ip"))
 #: kafka-configs' --entity-type values (and the protocol's own names) -> the protocol's entity type.
-_ENTITY_TYPES = {"users": "user", "user": "user", "clients": "client-id", "client-id": "client-id",
-                 "ips": "ip", "ip": "ip"}
+_ENTITY_TYPES = {
+    "users": "user",
+    "user": "user",
+    "clients": "client-id",
+    "client-id": "client-id",
+    "ips": "ip",
+    "ip": "ip",
+}
 _MAX_FRAME = 16 * 1024 * 1024
 _TIMEOUT_S = 30.0
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -81,26 +87,56 @@ def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     """The options that say where and as whom to connect: accepted before the verb and after it (``suppress``:
     the verb's copies leave the namespace alone unless given, so they do not undo the ones before the verb)."""
     d: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}  # add_argument keywords
-    p.add_argument("--bootstrap-server", "--bootstrap-servers", dest="bootstrap_server", metavar="HOST:PORT",
-                   help="the proxy's bootstrap listener", **d)
-    p.add_argument("--command-config", metavar="FILE",
-                   help="Java client properties as for kafka-configs: security.protocol, sasl.mechanism, "
-                        "sasl.jaas.config, ssl.truststore.location (PEM) or ssl.ca.location, ...", **d)
-    p.add_argument("--security-protocol", choices=PROTOCOLS, type=str.upper,
-                   help="default: from --command-config, else SASL_* when a SASL user is given and *SSL when a "
-                        "CA or certificate is, else PLAINTEXT", **d)
+    p.add_argument(
+        "--bootstrap-server",
+        "--bootstrap-servers",
+        dest="bootstrap_server",
+        metavar="HOST:PORT",
+        help="the proxy's bootstrap listener",
+        **d,
+    )
+    p.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="Java client properties as for kafka-configs: security.protocol, sasl.mechanism, "
+        "sasl.jaas.config, ssl.truststore.location (PEM) or ssl.ca.location, ...",
+        **d,
+    )
+    p.add_argument(
+        "--security-protocol",
+        choices=PROTOCOLS,
+        type=str.upper,
+        help="default: from --command-config, else SASL_* when a SASL user is given and *SSL when a "
+        "CA or certificate is, else PLAINTEXT",
+        **d,
+    )
     p.add_argument("--sasl-mechanism", choices=MECHANISMS, type=str.upper, **d)
     p.add_argument("--sasl-username", metavar="NAME", **d)
-    p.add_argument("--sasl-password", metavar="PASSWORD",
-                   help="visible to other local users in the process list: prefer --command-config", **d)
-    p.add_argument("--ssl-cafile", metavar="PEM", help="CA certificate(s) to verify the proxy's certificate with "
-                                                       "(default: the system's)", **d)
-    p.add_argument("--ssl-certfile", metavar="PEM", help="client certificate (mTLS; its mapped name is the "
-                                                         "principal unless SASL says otherwise)", **d)
+    p.add_argument(
+        "--sasl-password",
+        metavar="PASSWORD",
+        help="visible to other local users in the process list: prefer --command-config",
+        **d,
+    )
+    p.add_argument(
+        "--ssl-cafile",
+        metavar="PEM",
+        help="CA certificate(s) to verify the proxy's certificate with (default: the system's)",
+        **d,
+    )
+    p.add_argument(
+        "--ssl-certfile",
+        metavar="PEM",
+        help="client certificate (mTLS; its mapped name is the principal unless SASL says otherwise)",
+        **d,
+    )
     p.add_argument("--ssl-keyfile", metavar="PEM", help="the client certificate's key", **d)
-    p.add_argument("--ssl-no-hostname-check", action="store_true",
-                   help="accept a certificate that does not name the host (Kafka: "
-                        "ssl.endpoint.identification.algorithm= empty)", **d)
+    p.add_argument(
+        "--ssl-no-hostname-check",
+        action="store_true",
+        help="accept a certificate that does not name the host (Kafka: ssl.endpoint.identification.algorithm= empty)",
+        **d,
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,31 +147,48 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_parser(sub) -> None:
-    q = sub.add_parser("quotas", help="describe, alter or delete quotas through a running proxy (like kafka-configs)",
-                       description="Describe, alter or delete the proxy's quotas through its listener, as "
-                                   "kafka-configs --bootstrap-server does.")
+    q = sub.add_parser(
+        "quotas",
+        help="describe, alter or delete quotas through a running proxy (like kafka-configs)",
+        description="Describe, alter or delete the proxy's quotas through its listener, as "
+        "kafka-configs --bootstrap-server does.",
+    )
     q.error = _Parser.error.__get__(q)  # the parent's parser class is not ours to choose; its refusals are
     _connection_options(q, suppress=False)
     actions = q.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="{describe,alter,delete}")
-    for name, help_ in (("describe", "show quotas (all when no entity is named)"),
-                        ("alter", "set (--add-config) or remove (--delete-config) quotas of one entity"),
-                        ("delete", "remove quotas of one entity: the keys named, else all of them")):
+    for name, help_ in (
+        ("describe", "show quotas (all when no entity is named)"),
+        ("alter", "set (--add-config) or remove (--delete-config) quotas of one entity"),
+        ("delete", "remove quotas of one entity: the keys named, else all of them"),
+    ):
         a = actions.add_parser(name, help=help_, description=help_)
         _connection_options(a, suppress=True)
         for attr, flag in _TYPES:
-            a.add_argument(f"--{flag}", dest=attr, metavar="NAME",
-                           help=f"the {flag} entity; '<default>' for the default {flag}")
-        a.add_argument("--entity-type", action=_EntitySpec, const="type", metavar="TYPE",
-                       help="as kafka-configs: users, clients or ips; then --entity-name or --entity-default")
+            a.add_argument(
+                f"--{flag}", dest=attr, metavar="NAME", help=f"the {flag} entity; '<default>' for the default {flag}"
+            )
+        a.add_argument(
+            "--entity-type",
+            action=_EntitySpec,
+            const="type",
+            metavar="TYPE",
+            help="as kafka-configs: users, clients or ips; then --entity-name or --entity-default",
+        )
         a.add_argument("--entity-name", action=_EntitySpec, const="name", metavar="NAME")
         a.add_argument("--entity-default", action=_EntitySpec, const="default", nargs=0)
         if name == "alter":
-            a.add_argument("--add-config", "--add", dest="add", default="",
-                           help="k=v[,k=v...], e.g. producer_byte_rate=1048576")
+            a.add_argument(
+                "--add-config", "--add", dest="add", default="", help="k=v[,k=v...], e.g. producer_byte_rate=1048576"
+            )
             a.add_argument("--delete-config", "--delete", dest="delete", default="", help="k[,k...]")
         elif name == "delete":
-            a.add_argument("--delete-config", "--delete", dest="delete", default="",
-                           help="k[,k...]; default: every quota the entity has")
+            a.add_argument(
+                "--delete-config",
+                "--delete",
+                dest="delete",
+                default="",
+                help="k[,k...]; default: every quota the entity has",
+            )
 
 
 def _entity(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -217,8 +270,11 @@ def _split_property(line: str) -> tuple[str, str]:
 
 
 def _unescape(s: str) -> str:
-    return re.sub(r"\\u([0-9a-fA-F]{4})|\\(.)",
-                  lambda m: chr(int(m.group(1), 16)) if m.group(1) else _ESCAPES.get(m.group(2), m.group(2)), s)
+    return re.sub(
+        r"\\u([0-9a-fA-F]{4})|\\(.)",
+        lambda m: chr(int(m.group(1), 16)) if m.group(1) else _ESCAPES.get(m.group(2), m.group(2)),
+        s,
+    )
 
 
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
@@ -228,14 +284,18 @@ def jaas_credentials(jaas: str, where: str) -> tuple[str, str, str]:
     """(login module class, username, password) of a ``sasl.jaas.config`` line for PLAIN or SCRAM."""
     module = jaas.strip().split(None, 1)[0] if jaas.strip() else ""
     if not module.endswith(("PlainLoginModule", "ScramLoginModule")):
-        raise UsageError(f"{where}: login module {module or '(none)'!r}: this tool speaks SASL PLAIN and SCRAM "
-                         "(PlainLoginModule, ScramLoginModule); run Kafka's own kafka-configs "
-                         "(scripts/kafka-tool configs) for others")
-    options = {m.group(1): re.sub(r"\\(.)", r"\1", m.group(2)) if m.group(2) is not None else m.group(3)
-               for m in _JAAS_OPTION.finditer(jaas)}
+        raise UsageError(
+            f"{where}: login module {module or '(none)'!r}: this tool speaks SASL PLAIN and SCRAM "
+            "(PlainLoginModule, ScramLoginModule); run Kafka's own kafka-configs "
+            "(scripts/kafka-tool configs) for others"
+        )
+    options = {
+        m.group(1): re.sub(r"\\(.)", r"\1", m.group(2)) if m.group(2) is not None else m.group(3)
+        for m in _JAAS_OPTION.finditer(jaas)
+    }
     for needed in ("username", "password"):
         if needed not in options:
-            raise UsageError(f"{where}: no {needed}=\"...\" in the {module.rsplit('.', 1)[-1]} line")
+            raise UsageError(f'{where}: no {needed}="..." in the {module.rsplit(".", 1)[-1]} line')
     return module, options["username"], options["password"]
 
 
@@ -276,29 +336,37 @@ def _from_properties(path: str) -> dict[str, object]:
     if "sasl.mechanism" in props:
         out["mechanism"] = props["sasl.mechanism"].strip().upper()
     if "sasl.jaas.config" in props:
-        module, out["username"], out["password"] = jaas_credentials(props["sasl.jaas.config"],
-                                                                    f"{where}: sasl.jaas.config")
+        module, out["username"], out["password"] = jaas_credentials(
+            props["sasl.jaas.config"], f"{where}: sasl.jaas.config"
+        )
         if module.endswith("PlainLoginModule"):
             out.setdefault("mechanism", "PLAIN")
     for key, field in (("sasl.username", "username"), ("sasl.password", "password")):  # librdkafka's spelling
         if key in props:
             out[field] = props[key]
-    for store, field, hint in (("truststore", "cafile", "ssl.truststore.type=PEM, or ssl.ca.location=ca.pem"),
-                               ("keystore", "certfile", "certificate and key in one file, ssl.keystore.type=PEM")):
+    for store, field, hint in (
+        ("truststore", "cafile", "ssl.truststore.type=PEM, or ssl.ca.location=ca.pem"),
+        ("keystore", "certfile", "certificate and key in one file, ssl.keystore.type=PEM"),
+    ):
         if f"ssl.{store}.location" in props:  # Java's store files: only their PEM kind is read here
             location = props[f"ssl.{store}.location"].strip()
             kind = props.get(f"ssl.{store}.type", "").strip().upper()
             if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
-                raise UsageError(f"{where}: ssl.{store}.location {location}: a {kind or 'JKS/PKCS12'} {store}; this "
-                                 f"tool reads PEM ({hint})")
+                raise UsageError(
+                    f"{where}: ssl.{store}.location {location}: a {kind or 'JKS/PKCS12'} {store}; this "
+                    f"tool reads PEM ({hint})"
+                )
             out[field] = location
         if store == "truststore":
             if "ssl.truststore.certificates" in props:
                 out["cadata"] = props["ssl.truststore.certificates"]
             if "ssl.ca.location" in props:  # librdkafka's spelling wins over the truststore, as before
                 out["cafile"] = props["ssl.ca.location"].strip()
-    for key, field in (("ssl.certificate.location", "certfile"), ("ssl.key.location", "keyfile"),
-                       ("ssl.key.password", "key_password")):
+    for key, field in (
+        ("ssl.certificate.location", "certfile"),
+        ("ssl.key.location", "keyfile"),
+        ("ssl.key.password", "key_password"),
+    ):
         if key in props:
             out[field] = props[key].strip()
     if props.get("ssl.endpoint.identification.algorithm", "https").strip() == "":
@@ -319,9 +387,15 @@ def security_from(args: argparse.Namespace) -> Security:
     settings: dict[str, object] = {}
     if getattr(args, "command_config", None):
         settings.update(_from_properties(args.command_config))
-    for attr, field in (("security_protocol", "protocol"), ("sasl_mechanism", "mechanism"),
-                        ("sasl_username", "username"), ("sasl_password", "password"), ("ssl_cafile", "cafile"),
-                        ("ssl_certfile", "certfile"), ("ssl_keyfile", "keyfile")):
+    for attr, field in (
+        ("security_protocol", "protocol"),
+        ("sasl_mechanism", "mechanism"),
+        ("sasl_username", "username"),
+        ("sasl_password", "password"),
+        ("ssl_cafile", "cafile"),
+        ("ssl_certfile", "certfile"),
+        ("ssl_keyfile", "keyfile"),
+    ):
         if getattr(args, attr, None) is not None:
             settings[field] = getattr(args, attr)
     if getattr(args, "ssl_no_hostname_check", False):
@@ -333,17 +407,23 @@ def security_from(args: argparse.Namespace) -> Security:
     sec = Security(**settings)  # type: ignore[arg-type]
     if sec.sasl:
         if sec.mechanism not in MECHANISMS:
-            raise UsageError(f"{sec.protocol}: SASL mechanism {sec.mechanism or '(none given)'}: --sasl-mechanism "
-                             f"or sasl.mechanism must be one of {', '.join(MECHANISMS)}")
+            raise UsageError(
+                f"{sec.protocol}: SASL mechanism {sec.mechanism or '(none given)'}: --sasl-mechanism "
+                f"or sasl.mechanism must be one of {', '.join(MECHANISMS)}"
+            )
         if sec.username is None or sec.password is None:
-            raise UsageError(f"{sec.protocol} needs a username and password: --sasl-username/--sasl-password, "
-                             "or sasl.jaas.config in --command-config")
+            raise UsageError(
+                f"{sec.protocol} needs a username and password: --sasl-username/--sasl-password, "
+                "or sasl.jaas.config in --command-config"
+            )
     elif sec.username is not None:
-        raise UsageError(f"a SASL username is given but the security protocol is {sec.protocol}: use "
-                         "SASL_PLAINTEXT or SASL_SSL")
+        raise UsageError(
+            f"a SASL username is given but the security protocol is {sec.protocol}: use SASL_PLAINTEXT or SASL_SSL"
+        )
     if not sec.tls and (sec.cafile or sec.certfile):
-        raise UsageError(f"a TLS CA or certificate is given but the security protocol is {sec.protocol}: use "
-                         "SSL or SASL_SSL")
+        raise UsageError(
+            f"a TLS CA or certificate is given but the security protocol is {sec.protocol}: use SSL or SASL_SSL"
+        )
     return sec
 
 
@@ -378,7 +458,8 @@ class _Connection:
     async def __aenter__(self) -> _Connection:
         ctx = ssl_context(self.sec) if self.sec.tls else None
         self.reader, self.writer = await asyncio.open_connection(
-            self.host, self.port, ssl=ctx, server_hostname=self.host if ctx else None)
+            self.host, self.port, ssl=ctx, server_hostname=self.host if ctx else None
+        )
         if self.sec.sasl:
             await self._authenticate()
         return self
@@ -412,15 +493,20 @@ class _Connection:
         shake = await self.ask(SaslHandshakeRequest(mechanism=sec.mechanism), SaslHandshakeResponse, _SASL_VERSION)
         if shake.error_code:
             offered = ", ".join(shake.mechanisms or ()) or "none"
-            raise Refused(f"{who}: the listener refused the mechanism ({for_code(shake.error_code).message}; it "
-                          f"offers {offered})")
+            raise Refused(
+                f"{who}: the listener refused the mechanism ({for_code(shake.error_code).message}; it offers {offered})"
+            )
         # No security_protocol passed: the mechanisms would log a warning about clear text on every run.
-        mechanism = get_sasl_mechanism(sec.mechanism)(sasl_mechanism=sec.mechanism, host=self.host,
-                                                      sasl_plain_username=sec.username,
-                                                      sasl_plain_password=sec.password)
+        mechanism = get_sasl_mechanism(sec.mechanism)(
+            sasl_mechanism=sec.mechanism,
+            host=self.host,
+            sasl_plain_username=sec.username,
+            sasl_plain_password=sec.password,
+        )
         while not mechanism.is_done():
-            resp = await self.ask(SaslAuthenticateRequest(auth_bytes=mechanism.auth_bytes()),
-                                  SaslAuthenticateResponse, _SASL_VERSION)
+            resp = await self.ask(
+                SaslAuthenticateRequest(auth_bytes=mechanism.auth_bytes()), SaslAuthenticateResponse, _SASL_VERSION
+            )
             if resp.error_code:
                 raise Refused(f"{who}: {resp.error_message or for_code(resp.error_code).message}")
             try:
@@ -455,8 +541,7 @@ def _error(code: int, message: str | None) -> str:
 async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None]]):
     C = DescribeClientQuotasRequest.ComponentData
     # No entity named: no filter component and not strict, which matches every entity.
-    components = [C(entity_type=t, match_type=_MATCH_DEFAULT if n is None else _MATCH_EXACT, match=n)
-                  for t, n in named]
+    components = [C(entity_type=t, match_type=_MATCH_DEFAULT if n is None else _MATCH_EXACT, match=n) for t, n in named]
     req = DescribeClientQuotasRequest(components=components, strict=bool(named))
     resp = await conn.ask(req, DescribeClientQuotasResponse, _VERSION)
     if resp.error_code:
@@ -481,13 +566,16 @@ def _keys(text: str) -> list[str]:
 
 async def _send_alter(conn: _Connection, entity: list[tuple[str, str | None]], ops: list) -> int:
     E = AlterClientQuotasRequest.EntryData
-    req = AlterClientQuotasRequest(entries=[E(entity=[E.EntityData(entity_type=t, entity_name=n)
-                                                      for t, n in entity], ops=ops)], validate_only=False)
+    req = AlterClientQuotasRequest(
+        entries=[E(entity=[E.EntityData(entity_type=t, entity_name=n) for t, n in entity], ops=ops)],
+        validate_only=False,
+    )
     resp = await conn.ask(req, AlterClientQuotasResponse, _VERSION)
     for entry in resp.entries:  # one entry: the entity named
         if entry.error_code:
-            raise Refused(f"{_shown(entry.entity)}: {_error(entry.error_code, entry.error_message)}"
-                          f"{conn.anonymous_hint}")
+            raise Refused(
+                f"{_shown(entry.entity)}: {_error(entry.error_code, entry.error_message)}{conn.anonymous_hint}"
+            )
         print(f"Completed updating config for {_shown(entry.entity)}.")
     return 0
 
@@ -495,8 +583,9 @@ async def _send_alter(conn: _Connection, entity: list[tuple[str, str | None]], o
 def _named_entity(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     entity = _entity(args)
     if not entity:
-        raise UsageError("name the entity (--user, --client-id and/or --ip, or "
-                         "--entity-type with --entity-name/--entity-default)")
+        raise UsageError(
+            "name the entity (--user, --client-id and/or --ip, or --entity-type with --entity-name/--entity-default)"
+        )
     return entity
 
 
@@ -578,13 +667,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: {args.bootstrap_server}: {exc}", file=sys.stderr)
         return 1
     except TimeoutError:
-        print(f"{prog}: {args.bootstrap_server}: no answer within {_TIMEOUT_S:.0f} s (is it the proxy's "
-              f"listener, and is its security protocol {sec.protocol}?)", file=sys.stderr)
+        print(
+            f"{prog}: {args.bootstrap_server}: no answer within {_TIMEOUT_S:.0f} s (is it the proxy's "
+            f"listener, and is its security protocol {sec.protocol}?)",
+            file=sys.stderr,
+        )
         return 1
     except (asyncio.IncompleteReadError, ConnectionResetError):
-        print(f"{prog}: {args.bootstrap_server}: the connection was closed before an answer (this tool used "
-              f"{sec.protocol}: does the listener expect another security protocol, or a client certificate?)",
-              file=sys.stderr)
+        print(
+            f"{prog}: {args.bootstrap_server}: the connection was closed before an answer (this tool used "
+            f"{sec.protocol}: does the listener expect another security protocol, or a client certificate?)",
+            file=sys.stderr,
+        )
         return 1
     except OSError as exc:  # refused, unreachable, TLS verification
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

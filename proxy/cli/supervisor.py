@@ -80,8 +80,10 @@ def supervise(argv: list[str], count: int, grace_s: float) -> int:
             if w.proc is not None and (code := w.proc.poll()) is not None:
                 w.proc = None
                 if code == 2:
-                    log.error("worker %d exited with status 2 (configuration or startup error, above); stopping "
-                              "all workers", w.index)
+                    log.error(
+                        "worker %d exited with status 2 (configuration or startup error, above); stopping all workers",
+                        w.index,
+                    )
                     status = 2
                     stopping.append(0)
                     break

@@ -33,8 +33,9 @@ MAX_OUTSTANDING = 50_000
 
 
 class TopicSink:
-    def __init__(self, topic: str, bootstrap_servers: Sequence[str], instance: str,
-                 client: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, topic: str, bootstrap_servers: Sequence[str], instance: str, client: Mapping[str, Any] | None = None
+    ) -> None:
         self.topic = topic
         self.servers = list(bootstrap_servers)
         self.instance = instance
@@ -59,17 +60,24 @@ class TopicSink:
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
-        admin = KafkaAdminClient(bootstrap_servers=self.servers, client_id=f"ktp-decisions-{self.instance}",
-                                 **self.client)
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.servers, client_id=f"ktp-decisions-{self.instance}", **self.client
+        )
         try:
             if self.topic not in admin.list_topics():
                 with contextlib.suppress(TopicAlreadyExistsError):  # another member made it meanwhile
                     admin.create_topics([NewTopic(self.topic, -1, -1)])  # the cluster's defaults
         finally:
             admin.close()
-        self._producer = KafkaProducer(bootstrap_servers=self.servers, client_id=f"ktp-decisions-{self.instance}",
-                                       acks=1, linger_ms=50, compression_type="gzip", max_block_ms=0,
-                                       **self.client)
+        self._producer = KafkaProducer(
+            bootstrap_servers=self.servers,
+            client_id=f"ktp-decisions-{self.instance}",
+            acks=1,
+            linger_ms=50,
+            compression_type="gzip",
+            max_block_ms=0,
+            **self.client,
+        )
         log.info("decision log: also writing to topic %s", self.topic)
         return self._producer
 

@@ -54,6 +54,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
 def _coerce(kind: str, value: Any) -> Any:
     """Best-effort conversion of one bad value (slow path only); ``None`` when it cannot be converted."""
     if value is None:
@@ -191,8 +192,14 @@ class DecisionLog:
 
     def stats(self) -> dict[str, int]:
         """All counters at once, for metrics export."""
-        out = {"written": self.written, "dropped": self.dropped, "failed": self.failed, "files": self.files,
-               "errors": self.errors, "queued": len(self._queue)}
+        out = {
+            "written": self.written,
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "files": self.files,
+            "errors": self.errors,
+            "queued": len(self._queue),
+        }
         if self.topic is not None:
             out["topic_sent"] = self.topic.sent
             out["topic_failed"] = self.topic.failed
@@ -275,8 +282,11 @@ class DecisionLog:
             try:
                 lost = self.topic.send(batch, first_seq)
                 if lost:
-                    self._error(f"decision log: topic {self.topic.topic} took {len(batch) - lost} of {len(batch)} "
-                                "events (producer buffer full or cluster unreachable)", RuntimeError("lost"))
+                    self._error(
+                        f"decision log: topic {self.topic.topic} took {len(batch) - lost} of {len(batch)} "
+                        "events (producer buffer full or cluster unreachable)",
+                        RuntimeError("lost"),
+                    )
             except Exception as exc:
                 self.topic.failed += len(batch)
                 self._error(f"decision log: topic {self.topic.topic} unavailable, {len(batch)} events not sent", exc)

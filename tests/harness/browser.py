@@ -130,8 +130,13 @@ def visit(path: Path, screenshot: Path, profile: Path, *, timeout_ms: int = 60_0
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=str(binary), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+            str(profile),
+            executable_path=str(binary),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+            device_scale_factor=1,
+        )
         try:
             context.route("**/*", route)
             page = context.new_page()

@@ -65,8 +65,13 @@ def produce_request(corr: int, records: int = 1, value_bytes: int = 100) -> byte
         b.append(i, b"k", b"v" * value_bytes)
     b.close()
     TD = ProduceRequest.TopicProduceData
-    req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=PRODUCE_VERSION, topic_data=[
-        TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])])
+    req = ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=1000,
+        version=PRODUCE_VERSION,
+        topic_data=[TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])],
+    )
     req.with_header(correlation_id=corr, client_id="app")
     body = req.encode(header=True, framed=False)
     return _SIZE.pack(len(body)) + body
@@ -76,18 +81,37 @@ def produce_response(corr: int, error_message: str | None = None) -> bytes:
     P = ProduceResponse._struct.fields["responses"].array_of.data_class
     Q = P.fields["partition_responses"].array_of.data_class
     v = PRODUCE_VERSION
-    body = ProduceResponse(version=v, throttle_time_ms=0, responses=[
-        P(version=v, name="t", partition_responses=[Q(version=v, index=0, error_code=0, base_offset=corr,
-                                                      log_append_time_ms=-1, log_start_offset=0, record_errors=[],
-                                                      error_message=error_message)])]).encode()
+    body = ProduceResponse(
+        version=v,
+        throttle_time_ms=0,
+        responses=[
+            P(
+                version=v,
+                name="t",
+                partition_responses=[
+                    Q(
+                        version=v,
+                        index=0,
+                        error_code=0,
+                        base_offset=corr,
+                        log_append_time_ms=-1,
+                        log_start_offset=0,
+                        record_errors=[],
+                        error_message=error_message,
+                    )
+                ],
+            )
+        ],
+    ).encode()
     head = encode_response_header(corr, True)
     return _SIZE.pack(len(head) + len(body)) + head + body
 
 
 def _config(quotas: dict) -> ProxyConfig:
     entities = [{"entity": {"user": "ANONYMOUS"}, "quotas": quotas}] if quotas else []
-    return ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-                                       "quotas": {"entities": entities}})
+    return ProxyConfig.model_validate(
+        {"upstream": {"bootstrap_servers": ["127.0.0.1:9"]}, "quotas": {"entities": entities}}
+    )
 
 
 class ConnectionRig:
@@ -101,10 +125,18 @@ class ConnectionRig:
         async def no_listener(node_id: int, port: int) -> int:
             raise AssertionError("no listener expected")
 
-        services = Services(config, stats, Policy(config, stats), RequestBytesPool(1 << 28),
-                            BrokerDirectory("127.0.0.1", None, no_listener), TopicIds(),
-                            decode_caps(DECODED_APIS), lambda conn, ip: None, lambda conn: None,
-                            lambda conn: None)
+        services = Services(
+            config,
+            stats,
+            Policy(config, stats),
+            RequestBytesPool(1 << 28),
+            BrokerDirectory("127.0.0.1", None, no_listener),
+            TopicIds(),
+            decode_caps(DECODED_APIS),
+            lambda conn, ip: None,
+            lambda conn: None,
+            lambda conn: None,
+        )
         self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
         client_side, upstream_side = self.conn.client, self.conn.upstream
         assert isinstance(client_side, _ClientSide) and isinstance(upstream_side, _UpstreamSide)  # typed _Side there
@@ -125,7 +157,7 @@ class ConnectionRig:
         answer = answer or produce_response(corr)
         if conn.buffered_reads:
             buf = self.upstream_side.get_buffer(len(answer))
-            buf[:len(answer)] = answer
+            buf[: len(answer)] = answer
             self.upstream_side.buffer_updated(len(answer))
         else:  # as uvloop hands a read to a plain protocol: the read's bytes
             self.upstream.protocol.data_received(answer)

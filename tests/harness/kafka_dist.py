@@ -223,8 +223,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch(version: str, *, broker_only: bool, timeout: float, mvn: str,
-           progress: Callable[[str], None] | None = None) -> Path:
+def _fetch(
+    version: str, *, broker_only: bool, timeout: float, mvn: str, progress: Callable[[str], None] | None = None
+) -> Path:
     """Copy the runtime jars of one Kafka release into the cache (once) and return the dir.
 
     The marker stores a hash of the pom and options, so editing ``pom.xml``

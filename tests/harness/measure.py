@@ -53,8 +53,9 @@ def create_topic(cluster: KafkaCluster, topic: str, leaders: list[int]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=len(leaders),
-                                  replica_assignment=[[b] for b in leaders])])[topic].result(30)
+    admin.create_topics([NewTopic(topic, num_partitions=len(leaders), replica_assignment=[[b] for b in leaders])])[
+        topic
+    ].result(30)
     deadline = time.monotonic() + 30
     while len(topic_dirs(cluster, topic)) < len(leaders):
         if time.monotonic() > deadline:
@@ -198,8 +199,9 @@ def _slope(pts: list[tuple[float, float]]) -> float:
     return sum((t - mt) * (v - mv) for t, v in pts) / den if den else 0.0
 
 
-def steady_rate(samples: list[tuple[float, float]], quota: float | None, settle_s: float = 1.0,
-                tail_s: float = 0.5) -> Rate:
+def steady_rate(
+    samples: list[tuple[float, float]], quota: float | None, settle_s: float = 1.0, tail_s: float = 0.5
+) -> Rate:
     """Slope of the steady part: from when the 1 s rate is first within [0.9, 1.3] × quota (plus ``settle_s``) to
     ``tail_s`` before the last sample that moved. ``quota=None``: from the first movement (unthrottled)."""
     if len(samples) < 5:
@@ -260,7 +262,6 @@ def produce_rate(samples, quota: float | None, index_dir: Path | None = None, **
     return r
 
 
-
 # ------------------------------------------------------------------------------------------ samples and latencies
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default)."""
@@ -288,8 +289,9 @@ def value_at(points: Sequence[tuple[float, float]], t: float) -> float:
     return points[-1][1]
 
 
-def slice_increments(points: Sequence[tuple[float, float]], start: float, end: float,
-                     width: float = 1.0) -> list[float]:
+def slice_increments(
+    points: Sequence[tuple[float, float]], start: float, end: float, width: float = 1.0
+) -> list[float]:
     """The increase of a cumulative count in each whole ``width``-second slice of [start, end): a partial slice at
     the end is dropped (it would read as a slow second)."""
     out = []

@@ -29,6 +29,8 @@ from .kafka_dist import KafkaDist, ensure_kafka
 from .txn_probe import JavaApp, compile_app
 
 SOURCE = Path(__file__).with_name("java") / "ShareProbe.java"
+
+
 class ShareProbeError(RuntimeError):
     """The probe JVM failed to compile, crashed, timed out or printed something that is not JSON."""
 
@@ -76,14 +78,34 @@ def share_probe_popen(
 ) -> subprocess.Popen[str]:
     """Start the probe (own process group) and return the process; ``share_probe_result`` collects it."""
     app = compile_probe(dist)
-    args = ["--bootstrap", bootstrap, "--topic", topic, "--group", group, "--members", str(members),
-            "--timeout-ms", str(timeout_ms), "--client-id", client_id, "--ack", ack]
+    args = [
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--members",
+        str(members),
+        "--timeout-ms",
+        str(timeout_ms),
+        "--client-id",
+        client_id,
+        "--ack",
+        ack,
+    ]
     if expect is not None:
         args += ["--expect", str(expect)]
     for k, v in (props or {}).items():
         args += ["--property", f"{k}={v}"]
-    return subprocess.Popen(app.command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        app.command(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def share_probe_result(proc: subprocess.Popen[str], started: float, timeout: float) -> ShareProbeResult:
@@ -92,11 +114,13 @@ def share_probe_result(proc: subprocess.Popen[str], started: float, timeout: flo
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
-        raise ShareProbeError(f"ShareProbe timed out after {timeout}s\nstdout tail:\n{out[-3000:]}\n"
-                              f"stderr:\n{err[-6000:]}") from None
+        raise ShareProbeError(
+            f"ShareProbe timed out after {timeout}s\nstdout tail:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
+        ) from None
     if proc.returncode != 0:
-        raise ShareProbeError(f"ShareProbe exited {proc.returncode}\nstdout tail:\n{out[-3000:]}\n"
-                              f"stderr:\n{err[-6000:]}")
+        raise ShareProbeError(
+            f"ShareProbe exited {proc.returncode}\nstdout tail:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
+        )
     rows = []
     for line in out.splitlines():
         if line.strip():

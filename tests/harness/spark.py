@@ -28,8 +28,11 @@ requirements; nothing else."""
 def bare_env(**extra: str) -> dict[str, str]:
     """This process's environment without what would let a worker's Python see this checkout or this venv
     (a local-master SparkSession earlier in the same process sets PYTHONPATH and PYSPARK_PYTHON)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
     env.update(extra)
     return env
 
@@ -45,8 +48,12 @@ def worker_python(root: Path) -> Path:
         if (here / name).exists():
             (lib / name).symlink_to(here / name)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "worker-packages.pth").write_text(str(lib) + "\n")
     return python
 
@@ -66,11 +73,21 @@ class SparkStandalone:
 
     def _launch(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         spark_home = Path(sysconfig.get_paths()["purelib"]) / "pyspark"
-        full_env = bare_env(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(self.root),
-                            SPARK_NO_DAEMONIZE="1", **(env or {}))
+        full_env = bare_env(
+            SPARK_HOME=str(spark_home),
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_LOG_DIR=str(self.root),
+            SPARK_NO_DAEMONIZE="1",
+            **(env or {}),
+        )
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([str(spark_home / "bin" / "spark-class"), *args], cwd=self.root, env=full_env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(spark_home / "bin" / "spark-class"), *args],
+            cwd=self.root,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self._procs.append(proc)
         return proc
 
@@ -80,12 +97,33 @@ class SparkStandalone:
 
     def __enter__(self) -> SparkStandalone:
         self.work.mkdir()
-        self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                     str(self.port), "--webui-port", str(free_port()))
+        self._launch(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(free_port()),
+        )
         self._wait("master", "Starting Spark master")
-        self._launch("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
-                     str(self.cores), "--memory", self.memory, "--work-dir", str(self.work), "--webui-port",
-                     str(free_port()), self.master, env={"PYSPARK_PYTHON": str(self.python)})
+        self._launch(
+            "worker",
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(self.work),
+            "--webui-port",
+            str(free_port()),
+            self.master,
+            env={"PYSPARK_PYTHON": str(self.python)},
+        )
         self._wait("master", "Registering worker")
         return self
 

@@ -51,13 +51,23 @@ def streams_libs(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900, 
             return libs
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-Dkafka.version={version}",
-               f"-DoutputDirectory={tmp}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-Dkafka.version={version}",
+            f"-DoutputDirectory={tmp}",
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             if proc.returncode != 0:
-                raise RuntimeError(f"mvn failed ({proc.returncode}) fetching kafka-streams {version}:\n"
-                                   f"{(proc.stdout + proc.stderr)[-4000:]}")
+                raise RuntimeError(
+                    f"mvn failed ({proc.returncode}) fetching kafka-streams {version}:\n"
+                    f"{(proc.stdout + proc.stderr)[-4000:]}"
+                )
             shutil.rmtree(libs, ignore_errors=True)
             tmp.rename(libs)
         finally:
@@ -114,9 +124,24 @@ def start(
     state_dir.mkdir(parents=True, exist_ok=True)
     stop_file = state_dir.with_name(f"{state_dir.name}.stop")
     stop_file.unlink(missing_ok=True)
-    args = ["--bootstrap", bootstrap, "--application-id", application_id, "--input", input, "--output", output,
-            "--state-dir", str(state_dir), "--stop-file", str(stop_file), "--record-delay-ms", str(record_delay_ms),
-            "--count-delay-ms", str(count_delay_ms)]
+    args = [
+        "--bootstrap",
+        bootstrap,
+        "--application-id",
+        application_id,
+        "--input",
+        input,
+        "--output",
+        output,
+        "--state-dir",
+        str(state_dir),
+        "--stop-file",
+        str(stop_file),
+        "--record-delay-ms",
+        str(record_delay_ms),
+        "--count-delay-ms",
+        str(count_delay_ms),
+    ]
     for k, v in (props or {}).items():
         args += ["--property", f"{k}={v}"]
     return StreamsRun(streams_app().start(args, write_cds=write_cds), stop_file)

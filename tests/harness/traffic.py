@@ -45,8 +45,9 @@ def java_errors(text: str) -> list[str]:
 
 def run_java(cluster: KafkaCluster, tool: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = cluster.tool_cmd(tool, *args, jvm_opts=PERF_JVM)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -58,41 +59,85 @@ def run_java(cluster: KafkaCluster, tool: str, *args: str, timeout: float = 300)
 
 def java_produce(cluster: KafkaCluster, bootstrap: str, topic: str, n: int, client_id: str) -> dict:
     """producer-perf-test, 1 KiB records, acks=all, as fast as it may (throughput -1), metrics printed."""
-    p = run_java(cluster, "producer_perf", "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(n),
-                 "--record-size", str(RECORD), "--throughput", "-1", "--print-metrics",
-                 "--command-property", "acks=all", f"client.id={client_id}")
+    p = run_java(
+        cluster,
+        "producer_perf",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--num-records",
+        str(n),
+        "--record-size",
+        str(RECORD),
+        "--throughput",
+        "-1",
+        "--print-metrics",
+        "--command-property",
+        "acks=all",
+        f"client.id={client_id}",
+    )
     if p.returncode != 0:
         raise RuntimeError(f"producer-perf-test exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     sent = re.findall(r"^(\d+) records sent", p.stdout, re.MULTILINE)
-    return {"sent": int(sent[-1]) if sent else 0, "metrics": java_metrics(p.stdout),
-            "errors": java_errors(p.stdout + p.stderr), "stdout": p.stdout, "stderr": p.stderr}
+    return {
+        "sent": int(sent[-1]) if sent else 0,
+        "metrics": java_metrics(p.stdout),
+        "errors": java_errors(p.stdout + p.stderr),
+        "stdout": p.stdout,
+        "stderr": p.stderr,
+    }
 
 
 def java_consume(cluster: KafkaCluster, bootstrap: str, topic: str, n: int, group: str, client_id: str) -> dict:
     """consumer-perf-test from the beginning, auto-committing every 200 ms (that is what is measured)."""
-    p = run_java(cluster, "consumer_perf", "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(n),
-                 "--group", group, "--timeout", "30000", "--print-metrics",
-                 "--command-property", f"client.id={client_id}", "--command-property", "auto.commit.interval.ms=200",
-                 "--command-property", f"max.partition.fetch.bytes={FETCH_PARTITION_BYTES}")
+    p = run_java(
+        cluster,
+        "consumer_perf",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--num-records",
+        str(n),
+        "--group",
+        group,
+        "--timeout",
+        "30000",
+        "--print-metrics",
+        "--command-property",
+        f"client.id={client_id}",
+        "--command-property",
+        "auto.commit.interval.ms=200",
+        "--command-property",
+        f"max.partition.fetch.bytes={FETCH_PARTITION_BYTES}",
+    )
     if p.returncode != 0:
         raise RuntimeError(f"consumer-perf-test exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     i = next((i for i, ln in enumerate(lines) if ln.startswith("start.time")), None)
     consumed = 0
     if i is not None:
-        row = dict(zip((h.strip() for h in lines[i].split(",")), (v.strip() for v in lines[i + 1].split(",")),
-                       strict=False))
+        row = dict(
+            zip((h.strip() for h in lines[i].split(",")), (v.strip() for v in lines[i + 1].split(",")), strict=False)
+        )
         consumed = int(row.get("data.consumed.in.nMsg", 0))
-    return {"consumed": consumed, "metrics": java_metrics(p.stdout), "errors": java_errors(p.stdout + p.stderr),
-            "stdout": p.stdout, "stderr": p.stderr}
+    return {
+        "consumed": consumed,
+        "metrics": java_metrics(p.stdout),
+        "errors": java_errors(p.stdout + p.stderr),
+        "stdout": p.stdout,
+        "stderr": p.stderr,
+    }
 
 
 def seq_value(i: int, pad: bytes) -> bytes:
     return struct.pack(">Q", i) + pad
 
 
-def rdkafka_produce(bootstrap: str, topic: str, client_id: str, seconds: float, partitions: int = 1,
-                    outstanding: int = 20_000, **config) -> dict:
+def rdkafka_produce(
+    bootstrap: str, topic: str, client_id: str, seconds: float, partitions: int = 1, outstanding: int = 20_000, **config
+) -> dict:
     """confluent-kafka producing 1 KiB records numbered 0, 1, … for ``seconds`` (at most ``outstanding`` awaiting
     delivery, so memory stays bounded), then flushing. Returns counts and delivery errors."""
     from confluent_kafka import Producer
@@ -130,9 +175,16 @@ def rdkafka_consume(bootstrap: str, topic: str, group: str, client_id: str, n: i
     """confluent-kafka consuming partition 0 from the beginning, auto-committing every 200 ms, until ``n``."""
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": client_id,
-                  "auto.offset.reset": "earliest", "auto.commit.interval.ms": 200,
-                  "max.partition.fetch.bytes": FETCH_PARTITION_BYTES})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "client.id": client_id,
+            "auto.offset.reset": "earliest",
+            "auto.commit.interval.ms": 200,
+            "max.partition.fetch.bytes": FETCH_PARTITION_BYTES,
+        }
+    )
     c.subscribe([topic])
     got, errors, last = 0, [], -1
     arrivals: list[tuple[float, int]] = []  # (time, next offset) as batches arrive: a cross-check of the commits
@@ -181,8 +233,9 @@ def check_sequence(bootstrap: str, topic: str, start: int, n: int, timeout: floa
     """Read partition 0 from ``start`` straight from the cluster: values must number 0 … n − 1, in order."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, 0, start)])
     problems: list[str] = []
     want = 0
@@ -206,4 +259,3 @@ def check_sequence(bootstrap: str, topic: str, start: int, n: int, timeout: floa
     if want != n:
         problems.append(f"read up to record {want}, expected {n}")
     return problems
-

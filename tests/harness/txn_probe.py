@@ -41,7 +41,6 @@ JAVA_DIR = Path(__file__).with_name("java")
 JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 
-
 @dataclass(frozen=True)
 class JavaApp:
     """A compiled Java program (``jar``) and the jar directories it runs with."""
@@ -63,8 +62,9 @@ class JavaApp:
             return None
         return CdsDump(final.with_name(f"{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"), final)
 
-    def command(self, args: Sequence[str], *, cds_dump: CdsDump | None = None,
-                sys_props: Mapping[str, str] | None = None) -> list[str]:
+    def command(
+        self, args: Sequence[str], *, cds_dump: CdsDump | None = None, sys_props: Mapping[str, str] | None = None
+    ) -> list[str]:
         cds: list[str] = []
         if cds_dump is not None:
             cds = [f"-XX:ArchiveClassesAtExit={cds_dump.tmp}"]
@@ -165,10 +165,18 @@ def process_popen(
     props: Mapping[str, Any] | None = None,
 ) -> BackgroundProbe:
     """Start the read-process-write loop (see ``TxnProbe.java``) in the background."""
-    opts = {"input": input, "output": output, "group": group, "transactional_id": transactional_id,
-            "expect": expect, "client_id": client_id, "abort_every": abort_every,
-            "max_poll_records": max_poll_records, "transaction_timeout_ms": transaction_timeout_ms,
-            "timeout_ms": timeout_ms}
+    opts = {
+        "input": input,
+        "output": output,
+        "group": group,
+        "transactional_id": transactional_id,
+        "expect": expect,
+        "client_id": client_id,
+        "abort_every": abort_every,
+        "max_poll_records": max_poll_records,
+        "transaction_timeout_ms": transaction_timeout_ms,
+        "timeout_ms": timeout_ms,
+    }
     return txn_app().start(_args("process", bootstrap, opts, props))
 
 

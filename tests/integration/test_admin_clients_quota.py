@@ -39,8 +39,12 @@ def _names(prefix: str, n: int = 3) -> list[str]:
 def _existing(cluster, names: list[str]) -> set[str]:
     wire = KafkaWire(cluster.bootstrap.split(",")[0])
     try:
-        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names],
-                                  allow_auto_topic_creation=False), 8)
+        wire.send(
+            MetadataRequest(
+                topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names], allow_auto_topic_creation=False
+            ),
+            8,
+        )
         return {t.name for t in wire.recv()[1].topics if t.error_code == 0}
     finally:
         wire.close()
@@ -71,17 +75,25 @@ def _decisions(logdir) -> list[dict]:
 
 def test_old_java_admin_is_admitted_then_held_back(cluster, fresh_proxy, tmp_path):
     logdir = tmp_path / "decisions"
-    proxy = fresh_proxy(**QUOTA, **{"decision_log.directory": str(logdir), "decision_log.format": "jsonl",
-                                    "decision_log.rotate_seconds": 1})
+    proxy = fresh_proxy(
+        **QUOTA,
+        **{"decision_log.directory": str(logdir), "decision_log.format": "jsonl", "decision_log.rotate_seconds": 1},
+    )
     names = _names("java-old")
     later = _names("java-old-next", 1)
-    res = ap.admin_probe(proxy.bootstrap, ap.create(names, 15, replication_factor=1),
-                         ap.create(later, 1, replication_factor=1), client="old", log_requests=True)
+    res = ap.admin_probe(
+        proxy.bootstrap,
+        ap.create(names, 15, replication_factor=1),
+        ap.create(later, 1, replication_factor=1),
+        client="old",
+        log_requests=True,
+    )
     assert res.versions()["CREATE_TOPICS"] == {5}
     first = [r for r in res if r["topic"] in names]
     assert {r["outcome"] for r in first} == {"ok"}  # permissive: everything admitted
     second = next(r for r in res if r["topic"] == later[0])
     assert second["outcome"] == "ok" and second["done_ms"] >= max(r["done_ms"] for r in first)
+
     # 20 - 45 = -25 tokens at 10/s: the proxy tells the client 2.5 s and does not read its channel for that long.
     # Measured where the mute is, from the proxy's own clocks (the first response's decision, the next request's
     # arrival), so a loaded machine can only lengthen the gap, never shorten it.
@@ -128,11 +140,14 @@ def test_kafka_python_admin_sees_error_89_on_the_right_topic(cluster, fresh_prox
     names = _names("kpy")
     admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap)
     try:
-        resp = admin.create_topics({n: {"num_partitions": 15, "replication_factor": 1} for n in names},
-                                   raise_errors=False)
+        resp = admin.create_topics(
+            {n: {"num_partitions": 15, "replication_factor": 1} for n in names}, raise_errors=False
+        )
     finally:
         admin.close()
-    codes = {t[0] if isinstance(t, tuple) else t["name"]: t[1] if isinstance(t, tuple) else t["error_code"]
-             for t in resp["topics"]}
+    codes = {
+        t[0] if isinstance(t, tuple) else t["name"]: t[1] if isinstance(t, tuple) else t["error_code"]
+        for t in resp["topics"]
+    }
     assert codes == {names[0]: 0, names[1]: 0, names[2]: THROTTLING_QUOTA_EXCEEDED}
     wait_until(lambda: _existing(cluster, names) == set(names[:2]), 30, what="only the admitted topics")

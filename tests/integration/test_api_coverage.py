@@ -98,8 +98,11 @@ def _address_paths(spec: dict[str, Any], v: int) -> list[tuple[str, ...]]:
             if sub:
                 yield from walk(sub, here)
 
-    return [p for p in walk(spec.get("fields", []), ())
-            if not NOT_BROKER_ADDRESSES & set(p) and not (spec["apiKey"] in ACL_HOST_APIS and p[-1] == "Host")]
+    return [
+        p
+        for p in walk(spec.get("fields", []), ())
+        if not NOT_BROKER_ADDRESSES & set(p) and not (spec["apiKey"] in ACL_HOST_APIS and p[-1] == "Host")
+    ]
 
 
 def _name(specs: dict[int, dict[str, Any]], key: int) -> str:
@@ -117,7 +120,8 @@ def test_every_api_the_cluster_speaks_is_rewritten_withdrawn_or_known_address_fr
         unexamined[key] = f"{_name(specs, key)} v{lo}-{hi}: {vouched}"
     assert not unexamined, (
         f"the cluster speaks APIs the proxy would forward unread with no one having checked their responses for "
-        f"broker addresses (protocol/address_free.py was checked against Kafka {CHECKED_AGAINST}): {unexamined}")
+        f"broker addresses (protocol/address_free.py was checked against Kafka {CHECKED_AGAINST}): {unexamined}"
+    )
 
 
 def test_the_proxy_advertises_nothing_unexamined(cluster_apis, proxy):
@@ -158,8 +162,9 @@ def test_describe_quorum_through_the_proxy_names_no_node_address(cluster, fresh_
     proxy = fresh_proxy()  # its own: the refused v2 leaves a WARNING line other tests' log counts must not see
     hi = cluster_apis[DESCRIBE_QUORUM][1]
     assert hi >= 2, "the cluster speaks DescribeQuorum v2 (KIP-853)"
-    topic = DescribeQuorumRequest.TopicData(topic_name="__cluster_metadata",
-                                            partitions=[DescribeQuorumRequest.TopicData.PartitionData(partition_index=0)])
+    topic = DescribeQuorumRequest.TopicData(
+        topic_name="__cluster_metadata", partitions=[DescribeQuorumRequest.TopicData.PartitionData(partition_index=0)]
+    )
     wire = KafkaWire(proxy.bootstrap)
     try:
         wire.send(DescribeQuorumRequest(topics=[topic]), 1)

@@ -72,9 +72,11 @@ def _quota(entity: dict, **quotas) -> dict:
 
 
 def _check_rate(rate, quota: float, charged: bool, tolerance: float = TOLERANCE) -> None:
-    summary = (f"achieved {rate.rate / MIB:.3f} MiB/s (charged-equivalent {rate.charged / MIB:.3f}) vs quota "
-               f"{quota / MIB:.3f} over {rate.seconds:.1f} s after a {rate.burst_bytes / MIB:.1f} MiB burst; "
-               f"5 s slices {[round(w / MIB, 3) for w in rate.windows]}")
+    summary = (
+        f"achieved {rate.rate / MIB:.3f} MiB/s (charged-equivalent {rate.charged / MIB:.3f}) vs quota "
+        f"{quota / MIB:.3f} over {rate.seconds:.1f} s after a {rate.burst_bytes / MIB:.1f} MiB burst; "
+        f"5 s slices {[round(w / MIB, 3) for w in rate.windows]}"
+    )
     print(summary)
     assert rate.seconds >= 0.75 * STEADY_S, summary
     assert abs(rate.error(quota, charged=charged)) <= tolerance, summary
@@ -107,14 +109,17 @@ def test_producer_byte_rate_java_producer_perf(cluster, fresh_proxy):
     _check_rate(produce_rate(s.samples, QUOTA, dirs[0]), QUOTA, charged=True)
 
 
-@pytest.mark.parametrize("in_flight", [
-    # librdkafka's defaults: many requests in flight and throttle_time_ms ignored. The proxy reads nothing behind a
-    # throttled Produce until its throttle is served (as a broker reads one request at a time), so it holds.
-    pytest.param(None, id="default-pipelining"),
-    # One request in flight and 64 KiB batches: librdkafka's default 1 MB requests are 2.5 × what 11 samples of
-    # 0.2 s at 2 MiB/s hold (0.4 MiB each), and that granularity alone overshoots (+7 % measured).
-    pytest.param(1, id="one-in-flight"),
-])
+@pytest.mark.parametrize(
+    "in_flight",
+    [
+        # librdkafka's defaults: many requests in flight and throttle_time_ms ignored. The proxy reads nothing behind a
+        # throttled Produce until its throttle is served (as a broker reads one request at a time), so it holds.
+        pytest.param(None, id="default-pipelining"),
+        # One request in flight and 64 KiB batches: librdkafka's default 1 MB requests are 2.5 × what 11 samples of
+        # 0.2 s at 2 MiB/s hold (0.4 MiB each), and that granularity alone overshoots (+7 % measured).
+        pytest.param(1, id="one-in-flight"),
+    ],
+)
 def test_producer_byte_rate_librdkafka_no_loss_no_reorder(cluster, fresh_proxy, in_flight):
     """A client-id entity; librdkafka is held to the rate by muting, and every record arrives once, in order."""
     proxy = fresh_proxy(**_quota({"client-id": "rdk-producer"}, producer_byte_rate=QUOTA))
@@ -133,8 +138,9 @@ def test_producer_byte_rate_librdkafka_no_loss_no_reorder(cluster, fresh_proxy, 
     # ±15 %, which still catches what it guards against: before the proxy held reads behind a throttled
     # Produce, the pipelined requests went through and it measured +30-60 %. The ±5 % fidelity is the
     # one-in-flight case's (and bench.quota_fidelity's, at Kafka's default 1 s samples, for this client too).
-    _check_rate(produce_rate(s.samples, QUOTA, dirs[0]), QUOTA, charged=True,
-                tolerance=TOLERANCE if in_flight else 0.15)
+    _check_rate(
+        produce_rate(s.samples, QUOTA, dirs[0]), QUOTA, charged=True, tolerance=TOLERANCE if in_flight else 0.15
+    )
 
 
 # ------------------------------------------------------------------------------------------------- fetch
@@ -180,8 +186,10 @@ def test_scope_three_partitions_on_three_brokers(cluster, fresh_proxy, scope, fa
         res = java_produce(cluster, proxy.bootstrap, topic, n, f"scope-{scope}")
     assert res["sent"] == n and not res["errors"], res["errors"][:5]
     rate = steady_rate(s.samples, factor * quota)
-    print(f"scope {scope}: {rate.rate / MIB:.3f} MiB/s over {rate.seconds:.1f} s, slices "
-          f"{[round(w / MIB, 3) for w in rate.windows]}; per partition "
-          f"{[round(log_bytes([d]) / MIB, 1) for d in dirs]} MiB")
+    print(
+        f"scope {scope}: {rate.rate / MIB:.3f} MiB/s over {rate.seconds:.1f} s, slices "
+        f"{[round(w / MIB, 3) for w in rate.windows]}; per partition "
+        f"{[round(log_bytes([d]) / MIB, 1) for d in dirs]} MiB"
+    )
     assert rate.seconds >= 8
     assert abs(rate.rate / (factor * quota) - 1) <= 0.10

@@ -65,8 +65,14 @@ def test_confluent_kafka_librdkafka(cluster, proxy):
         for i in range(N):
             producer.produce(topic, value=f"m{i}".encode(), key=str(i % 4).encode())
         assert producer.flush(30) == 0
-        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": _topic("g"),
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "group.id": _topic("g"),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.subscribe([topic])
         got = _consume(consumer, N)
         consumer.commit(asynchronous=False)
@@ -94,8 +100,13 @@ def test_kafka_python(cluster, proxy):
             producer.send(topic, f"m{i}".encode())
         producer.flush(30)
         producer.close()
-        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=_topic("g"),
-                                 auto_offset_reset="earliest", consumer_timeout_ms=30000)
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=proxy.bootstrap,
+            group_id=_topic("g"),
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=30000,
+        )
         got = []
         for msg in consumer:
             got.append(msg.value)
@@ -129,8 +140,9 @@ def test_aiokafka(cluster, proxy):
         for i in range(N):
             await producer.send(topic, f"m{i}".encode())
         await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=_topic("g"),
-                                    auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=proxy.bootstrap, group_id=_topic("g"), auto_offset_reset="earliest"
+        )
         await consumer.start()
         got: list[bytes] = []
         try:
@@ -164,20 +176,50 @@ def test_java_tools(cluster, proxy):
     topic = _topic("java")
     group = _topic("g")
     with ConnectionWatcher([]) as w:
+
         def run(main, *args, input=None, timeout=120):
-            proc = cluster.tool_popen(main, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True)
+            proc = cluster.tool_popen(
+                main, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             w.add(proc.pid)
             out, err = proc.communicate(input, timeout=timeout)
             assert proc.returncode == 0, f"{main} {args} failed:\n{out}\n{err}"
             return out
 
-        run("topics", "--bootstrap-server", proxy.bootstrap, "--create", "--topic", topic,
-            "--partitions", "2", "--replication-factor", "3")
-        run("console_producer", "--bootstrap-server", proxy.bootstrap, "--topic", topic,
-            input="".join(f"m{i}\n" for i in range(N)))
-        out = run("console_consumer", "--bootstrap-server", proxy.bootstrap, "--topic", topic,
-                  "--group", group, "--from-beginning", "--max-messages", str(N), "--timeout-ms", "60000")
+        run(
+            "topics",
+            "--bootstrap-server",
+            proxy.bootstrap,
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            "2",
+            "--replication-factor",
+            "3",
+        )
+        run(
+            "console_producer",
+            "--bootstrap-server",
+            proxy.bootstrap,
+            "--topic",
+            topic,
+            input="".join(f"m{i}\n" for i in range(N)),
+        )
+        out = run(
+            "console_consumer",
+            "--bootstrap-server",
+            proxy.bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--from-beginning",
+            "--max-messages",
+            str(N),
+            "--timeout-ms",
+            "60000",
+        )
         assert sorted(out.split()) == sorted(f"m{i}" for i in range(N))
         run("topics", "--bootstrap-server", proxy.bootstrap, "--alter", "--topic", topic, "--partitions", "4")
         desc = run("topics", "--bootstrap-server", proxy.bootstrap, "--describe", "--topic", topic)
@@ -191,20 +233,36 @@ def test_kcat(cluster, proxy):
     """kcat has no admin commands: the topic is auto-created by the produce; group consume via -G."""
     topic = _topic("kcat")
     with ConnectionWatcher([]) as w:
-        p = subprocess.Popen(["kcat", "-b", proxy.bootstrap, "-P", "-t", topic, "-X", "acks=all"],
-                             stdin=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            ["kcat", "-b", proxy.bootstrap, "-P", "-t", topic, "-X", "acks=all"], stdin=subprocess.PIPE, text=True
+        )
         w.add(p.pid)
         p.communicate("".join(f"m{i}\n" for i in range(N)), timeout=60)
         assert p.returncode == 0
-        c = subprocess.Popen(["kcat", "-b", proxy.bootstrap, "-G", _topic("g"), "-X",
-                              "auto.offset.reset=earliest", "-c", str(N), "-q", topic],
-                             stdout=subprocess.PIPE, text=True)
+        c = subprocess.Popen(
+            [
+                "kcat",
+                "-b",
+                proxy.bootstrap,
+                "-G",
+                _topic("g"),
+                "-X",
+                "auto.offset.reset=earliest",
+                "-c",
+                str(N),
+                "-q",
+                topic,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         w.add(c.pid)
         out, _ = c.communicate(timeout=90)
         assert c.returncode == 0
         assert sorted(out.split()) == sorted(f"m{i}" for i in range(N))
-        lst = subprocess.run(["kcat", "-b", proxy.bootstrap, "-L", "-t", topic], capture_output=True,
-                             text=True, timeout=30)
+        lst = subprocess.run(
+            ["kcat", "-b", proxy.bootstrap, "-L", "-t", topic], capture_output=True, text=True, timeout=30
+        )
         # kcat prints the broker addresses it was given: they must be the proxy's.
         assert "broker" in lst.stdout
         for port in broker_ports(cluster):
@@ -228,9 +286,14 @@ def test_sasl_scram_and_plain_pass_through(cluster, sasl_proxy):
             consumer.close()
             assert mech.encode() in got
         _assert_only_proxy(w, cluster, sasl_proxy)
-    bad = Producer({**cluster.client_config("alice", "SCRAM-SHA-512"),
-                    "bootstrap.servers": sasl_proxy.bootstrap, "sasl.password": "wrong",
-                    "message.timeout.ms": 5000})
+    bad = Producer(
+        {
+            **cluster.client_config("alice", "SCRAM-SHA-512"),
+            "bootstrap.servers": sasl_proxy.bootstrap,
+            "sasl.password": "wrong",
+            "message.timeout.ms": 5000,
+        }
+    )
     errors = []
     bad.produce(topic, value=b"x", on_delivery=lambda err, msg: errors.append(err))
     bad.flush(15)

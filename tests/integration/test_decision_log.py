@@ -33,15 +33,17 @@ def _events(logdir) -> list[dict]:
 def test_decisions_and_summaries_are_logged_and_match_metrics(fresh_proxy, tmp_path):
     port = free_port()
     logdir = tmp_path / "decisions"
-    proxy = fresh_proxy(**{
-        "metrics.port": port,
-        "decision_log.directory": str(logdir),
-        "decision_log.rotate_seconds": 1,
-        "decision_log.summary_seconds": 1,
-        "quotas.controller_window_num": 2,
-        # KafkaWire's client id; B = 20 partitions
-        "quotas.entities": [{"entity": {"client-id": "kafka-wire"}, "quotas": {"controller_mutation_rate": 10}}],
-    })
+    proxy = fresh_proxy(
+        **{
+            "metrics.port": port,
+            "decision_log.directory": str(logdir),
+            "decision_log.rotate_seconds": 1,
+            "decision_log.summary_seconds": 1,
+            "quotas.controller_window_num": 2,
+            # KafkaWire's client id; B = 20 partitions
+            "quotas.entities": [{"entity": {"client-id": "kafka-wire"}, "quotas": {"controller_mutation_rate": 10}}],
+        }
+    )
     wire = KafkaWire(proxy.bootstrap)
     names = [f"dl-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
     resp = _create(wire, 7, [(n, 15) for n in names])

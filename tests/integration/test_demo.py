@@ -32,8 +32,13 @@ def _two_free_ports() -> int:
 
 def test_demo_shows_a_quota_biting():
     port = _two_free_ports()
-    done = subprocess.run(["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "25", "--port", str(port)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "25", "--port", str(port)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in out + done.stderr
@@ -61,15 +66,36 @@ def test_a_quota_altered_while_the_demo_runs_shows_at_once():
     import threading
 
     port = _two_free_ports()
-    proc = subprocess.Popen(["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "30", "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["scripts/run-embedded", "--demo", "--once", "--demo-seconds", "30", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     altered = threading.Event()
 
     def alter() -> None:
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server",
-                               f"127.0.0.1:{port}", "alter", "--client-id", "demo-producer", "--add-config",
-                               "producer_byte_rate=4194304"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "quotas",
+                "--bootstrap-server",
+                f"127.0.0.1:{port}",
+                "alter",
+                "--client-id",
+                "demo-producer",
+                "--add-config",
+                "producer_byte_rate=4194304",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         altered.set()
 
@@ -86,7 +112,7 @@ def test_a_quota_altered_while_the_demo_runs_shows_at_once():
     out = "".join(lines)
     assert out.index("change the quota live") < out.index("demo producer: client id")  # said while it runs
     assert altered.wait(0) and "quota for 'demo-producer' is now 4.00 MiB/s" in out, out[-3000:]
-    after = out[out.index("is now 4.00 MiB/s"):]
+    after = out[out.index("is now 4.00 MiB/s") :]
     rates = [float(m) for m in re.findall(r"last 2 s +([\d.]+) MiB/s", after)]
     assert rates and max(rates) > 1.5, rates  # the producer got more than the old quota once the new one held
     assert re.findall(r"of 4\.00 MiB/s", after)

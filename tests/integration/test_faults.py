@@ -64,12 +64,31 @@ def test_sigterm_finishes_in_flight_requests_then_exits(cluster, fresh_proxy):
     broker = next(b for b in md.brokers if b.node_id == leader)
     fetch = KafkaWire(f"{broker.host}:{broker.port}")
     T = FetchRequest.FetchTopic
-    req = FetchRequest(replica_id=-1, max_wait_ms=3000, min_bytes=10_000_000, max_bytes=1 << 20,
-                       isolation_level=0, session_id=0, session_epoch=-1,
-                       topics=[T(topic=topic, partitions=[T.FetchPartition(partition=0, current_leader_epoch=-1,
-                                                                         fetch_offset=1, log_start_offset=-1,
-                                                                         partition_max_bytes=1 << 20)])],
-                       forgotten_topics_data=[], rack_id="")
+    req = FetchRequest(
+        replica_id=-1,
+        max_wait_ms=3000,
+        min_bytes=10_000_000,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            T(
+                topic=topic,
+                partitions=[
+                    T.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=1,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
     corr = fetch.send(req, 12)
     time.sleep(0.5)  # the broker now holds the fetch (min_bytes not reached) for ~3 s
     started = time.monotonic()
@@ -116,9 +135,24 @@ def test_ports_in_use_at_start(cluster, fresh_proxy, tmp_path):
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        r = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "--bootstrap-servers", cluster.bootstrap,
-                            "--bootstrap-port", str(port), "--broker-ports", "ephemeral"],
-                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "run",
+                "--bootstrap-servers",
+                cluster.bootstrap,
+                "--bootstrap-port",
+                str(port),
+                "--broker-ports",
+                "ephemeral",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2, r
         assert f"listen.bootstrap_port {port}" in r.stderr and "Traceback" not in r.stderr, r.stderr
         first = free_port()

@@ -48,27 +48,43 @@ def _gauge(port: int, name: str) -> float:
 # periods is off by part of one period's payback at either end: 1.872 MiB/s over 49 s in one CI run, 2.143 over
 # 111 s at load 8, 2.007-2.057 on quieter runs. Smooth enforcement paces each member's client instead, which is what
 # docs/fleet.md recommends for a fleet. Scope cluster: three buckets, about three times the quota, 15 %.
-@pytest.mark.parametrize("scope, factor, enforcement, steady_s, tolerance", [
-    ("fleet", 1, "smooth", STEADY_S, 0.05),
-    ("fleet", 1, "kafka", STEADY_S * 3 // 2, 0.10),
-    ("cluster", MEMBERS, "kafka", STEADY_S, 0.15),
-])
-def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, scope, factor, enforcement, steady_s,
-                                                         tolerance):
+@pytest.mark.parametrize(
+    "scope, factor, enforcement, steady_s, tolerance",
+    [
+        ("fleet", 1, "smooth", STEADY_S, 0.05),
+        ("fleet", 1, "kafka", STEADY_S * 3 // 2, 0.10),
+        ("cluster", MEMBERS, "kafka", STEADY_S, 0.15),
+    ],
+)
+def test_three_members_hold_three_producers_to_one_quota(
+    cluster, fresh_proxy, scope, factor, enforcement, steady_s, tolerance
+):
     """With scope fleet the three producers share the quota; with scope cluster each member has its own bucket
     for the client id, so together they get about three times the quota (what two proxies used to do)."""
     fleet = f"t{uuid.uuid4().hex[:8]}"
     client_id = f"fleet-{fleet}"
     ports = [free_port() for _ in range(MEMBERS)]
-    members = [fresh_proxy(**{
-        "quotas.scope": scope, "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-        "fleet.sync_interval_ms": 250, "quotas.enforcement": enforcement,
-        "metrics.port": ports[i],
-        "quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"producer_byte_rate": QUOTA}}],
-    }) for i in range(MEMBERS)]
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": scope,
+                "fleet.name": fleet,
+                "fleet.member": f"m{i}",
+                **SECRET,
+                "fleet.sync_interval_ms": 250,
+                "quotas.enforcement": enforcement,
+                "metrics.port": ports[i],
+                "quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"producer_byte_rate": QUOTA}}],
+            }
+        )
+        for i in range(MEMBERS)
+    ]
     if scope == "fleet":
-        wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60,
-                   what="every member connected to the fleet topic")
+        wait_until(
+            lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports),
+            60,
+            what="every member connected to the fleet topic",
+        )
     topic = f"fleet-{fleet}"
     create_topic(cluster, topic, [1])
     dirs = topic_dirs(cluster, topic)
@@ -90,8 +106,10 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     for res in results:
         assert res.get("sent") == n and not res["errors"], (res.get("errors") or [])[:5]
     rate = steady_rate(s.samples, factor * QUOTA)
-    print(f"scope {scope}, {enforcement} enforcement, {MEMBERS} members: {rate.rate / MIB:.3f} MiB/s over "
-          f"{rate.seconds:.1f} s (quota {QUOTA / MIB:.0f} MiB/s)")
+    print(
+        f"scope {scope}, {enforcement} enforcement, {MEMBERS} members: {rate.rate / MIB:.3f} MiB/s over "
+        f"{rate.seconds:.1f} s (quota {QUOTA / MIB:.0f} MiB/s)"
+    )
     if scope == "cluster":  # each member its own bucket: three times the fleet's rate
         assert rate.seconds >= steady_s * 0.75, f"only {rate.seconds:.1f} s steady"
         assert abs(rate.rate / (factor * QUOTA) - 1) <= tolerance, f"{rate.rate / MIB:.3f} MiB/s"
@@ -99,8 +117,10 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
     heard = [_gauge(p, "ktp_fleet_members") for p in ports]
     applied = [_gauge(p, "ktp_fleet_usage_applied") for p in ports]
     delays = [_gauge(p, "ktp_fleet_sync_delay_p99_ms") for p in ports]
-    print(f"members heard {heard}, remote usages applied {applied}, sync delay p99 {delays} ms, 5 s slices "
-          f"{[round(w / MIB, 2) for w in rate.windows]} MiB/s")
+    print(
+        f"members heard {heard}, remote usages applied {applied}, sync delay p99 {delays} ms, 5 s slices "
+        f"{[round(w / MIB, 2) for w in rate.windows]} MiB/s"
+    )
     assert all(h == MEMBERS for h in heard), heard
     assert rate.seconds >= steady_s * 0.75, f"only {rate.seconds:.1f} s steady"
     assert abs(rate.rate / QUOTA - 1) <= tolerance, f"{rate.rate / MIB:.3f} MiB/s against {QUOTA / MIB} MiB/s"
@@ -109,32 +129,57 @@ def test_three_members_hold_three_producers_to_one_quota(cluster, fresh_proxy, s
 def test_an_alter_through_one_member_is_in_force_on_another_within_two_seconds(cluster, fresh_proxy, tmp_path):
     fleet = f"q{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(2)]
-    a, b = (fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-                           "metrics.port": ports[i], "quotas.admins": ["ANONYMOUS"],
-                           "quotas.state_file": str(tmp_path / f"state-{i}.json")}) for i in range(2))
-    wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60,
-               what="both members connected to the fleet topics")
+    a, b = (
+        fresh_proxy(
+            **{
+                "quotas.scope": "fleet",
+                "fleet.name": fleet,
+                "fleet.member": f"m{i}",
+                **SECRET,
+                "metrics.port": ports[i],
+                "quotas.admins": ["ANONYMOUS"],
+                "quotas.state_file": str(tmp_path / f"state-{i}.json"),
+            }
+        )
+        for i in range(2)
+    )
+    wait_until(
+        lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports),
+        60,
+        what="both members connected to the fleet topics",
+    )
     user = f"u-{fleet}"
 
     def quotas(proxy, *args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
-                               *args], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
     assert "producer_byte_rate" not in quotas(b, "describe", "--user", user)
     quotas(a, "alter", "--user", user, "--add-config", "producer_byte_rate=1048576")
     t0 = time.monotonic()  # the alter is in force on A once its answer arrived
-    wait_until(lambda: _gauge(ports[1], "ktp_fleet_quota_alters_taken_in") >= 1, 10, interval=0.05,
-               what="the other member taking in the alter")
+    wait_until(
+        lambda: _gauge(ports[1], "ktp_fleet_quota_alters_taken_in") >= 1,
+        10,
+        interval=0.05,
+        what="the other member taking in the alter",
+    )
     took = time.monotonic() - t0
     print(f"alter through one member in force on the other {took:.2f} s after the alter's answer")
     assert took <= 2.0
     assert "producer_byte_rate=1048576" in quotas(b, "describe", "--user", user).replace(" ", "")
     # and a delete travels the same way, and survives in the other member's state file
     quotas(a, "delete", "--user", user)
-    wait_until(lambda: "producer_byte_rate" not in quotas(b, "describe", "--user", user), 10,
-               what="the delete in force on the other member")
+    wait_until(
+        lambda: "producer_byte_rate" not in quotas(b, "describe", "--user", user),
+        10,
+        what="the delete in force on the other member",
+    )
     assert user in (tmp_path / "state-1.json").read_text()
 
 
@@ -148,8 +193,9 @@ def _create_loop(bootstrap: str, client_id: str, prefix: str, seconds: float, pa
     try:
         while time.monotonic() < end:
             try:
-                resp = admin.create_topics([NewTopic(f"{prefix}-{i}", partitions, 1)], raise_errors=False,
-                                           wait_for_metadata=False)
+                resp = admin.create_topics(
+                    [NewTopic(f"{prefix}-{i}", partitions, 1)], raise_errors=False, wait_for_metadata=False
+                )
             except NodeNotReadyError:  # kafka-python pauses a throttled node and refuses until it may send
                 time.sleep(0.02)
                 continue
@@ -168,11 +214,19 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
     fleet = f"c{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
     rate, seconds, size = 4.0, 20.0, 4
-    members = [fresh_proxy(**{
-        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET} if scope == "fleet" else {}),
-        "metrics.port": ports[i],
-        "quotas.entities": [{"entity": {"client-id": f"adm-{fleet}"}, "quotas": {"controller_mutation_rate": rate}}],
-    }) for i in range(MEMBERS)]
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": scope,
+                **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET} if scope == "fleet" else {}),
+                "metrics.port": ports[i],
+                "quotas.entities": [
+                    {"entity": {"client-id": f"adm-{fleet}"}, "quotas": {"controller_mutation_rate": rate}}
+                ],
+            }
+        )
+        for i in range(MEMBERS)
+    ]
     if scope == "fleet":
         wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
     admitted = [0] * MEMBERS
@@ -188,8 +242,10 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
         t.join(300)
     elapsed = time.monotonic() - t0
     bound = rate * 11 + rate * elapsed  # B + R x T for one bucket
-    print(f"scope {scope}: {sum(admitted)} partitions admitted in {elapsed:.1f} s by {admitted}; one bucket allows "
-          f"{bound:.0f} (+ one request per member in flight)")
+    print(
+        f"scope {scope}: {sum(admitted)} partitions admitted in {elapsed:.1f} s by {admitted}; one bucket allows "
+        f"{bound:.0f} (+ one request per member in flight)"
+    )
     if scope == "fleet":
         assert sum(admitted) <= bound + MEMBERS * size
     else:
@@ -203,19 +259,40 @@ def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(clus
 
     fleet = f"f{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
-    members = [fresh_proxy(**{"quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-                              "metrics.port": ports[i],
-                              "quotas.entities": [{"entity": {"client-id": "<default>"},
-                                                   "quotas": {"producer_byte_rate": 1e9}}]}) for i in range(MEMBERS)]
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": "fleet",
+                "fleet.name": fleet,
+                "fleet.member": f"m{i}",
+                **SECRET,
+                "metrics.port": ports[i],
+                "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 1e9}}],
+            }
+        )
+        for i in range(MEMBERS)
+    ]
     topic = f"failover-{fleet}"
     create_topic(cluster, topic, [1])
     result: dict = {}
-    producer = threading.Thread(target=lambda: result.update(rdkafka_produce(
-        ",".join(m.bootstrap for m in members), topic, f"fo-{fleet}", 25.0, outstanding=2_000,
-        **{"enable.idempotence": True, "queue.buffering.max.kbytes": 4096, "message.timeout.ms": 120_000})))
+    producer = threading.Thread(
+        target=lambda: result.update(
+            rdkafka_produce(
+                ",".join(m.bootstrap for m in members),
+                topic,
+                f"fo-{fleet}",
+                25.0,
+                outstanding=2_000,
+                **{"enable.idempotence": True, "queue.buffering.max.kbytes": 4096, "message.timeout.ms": 120_000},
+            )
+        )
+    )
     producer.start()
-    in_use = wait_until(lambda: [i for i, p in enumerate(ports) if _gauge(p, "ktp_connections") > 0] or None, 30,
-                        what="the member the producer uses")
+    in_use = wait_until(
+        lambda: [i for i, p in enumerate(ports) if _gauge(p, "ktp_connections") > 0] or None,
+        30,
+        what="the member the producer uses",
+    )
     time.sleep(5)
     victim = in_use[0]
     members[victim].proc.kill()
@@ -223,10 +300,14 @@ def test_an_idempotent_producer_fails_over_to_another_member_losing_nothing(clus
     producer.join(300)
     assert not producer.is_alive()
     survivors = [i for i in range(MEMBERS) if i != victim]
-    assert any(_gauge(ports[i], "ktp_connections") > 0 or _gauge(ports[i], "ktp_connections_accepted_total") > 0
-               for i in survivors)
-    print(f"failover: killed member {victim} (producer on {in_use}); produced {result['produced']}, delivered "
-          f"{result['delivered']}, errors {result['errors'][:3]}")
+    assert any(
+        _gauge(ports[i], "ktp_connections") > 0 or _gauge(ports[i], "ktp_connections_accepted_total") > 0
+        for i in survivors
+    )
+    print(
+        f"failover: killed member {victim} (producer on {in_use}); produced {result['produced']}, delivered "
+        f"{result['delivered']}, errors {result['errors'][:3]}"
+    )
     assert result["undelivered"] == 0 and result["delivered"] == result["produced"], result["errors"][:5]
     assert check_sequence(cluster.bootstrap, topic, 0, result["produced"], timeout=120) == []
 
@@ -239,11 +320,23 @@ def test_members_log_decisions_to_a_topic_and_spark_reports_each_member(cluster,
 
     fleet = f"d{uuid.uuid4().hex[:8]}"
     topic = f"__ktp_decisions_{fleet}"
-    members = [fresh_proxy(**{
-        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-        "decision_log.topic": topic, "decision_log.summary_seconds": 1, "quotas.window_size_seconds": 0.1,
-        "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 64 * 1024}}],
-    }) for i in range(2)]
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": "fleet",
+                "fleet.name": fleet,
+                "fleet.member": f"m{i}",
+                **SECRET,
+                "decision_log.topic": topic,
+                "decision_log.summary_seconds": 1,
+                "quotas.window_size_seconds": 0.1,
+                "quotas.entities": [
+                    {"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 64 * 1024}}
+                ],
+            }
+        )
+        for i in range(2)
+    ]
     data = f"dl-{fleet}"
     sent = {}
     for i, member in enumerate(members):
@@ -256,9 +349,25 @@ def test_members_log_decisions_to_a_topic_and_spark_reports_each_member(cluster,
     for member in members:
         member.terminate()  # closing the log flushes its producer
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "spark_analysis", f"kafka://{cluster.bootstrap}/{topic}",
-                           "--out", str(out), "--master", "local[2]", "--driver-memory", "1g",
-                           "--shuffle-partitions", "4"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_analysis",
+            f"kafka://{cluster.bootstrap}/{topic}",
+            "--out",
+            str(out),
+            "--master",
+            "local[2]",
+            "--driver-memory",
+            "1g",
+            "--shuffle-partitions",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     proxies = pq.read_table(out / "proxies").to_pandas().set_index("proxy")
     print(proxies[["events", "requests", "bytes_in", "throttled", "throttle_ms", "missing"]])
@@ -284,23 +393,45 @@ def test_new_producer_ids_are_counted_for_the_fleet(cluster, fresh_proxy, scope)
 
     fleet = f"p{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
-    members = [fresh_proxy(sasl=True, **{
-        # the fleet's topics on the plain listener
-        "quotas.scope": scope, **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET,
-                                   "fleet.bootstrap_servers": cluster.bootstrap.split(",")}
-                                  if scope == "fleet" else {}),
-        "metrics.port": ports[i], "quotas.producer_id_window_num": 2, "quotas.producer_id_window_size_seconds": 30,
-        "quotas.producer_id_hold_max_ms": 3000,
-        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10}}],
-    }) for i in range(MEMBERS)]
+    members = [
+        fresh_proxy(
+            sasl=True,
+            **{
+                # the fleet's topics on the plain listener
+                "quotas.scope": scope,
+                **(
+                    {
+                        "fleet.name": fleet,
+                        "fleet.member": f"m{i}",
+                        **SECRET,
+                        "fleet.bootstrap_servers": cluster.bootstrap.split(","),
+                    }
+                    if scope == "fleet"
+                    else {}
+                ),
+                "metrics.port": ports[i],
+                "quotas.producer_id_window_num": 2,
+                "quotas.producer_id_window_size_seconds": 30,
+                "quotas.producer_id_hold_max_ms": 3000,
+                "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10}}],
+            },
+        )
+        for i in range(MEMBERS)
+    ]
     if scope == "fleet":
         wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
     topic = f"pids-{fleet}"
 
     def run(i: int) -> None:
         for n in range(6):
-            p = Producer({**cluster.client_config("alice", "SCRAM-SHA-512"), "bootstrap.servers": members[i].bootstrap,
-                          "enable.idempotence": True, "acks": "all"})
+            p = Producer(
+                {
+                    **cluster.client_config("alice", "SCRAM-SHA-512"),
+                    "bootstrap.servers": members[i].bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                }
+            )
             p.produce(topic, value=f"{i}-{n}".encode())
             assert p.flush(60) == 0
             time.sleep(0.3)  # let the members hear of each other's ids between producers

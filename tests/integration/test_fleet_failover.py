@@ -51,10 +51,14 @@ def _java(cluster, workdir: Path, name: str, main: str, *args: str, **config: st
     props = workdir / f"{name}.properties"
     props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
     out = workdir / f"{name}.out"
-    cmd = cluster.tool_cmd(main, *args, "--producer.config" if "Producer" in main else "--consumer.config",
-                           str(props))
-    proc = subprocess.Popen(cmd, stdout=out.open("w"), stderr=(workdir / f"{name}.err").open("w"),
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    cmd = cluster.tool_cmd(main, *args, "--producer.config" if "Producer" in main else "--consumer.config", str(props))
+    proc = subprocess.Popen(
+        cmd,
+        stdout=out.open("w"),
+        stderr=(workdir / f"{name}.err").open("w"),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return proc, out
 
 
@@ -73,8 +77,9 @@ def _values_in_topic(bootstrap: str, topic: str, n: int) -> list[str]:
     """Every value of partition 0, straight from the cluster."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, 0, 0)])
     values: list[str] = []
     deadline = time.monotonic() + 60
@@ -99,33 +104,85 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
     fleet = f"fo{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(MEMBERS)]
     quota_client = f"q-{fleet}"
-    members = [fresh_proxy(**{
-        "quotas.scope": "fleet", "fleet.name": fleet, "fleet.member": f"m{i}",
-        "fleet.secret_env": "KTP_TEST_FLEET_SECRET", "metrics.port": ports[i],
-        "quotas.entities": [{"entity": {"client-id": quota_client}, "quotas": {"producer_byte_rate": QUOTA}}],
-    }) for i in range(MEMBERS)]
-    wait_until(lambda: all(_metric(p, "ktp_fleet_connected") == 1 for p in ports), 60,
-               what="every member connected to the fleet's topics")
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": "fleet",
+                "fleet.name": fleet,
+                "fleet.member": f"m{i}",
+                "fleet.secret_env": "KTP_TEST_FLEET_SECRET",
+                "metrics.port": ports[i],
+                "quotas.entities": [{"entity": {"client-id": quota_client}, "quotas": {"producer_byte_rate": QUOTA}}],
+            }
+        )
+        for i in range(MEMBERS)
+    ]
+    wait_until(
+        lambda: all(_metric(p, "ktp_fleet_connected") == 1 for p in ports),
+        60,
+        what="every member connected to the fleet's topics",
+    )
     bootstrap = ",".join(m.bootstrap for m in members)
     topic, quota_topic = f"fo-{fleet}", f"foq-{fleet}"
     create_topic(cluster, topic, [1])
     create_topic(cluster, quota_topic, [2])
     dirs = topic_dirs(cluster, quota_topic)
     common = {"metadata.recovery.strategy": "rebootstrap"}
-    producer, produced = _java(cluster, tmp_path, "producer", "org.apache.kafka.tools.VerifiableProducer",
-                               "--topic", topic, "--bootstrap-server", bootstrap, "--max-messages", str(RECORDS),
-                               "--throughput", "200", "--acks", "-1",
-                               **common, **{"enable.idempotence": "true", "delivery.timeout.ms": "180000",
-                                            "retries": "2147483647",  # the tool sets 0; idempotence needs retries
-                                            "client.id": f"vp-{fleet}"})
-    consumer, consumed = _java(cluster, tmp_path, "consumer", "org.apache.kafka.tools.VerifiableConsumer",
-                               "--topic", topic, "--group-id", f"g-{fleet}", "--bootstrap-server", bootstrap,
-                               "--max-messages", str(RECORDS), "--reset-policy", "earliest", "--verbose",
-                               **common, **{"client.id": f"vc-{fleet}"})
+    producer, produced = _java(
+        cluster,
+        tmp_path,
+        "producer",
+        "org.apache.kafka.tools.VerifiableProducer",
+        "--topic",
+        topic,
+        "--bootstrap-server",
+        bootstrap,
+        "--max-messages",
+        str(RECORDS),
+        "--throughput",
+        "200",
+        "--acks",
+        "-1",
+        **common,
+        **{
+            "enable.idempotence": "true",
+            "delivery.timeout.ms": "180000",
+            "retries": "2147483647",  # the tool sets 0; idempotence needs retries
+            "client.id": f"vp-{fleet}",
+        },
+    )
+    consumer, consumed = _java(
+        cluster,
+        tmp_path,
+        "consumer",
+        "org.apache.kafka.tools.VerifiableConsumer",
+        "--topic",
+        topic,
+        "--group-id",
+        f"g-{fleet}",
+        "--bootstrap-server",
+        bootstrap,
+        "--max-messages",
+        str(RECORDS),
+        "--reset-policy",
+        "earliest",
+        "--verbose",
+        **common,
+        **{"client.id": f"vc-{fleet}"},
+    )
     quota_result: dict = {}
-    quota_thread = threading.Thread(target=lambda: quota_result.update(rdkafka_produce(
-        bootstrap, quota_topic, quota_client, 25 + AFTER_KILL_S + 5, outstanding=2_000,
-        **{"enable.idempotence": True, "batch.size": 65536, "message.timeout.ms": 180_000, **common})))
+    quota_thread = threading.Thread(
+        target=lambda: quota_result.update(
+            rdkafka_produce(
+                bootstrap,
+                quota_topic,
+                quota_client,
+                25 + AFTER_KILL_S + 5,
+                outstanding=2_000,
+                **{"enable.idempotence": True, "batch.size": 65536, "message.timeout.ms": 180_000, **common},
+            )
+        )
+    )
     try:
         with Sampler(lambda: log_bytes(dirs)) as sampler:
             quota_thread.start()
@@ -153,8 +210,9 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
 
     # The group: every record once.
     values = [e["value"] for e in _events(consumed) if e.get("name") == "record_data"]
-    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)], \
+    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)], (
         f"{len(values)} records, {len(set(values))} distinct"
+    )
 
     # The quota across the survivors, over the minute after the kill.
     assert not quota_result.get("errors"), quota_result.get("errors", [])[:3]

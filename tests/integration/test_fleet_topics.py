@@ -42,8 +42,22 @@ def _metric(port: int, name: str) -> float:
 
 
 def _describe(proxy, client_id: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
-                           "describe", "--client-id", client_id], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "quotas",
+            "--bootstrap-server",
+            proxy.bootstrap,
+            "describe",
+            "--client-id",
+            client_id,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.replace(" ", "")
 
@@ -53,8 +67,14 @@ def _produce(bootstrap: str, topic: str, key: bytes | None, value: bytes, client
     from confluent_kafka import Producer
 
     outcome: list = []
-    p = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "message.timeout.ms": 15_000,
-                  "allow.auto.create.topics": False})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": client_id,
+            "message.timeout.ms": 15_000,
+            "allow.auto.create.topics": False,
+        }
+    )
     p.produce(topic, value, key, on_delivery=lambda err, msg: outcome.append(err))
     p.flush(30)
     assert outcome, "no delivery report"
@@ -66,14 +86,26 @@ def fleet(cluster, fresh_proxy):
     name = f"g{uuid.uuid4().hex[:8]}"
     ports = [free_port() for _ in range(2)]
     tenant = f"tenant-{name}"
-    members = [fresh_proxy(**{
-        "quotas.scope": "fleet", "fleet.name": name, "fleet.member": f"m{i}",
-        "fleet.secret_env": "KTP_TEST_FLEET_SECRET", "metrics.port": ports[i], "quotas.describers": ["ANONYMOUS"],
-        "decision_log.topic": f"ktp-decisions-{name}",
-        "quotas.entities": [{"entity": {"client-id": tenant}, "quotas": {"producer_byte_rate": 1048576}}],
-    }) for i in range(2)]
-    wait_until(lambda: all(_metric(p, "ktp_fleet_connected") == 1 for p in ports), 60,
-               what="both members connected to the fleet's topics")
+    members = [
+        fresh_proxy(
+            **{
+                "quotas.scope": "fleet",
+                "fleet.name": name,
+                "fleet.member": f"m{i}",
+                "fleet.secret_env": "KTP_TEST_FLEET_SECRET",
+                "metrics.port": ports[i],
+                "quotas.describers": ["ANONYMOUS"],
+                "decision_log.topic": f"ktp-decisions-{name}",
+                "quotas.entities": [{"entity": {"client-id": tenant}, "quotas": {"producer_byte_rate": 1048576}}],
+            }
+        )
+        for i in range(2)
+    ]
+    wait_until(
+        lambda: all(_metric(p, "ktp_fleet_connected") == 1 for p in ports),
+        60,
+        what="both members connected to the fleet's topics",
+    )
     return name, members, ports, tenant
 
 
@@ -95,12 +127,16 @@ def test_a_tenant_cannot_give_itself_a_quota_through_the_fleet_topics(cluster, f
     # Straight to the cluster (a client the proxy never sees): written, but no member takes it in.
     assert _produce(cluster.bootstrap, quota_topic, forged_key, forged, tenant) is None
     assert _produce(cluster.bootstrap, usage_topic, None, report, tenant) is None
-    wait_until(lambda: all(_metric(p, "ktp_fleet_records_unauthenticated") >= 2 for p in ports), 20,
-               what="both members ignoring the two forged records")
+    wait_until(
+        lambda: all(_metric(p, "ktp_fleet_records_unauthenticated") >= 2 for p in ports),
+        20,
+        what="both members ignoring the two forged records",
+    )
     for member in members:
         described = _describe(member, tenant)
-        assert "producer_byte_rate=1048576" in described and "1e+12" not in described and "1000000000000" not in \
-            described, described
+        assert (
+            "producer_byte_rate=1048576" in described and "1e+12" not in described and "1000000000000" not in described
+        ), described
     assert all(_metric(p, "ktp_fleet_quota_alters_taken_in") == 0 for p in ports)
 
 
@@ -125,8 +161,14 @@ def _topic_id(cluster, topic: str) -> uuid.UUID:
     wire = KafkaWire(cluster.bootstrap.split(",")[0])
     try:
         T = MetadataRequest.MetadataRequestTopic
-        wire.send(MetadataRequest(topics=[T(name=topic, topic_id=None)], allow_auto_topic_creation=False,
-                                  include_topic_authorized_operations=False), 12)
+        wire.send(
+            MetadataRequest(
+                topics=[T(name=topic, topic_id=None)],
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            12,
+        )
         (t,) = wire.recv()[1].topics
         return t.topic_id
     finally:
@@ -138,37 +180,76 @@ def test_a_tenant_cannot_read_or_describe_the_proxys_topics(cluster, fleet):
     own = [f"__ktp_fleet_{name}", f"__ktp_fleet_{name}_quotas"]
     wire = KafkaWire(members[0].bootstrap)
     try:
+
         def ask(request, version: int):
             wire.send(request, version, client_id=tenant)
             return wire.recv()[1]
 
         # Metadata for every topic leaves them out; by name they are unauthorized, as a broker answers.
-        listed = ask(MetadataRequest(topics=None, allow_auto_topic_creation=False,
-                                     include_topic_authorized_operations=False), 12)
+        listed = ask(
+            MetadataRequest(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False), 12
+        )
         assert not [t.name for t in listed.topics if t.name.startswith("__ktp_")]
         T = MetadataRequest.MetadataRequestTopic
-        named = ask(MetadataRequest(topics=[T(name=n, topic_id=None) for n in own], allow_auto_topic_creation=False,
-                                    include_topic_authorized_operations=False), 12)
-        assert sorted((t.name, t.error_code, len(t.partitions)) for t in named.topics) == \
-            sorted((n, TOPIC_AUTHORIZATION_FAILED, 0) for n in own)
+        named = ask(
+            MetadataRequest(
+                topics=[T(name=n, topic_id=None) for n in own],
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            12,
+        )
+        assert sorted((t.name, t.error_code, len(t.partitions)) for t in named.topics) == sorted(
+            (n, TOPIC_AUTHORIZATION_FAILED, 0) for n in own
+        )
         assert named.brokers  # the answer still lists the brokers (the request was forwarded without the topics)
 
         FT, FP = FetchRequest.FetchTopic, FetchRequest.FetchTopic.FetchPartition
-        by_name = ask(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                                   session_id=0, session_epoch=-1, topics=[FT(topic=own[1], partitions=[
-                                       FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
-                                   forgotten_topics_data=[], rack_id=""), 12)
+        by_name = ask(
+            FetchRequest(
+                replica_id=-1,
+                max_wait_ms=100,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                topics=[FT(topic=own[1], partitions=[FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
+                forgotten_topics_data=[],
+                rack_id="",
+            ),
+            12,
+        )
         assert _error_codes(by_name.responses) == [TOPIC_AUTHORIZATION_FAILED]
         quota_id = _topic_id(cluster, own[1])
-        by_id = ask(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                                 session_id=0, session_epoch=-1, topics=[FT(topic_id=quota_id, partitions=[
-                                     FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
-                                 forgotten_topics_data=[], rack_id=""), 15)
+        by_id = ask(
+            FetchRequest(
+                replica_id=-1,
+                max_wait_ms=100,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                topics=[
+                    FT(topic_id=quota_id, partitions=[FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])
+                ],
+                forgotten_topics_data=[],
+                rack_id="",
+            ),
+            15,
+        )
         assert _error_codes(by_id.responses) == [TOPIC_AUTHORIZATION_FAILED]
 
         LT = ListOffsetsRequest.ListOffsetsTopic
-        offsets = ask(ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[LT(name=own[0], partitions=[
-            LT.ListOffsetsPartition(partition_index=0, timestamp=-1)])]), 7)
+        offsets = ask(
+            ListOffsetsRequest(
+                replica_id=-1,
+                isolation_level=0,
+                topics=[LT(name=own[0], partitions=[LT.ListOffsetsPartition(partition_index=0, timestamp=-1)])],
+            ),
+            7,
+        )
         assert _error_codes(offsets.topics) == [TOPIC_AUTHORIZATION_FAILED]
 
         OT = OffsetFetchRequest.OffsetFetchRequestTopic
@@ -176,14 +257,28 @@ def test_a_tenant_cannot_read_or_describe_the_proxys_topics(cluster, fleet):
         assert _error_codes(committed.topics) == [TOPIC_AUTHORIZATION_FAILED]
 
         DR = DescribeConfigsRequest.DescribeConfigsResource
-        configs = ask(DescribeConfigsRequest(resources=[DR(resource_type=2, resource_name=n, configuration_keys=None)
-                                                        for n in own], include_synonyms=False), 1)
+        configs = ask(
+            DescribeConfigsRequest(
+                resources=[DR(resource_type=2, resource_name=n, configuration_keys=None) for n in own],
+                include_synonyms=False,
+            ),
+            1,
+        )
         assert [r.error_code for r in configs.results] == [TOPIC_AUTHORIZATION_FAILED] * 2
 
         # The decision log's topic is the proxy's too, whatever its name.
         TD = ProduceRequest.TopicProduceData
-        wrote = ask(ProduceRequest(transactional_id=None, acks=1, timeout_ms=5000, topic_data=[TD(
-            name=f"ktp-decisions-{name}", partition_data=[TD.PartitionProduceData(index=0, records=b"")])]), 7)
+        wrote = ask(
+            ProduceRequest(
+                transactional_id=None,
+                acks=1,
+                timeout_ms=5000,
+                topic_data=[
+                    TD(name=f"ktp-decisions-{name}", partition_data=[TD.PartitionProduceData(index=0, records=b"")])
+                ],
+            ),
+            7,
+        )
         assert _error_codes(wrote.responses) == [TOPIC_AUTHORIZATION_FAILED]
     finally:
         wire.close()

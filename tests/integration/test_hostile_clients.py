@@ -47,16 +47,16 @@ def _rss(proxy) -> int:
 
 def _upstream_connections(proxy, cluster) -> int:
     ports = {b.port for b in cluster.brokers} | {b.sasl_port for b in cluster.brokers}
-    return sum(1 for c in psutil.Process(proxy.proc.pid).net_connections("tcp")
-               if c.raddr and c.raddr.port in ports)
+    return sum(1 for c in psutil.Process(proxy.proc.pid).net_connections("tcp") if c.raddr and c.raddr.port in ports)
 
 
 class _NormalProducer:
     """A well-behaved client producing one record at a time, measuring each round trip."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
-                                  "enable.idempotence": True})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": True}
+        )
         self.topic = topic
         self.latencies: list[float] = []
         self.errors: list = []
@@ -103,8 +103,11 @@ def test_idle_connections_cost_little_and_reach_no_broker(cluster, fresh_proxy):
         try:
             for _ in range(n):
                 socks.append(socket.create_connection(("127.0.0.1", proxy.port), timeout=10))
-            wait_until(lambda: len(psutil.Process(proxy.proc.pid).net_connections("tcp")) >= n, 30,
-                       what="the proxy to accept every connection")
+            wait_until(
+                lambda: len(psutil.Process(proxy.proc.pid).net_connections("tcp")) >= n,
+                30,
+                what="the proxy to accept every connection",
+            )
             grown = _rss(proxy) - rss0
             # Before: a 512 KiB receive buffer per connection (1.5 GB here) and one broker connection each.
             assert grown < n * 40 * 1024, f"{n} idle connections took {grown / MiB:.0f} MiB"
@@ -257,9 +260,20 @@ def test_idle_connections_close_after_connections_max_idle_ms(cluster, fresh_pro
     assert "Traceback" not in proxy.log()
 
 
-ALL_QUOTAS_NONE_BINDING = {"quotas.entities": [{"entity": {"user": "<default>"}, "quotas": {
-    "producer_byte_rate": 10 * 1024 * MiB, "consumer_byte_rate": 10 * 1024 * MiB, "request_percentage": 10_000,
-    "controller_mutation_rate": 100_000, "producer_ids_rate": 1_000_000}}]}
+ALL_QUOTAS_NONE_BINDING = {
+    "quotas.entities": [
+        {
+            "entity": {"user": "<default>"},
+            "quotas": {
+                "producer_byte_rate": 10 * 1024 * MiB,
+                "consumer_byte_rate": 10 * 1024 * MiB,
+                "request_percentage": 10_000,
+                "controller_mutation_rate": 100_000,
+                "producer_ids_rate": 1_000_000,
+            },
+        }
+    ]
+}
 
 
 def test_fuzzed_frames_with_every_quota_on_close_quietly_and_lose_nothing(cluster, fresh_proxy):
@@ -287,7 +301,7 @@ def test_fuzzed_frames_with_every_quota_on_close_quietly_and_lose_nothing(cluste
                         if b and rng.random() < 0.5:
                             b[rng.randrange(len(b))] = rng.randrange(256)
                         elif b:
-                            del b[rng.randrange(len(b)):]
+                            del b[rng.randrange(len(b)) :]
                     if rng.random() < 0.1:
                         key, version = rng.randrange(0, 100), rng.randrange(0, 20)
                     head = struct.pack(">hhih", key, version, frames, 4) + b"fuzz"
@@ -322,8 +336,14 @@ def apis_flexible(key: int, version: int) -> bool:
 def _consume_all(bootstrap: str, topic: str, normal: _NormalProducer) -> list[bytes | None]:
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fuzz-{uuid.uuid4().hex[:6]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fuzz-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     got: list[bytes | None] = []
     want = len(normal.latencies) + 1

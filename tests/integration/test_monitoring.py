@@ -51,15 +51,21 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exported(cluster, fresh_
     queried = _queried_names()
     assert len(queried["dashboard"]) >= 20 and len(queried["alerts"]) >= 4  # the check reads them at all
     metrics_port = free_port()
-    every = {"producer_byte_rate": 10**9, "consumer_byte_rate": 10**9, "request_percentage": 10**4,
-             "controller_mutation_rate": 1000}
-    proxy = fresh_proxy(**{
-        "metrics.port": metrics_port,
-        "decision_log.directory": str(tmp_path / "decisions"),
-        "quotas.entities": [
-            {"entity": {"user": "<default>"}, "quotas": {**every, "producer_ids_rate": 10**6}},
-        ],
-    })
+    every = {
+        "producer_byte_rate": 10**9,
+        "consumer_byte_rate": 10**9,
+        "request_percentage": 10**4,
+        "controller_mutation_rate": 1000,
+    }
+    proxy = fresh_proxy(
+        **{
+            "metrics.port": metrics_port,
+            "decision_log.directory": str(tmp_path / "decisions"),
+            "quotas.entities": [
+                {"entity": {"user": "<default>"}, "quotas": {**every, "producer_ids_rate": 10**6}},
+            ],
+        }
+    )
     topic = f"mon-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(60)
@@ -67,8 +73,9 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exported(cluster, fresh_
     for i in range(200):
         producer.produce(topic, f"v{i}".encode())
     assert producer.flush(60) == 0
-    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
+    )
     consumer.subscribe([topic])
     got, deadline = 0, time.monotonic() + 60
     while got < 200 and time.monotonic() < deadline:

@@ -37,17 +37,23 @@ def _name(prefix: str) -> str:
 
 def _create(wire: KafkaWire, version: int, topics: list[tuple[str, int]], validate_only: bool = False):
     req = CreateTopicsRequest(
-        topics=[CreateTopicsRequest.CreatableTopic(name=n, num_partitions=p, replication_factor=1, assignments=[],
-                                                   configs=[]) for n, p in topics],
-        timeout_ms=30_000, validate_only=validate_only,
+        topics=[
+            CreateTopicsRequest.CreatableTopic(
+                name=n, num_partitions=p, replication_factor=1, assignments=[], configs=[]
+            )
+            for n, p in topics
+        ],
+        timeout_ms=30_000,
+        validate_only=validate_only,
     )
     wire.send(req, version)
     return wire.recv()[1]
 
 
 def _topics_on_cluster(cluster_wire: KafkaWire, names: list[str]) -> dict[str, int]:
-    req = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names],
-                          allow_auto_topic_creation=False)
+    req = MetadataRequest(
+        topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names], allow_auto_topic_creation=False
+    )
     cluster_wire.send(req, 8)
     md = cluster_wire.recv()[1]
     return {t.name: len(t.partitions) for t in md.topics if t.error_code == 0}
@@ -144,8 +150,14 @@ def test_create_partitions_and_delete_charge_current_counts(fresh_proxy, direct)
     name = _name("grow")
     assert _create(wire, 7, [(name, 10)]).topics[0].error_code == 0
     wait_until(lambda: _topics_on_cluster(direct, [name]).get(name) == 10, 30, what="topic created")
-    wire.send(CreatePartitionsRequest(topics=[CreatePartitionsRequest.CreatePartitionsTopic(
-        name=name, count=40, assignments=None)], timeout_ms=30_000, validate_only=False), 3)
+    wire.send(
+        CreatePartitionsRequest(
+            topics=[CreatePartitionsRequest.CreatePartitionsTopic(name=name, count=40, assignments=None)],
+            timeout_ms=30_000,
+            validate_only=False,
+        ),
+        3,
+    )
     resp = wire.recv()[1]
     assert resp.results[0].error_code == 0 and resp.throttle_time_ms == 0
     wait_until(lambda: _topics_on_cluster(direct, [name]).get(name) == 40, 30, what="partitions added")
@@ -153,15 +165,19 @@ def test_create_partitions_and_delete_charge_current_counts(fresh_proxy, direct)
     other = _name("grow")
     assert _create(wire, 7, [(other, 70)]).topics[0].error_code == 0
     # DeleteTopics v6 of the 40-partition topic on another connection while below zero: rejected, it stays.
-    second.send(DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name=name, topic_id=None)],
-                                    timeout_ms=30_000), 6)
+    second.send(
+        DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name=name, topic_id=None)], timeout_ms=30_000),
+        6,
+    )
     resp = second.recv()[1]
     assert resp.responses[0].error_code == THROTTLING_QUOTA_EXCEEDED
     assert _topics_on_cluster(direct, [name]).get(name) == 40
     # Once the throttle is over the delete goes through and costs the topic's 40 current partitions.
     time.sleep(1.1)
-    second.send(DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name=name, topic_id=None)],
-                                    timeout_ms=30_000), 6)
+    second.send(
+        DeleteTopicsRequest(topics=[DeleteTopicsRequest.DeleteTopicState(name=name, topic_id=None)], timeout_ms=30_000),
+        6,
+    )
     resp = second.recv()[1]
     assert resp.responses[0].error_code == 0
     # It was charged its 40 partitions: the bucket (refilled to at most +20 meanwhile) is below zero again,
@@ -217,14 +233,26 @@ def _spend_then_try_another_broker(bootstrap: str, client_id: str) -> tuple[obje
     first, second = sorted(listeners)[:2]
     a, b = KafkaWire(listeners[first]), KafkaWire(listeners[second])
     try:
-        spend = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
-            name=_name("spend"), num_partitions=30, replication_factor=1, assignments=[], configs=[])],
-            timeout_ms=30_000, validate_only=False)
+        spend = CreateTopicsRequest(
+            topics=[
+                CreateTopicsRequest.CreatableTopic(
+                    name=_name("spend"), num_partitions=30, replication_factor=1, assignments=[], configs=[]
+                )
+            ],
+            timeout_ms=30_000,
+            validate_only=False,
+        )
         a.send(spend, 7, client_id=client_id)
         spent = a.recv()[1]
-        late = CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
-            name=_name("late"), num_partitions=1, replication_factor=1, assignments=[], configs=[])],
-            timeout_ms=30_000, validate_only=False)
+        late = CreateTopicsRequest(
+            topics=[
+                CreateTopicsRequest.CreatableTopic(
+                    name=_name("late"), num_partitions=1, replication_factor=1, assignments=[], configs=[]
+                )
+            ],
+            timeout_ms=30_000,
+            validate_only=False,
+        )
         b.send(late, 7, client_id=client_id)
         return spent, b.recv()[1]
     finally:
@@ -238,22 +266,45 @@ def test_bucket_spent_through_one_broker_is_spent_through_all_as_on_kraft(cluste
     (Kafka's defaults): B = 22; 30 partitions take it to -8, i.e. 4 s. The same run against Kafka itself, with the
     same quota set on the cluster for another client id, is the reference."""
     client_id = f"kip599-{uuid.uuid4().hex[:6]}"
-    proxy = fresh_proxy(**{"quotas.entities": [
-        {"entity": {"client-id": client_id}, "quotas": {"controller_mutation_rate": 2}}]})
+    proxy = fresh_proxy(
+        **{"quotas.entities": [{"entity": {"client-id": client_id}, "quotas": {"controller_mutation_rate": 2}}]}
+    )
     spent, late = _spend_then_try_another_broker(proxy.bootstrap, client_id)
     assert spent.topics[0].error_code == 0 and spent.throttle_time_ms == 0
     assert late.topics[0].error_code == THROTTLING_QUOTA_EXCEEDED, late
     assert 3_000 <= late.throttle_time_ms <= 4_000
 
     kafka_client = f"kip599-kafka-{uuid.uuid4().hex[:6]}"
-    cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
-                 "--entity-name", kafka_client, "--add-config", "controller_mutation_rate=2", check=True)
+    cluster.tool(
+        "configs",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--alter",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        kafka_client,
+        "--add-config",
+        "controller_mutation_rate=2",
+        check=True,
+    )
     try:
         time.sleep(1)  # the quota reaches the controller through the metadata log
         k_spent, k_late = _spend_then_try_another_broker(cluster.bootstrap, kafka_client)
     finally:
-        cluster.tool("configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
-                     "--entity-name", kafka_client, "--delete-config", "controller_mutation_rate", check=True)
+        cluster.tool(
+            "configs",
+            "--bootstrap-server",
+            cluster.bootstrap,
+            "--alter",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            kafka_client,
+            "--delete-config",
+            "controller_mutation_rate",
+            check=True,
+        )
     assert (k_spent.topics[0].error_code, k_spent.throttle_time_ms) == (0, 0)
     assert k_late.topics[0].error_code == THROTTLING_QUOTA_EXCEEDED  # what the proxy answered, Kafka answers
     assert abs(k_late.throttle_time_ms - late.throttle_time_ms) <= 1_000

@@ -33,8 +33,13 @@ def _metric(port: int, name: str, user: str, over=sum) -> float:
 
 
 def _producer(cluster, proxy, user: str, **extra) -> Producer:
-    conf = {**cluster.client_config(user, "SCRAM-SHA-512"), "bootstrap.servers": proxy.bootstrap,
-            "enable.idempotence": True, "acks": "all", **extra}
+    conf = {
+        **cluster.client_config(user, "SCRAM-SHA-512"),
+        "bootstrap.servers": proxy.bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        **extra,
+    }
     return Producer(conf)
 
 
@@ -104,10 +109,25 @@ def test_java_new_producer_per_batch_is_throttled(cluster, fresh_proxy):
     took = []
     for _ in range(5):
         t0 = time.monotonic()
-        r = cluster.tool("producer_perf", "--bootstrap-server", proxy.bootstrap, "--topic", topic,
-                         "--num-records", "1", "--record-size", "100", "--throughput", "-1",
-                         "--command-config", str(props), "--command-property", "acks=all", "enable.idempotence=true",
-                         timeout=180)
+        r = cluster.tool(
+            "producer_perf",
+            "--bootstrap-server",
+            proxy.bootstrap,
+            "--topic",
+            topic,
+            "--num-records",
+            "1",
+            "--record-size",
+            "100",
+            "--throughput",
+            "-1",
+            "--command-config",
+            str(props),
+            "--command-property",
+            "acks=all",
+            "enable.idempotence=true",
+            timeout=180,
+        )
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
         took.append(time.monotonic() - t0)
     assert _metric(port, "ktp_producerids_recorded_total", "alice") == 5  # one new id per JVM
@@ -129,10 +149,15 @@ def test_storm_of_new_producers_is_held_never_disconnected(cluster, fresh_proxy)
     error. Timing is checked from points that do not move with load: a producer's request is answered no
     sooner than the throttle its predecessor was told, counted from before that predecessor even started."""
     port = free_port()
-    proxy = fresh_proxy(sasl=True, **{
-        "metrics.port": port, "quotas.producer_id_window_num": 2,
-        "quotas.producer_id_window_size_seconds": STORM_WINDOW_S,
-        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": STORM_QUOTA}}]})
+    proxy = fresh_proxy(
+        sasl=True,
+        **{
+            "metrics.port": port,
+            "quotas.producer_id_window_num": 2,
+            "quotas.producer_id_window_size_seconds": STORM_WINDOW_S,
+            "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": STORM_QUOTA}}],
+        },
+    )
     topic = f"pids-storm-{uuid.uuid4().hex[:6]}"
     warm = _producer(cluster, proxy, "bob")
     _one_batch(warm, topic, b"create the topic")

@@ -52,9 +52,27 @@ def _job(tmp: Path) -> tuple[Path, dict[str, int]]:
     job_log = tmp / "job.log"
     with job_log.open("wb") as f:
         rc = subprocess.run(
-            [sys.executable, "-m", "spark_analysis", str(log_dir), "--out", str(out), "--quotas", str(quotas),
-             "--master", "local[2]", "--driver-memory", "1g", "--shuffle-partitions", "4"],
-            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=480).returncode
+            [
+                sys.executable,
+                "-m",
+                "spark_analysis",
+                str(log_dir),
+                "--out",
+                str(out),
+                "--quotas",
+                str(quotas),
+                "--master",
+                "local[2]",
+                "--driver-memory",
+                "1g",
+                "--shuffle-partitions",
+                "4",
+            ],
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=480,
+        ).returncode
     tail = "\n".join(job_log.read_text(errors="replace").splitlines()[-40:])
     assert rc == 0, f"python -m spark_analysis exited {rc} on {info['events']} synthetic events:\n{tail}"
     report = out / "report.html"
@@ -67,7 +85,8 @@ def _job(tmp: Path) -> tuple[Path, dict[str, int]]:
     # The point of this input is a report with every plot; if the generator stops throttling, say so here.
     assert logged_throttled and replay_throttled, (
         f"synthetic log throttled nobody (logged: {logged_throttled}, replayed: {replay_throttled}): "
-        "the report would lack plots; adjust the generate() arguments")
+        "the report would lack plots; adjust the generate() arguments"
+    )
     expected = {SECTION_TOP: 1, SECTION_SERIES: 1, SECTION_HEATMAP: 1, SECTION_WHATIF: 2}
     return report, expected
 
@@ -86,7 +105,7 @@ def _png_problems(where: str, img: dict[str, Any]) -> list[str]:
     if not img["src"].startswith(prefix):
         return [f"{where} is not an embedded PNG (report.html should be self-contained)"]
     try:
-        with Image.open(io.BytesIO(base64.b64decode(img["src"][len(prefix):], validate=True))) as im:
+        with Image.open(io.BytesIO(base64.b64decode(img["src"][len(prefix) :], validate=True))) as im:
             im.load()
             size = im.size
     except (OSError, ValueError, binascii.Error) as exc:
@@ -128,8 +147,10 @@ def report_problems(page: PageVisit, expected_plots: dict[str, int]) -> list[str
         if img["canvasError"]:
             problems.append(f"{where}: its pixels cannot be read back ({img['canvasError']})")
         elif img["bottomOpaque"] < 0.99:
-            problems.append(f"{where}: only {img['bottomOpaque']:.0%} of its bottom row is opaque in the browser: "
-                            "the PNG is truncated")
+            problems.append(
+                f"{where}: only {img['bottomOpaque']:.0%} of its bottom row is opaque in the browser: "
+                "the PNG is truncated"
+            )
         problems += _png_problems(where, img)
     if got != expected_plots:
         problems.append(f"plots per section: {got}, expected {expected_plots}")
@@ -144,11 +165,14 @@ def report_problems(page: PageVisit, expected_plots: dict[str, int]) -> list[str
         rgb = im.convert("RGB")
     colours = rgb.getcolors(maxcolors=4096)  # None: more than 4096 colours, i.e. plenty of content
     if size_kb < 50 or (colours is not None and len(colours) < 32):
-        problems.append(f"screenshot {shot} looks blank: {size_kb:.0f} KB, "
-                        f"{len(colours) if colours else '>4096'} colours, {rgb.size[0]}x{rgb.size[1]} px")
+        problems.append(
+            f"screenshot {shot} looks blank: {size_kb:.0f} KB, "
+            f"{len(colours) if colours else '>4096'} colours, {rgb.size[0]}x{rgb.size[1]} px"
+        )
     if rgb.size[1] <= 900:
-        problems.append(f"full-page screenshot is only {rgb.size[1]} px tall: the report should be longer than "
-                        "one screen")
+        problems.append(
+            f"full-page screenshot is only {rgb.size[1]} px tall: the report should be longer than one screen"
+        )
     # Each plot's box in the screenshot must hold a drawing, not a blank or single-colour rectangle.
     for img in page.images:
         box = (int(img["x"]), int(img["y"]), int(img["x"] + img["width"]), int(img["y"] + img["height"]))
@@ -157,8 +181,7 @@ def report_problems(page: PageVisit, expected_plots: dict[str, int]) -> list[str
             continue
         painted = rgb.crop(box).getcolors(maxcolors=1 << 16)
         if painted is not None and len(painted) < 16:
-            problems.append(f"plot under {img['section']!r} at {box} shows only {len(painted)} colours: "
-                            "not painted")
+            problems.append(f"plot under {img['section']!r} at {box} shows only {len(painted)} colours: not painted")
     return problems
 
 

@@ -43,8 +43,9 @@ def _hammer(wire: KafkaWire, client_id: str, seconds: float) -> list[tuple[float
 
 
 def test_tight_request_percentage_throttles_the_hammer_not_the_neighbour(fresh_proxy):
-    proxy = fresh_proxy(**{"quotas.entities": [
-        {"entity": {"client-id": "hammer"}, "quotas": {"request_percentage": 1}}]})  # 10 ms of service per s
+    proxy = fresh_proxy(
+        **{"quotas.entities": [{"entity": {"client-id": "hammer"}, "quotas": {"request_percentage": 1}}]}
+    )  # 10 ms of service per s
     calm, hammer = KafkaWire(proxy.bootstrap), KafkaWire(proxy.bootstrap)
     try:
         # Baselines, each client alone: the unthrottled request rate and the neighbour's latency.
@@ -66,9 +67,11 @@ def test_tight_request_percentage_throttles_the_hammer_not_the_neighbour(fresh_p
         throttles = [th for _, _, th in result]
         late = [r for r in result if r[0] >= t0 + 4]  # the padded window's allowance is long spent by then
         late_rate = len(late) / 4
-        print(f"unthrottled {base_rate:.0f} req/s (p50 {1000 * base_p50:.2f} ms); hammer {len(result)} requests, "
-              f"{late_rate:.1f} req/s in its last 4 s, throttle max {max(throttles)} ms; neighbour p50 "
-              f"{1000 * statistics.median(x for x, _ in during):.2f} ms, max {1000 * max(x for x, _ in during):.1f} ms")
+        print(
+            f"unthrottled {base_rate:.0f} req/s (p50 {1000 * base_p50:.2f} ms); hammer {len(result)} requests, "
+            f"{late_rate:.1f} req/s in its last 4 s, throttle max {max(throttles)} ms; neighbour p50 "
+            f"{1000 * statistics.median(x for x, _ in during):.2f} ms, max {1000 * max(x for x, _ in during):.1f} ms"
+        )
         assert max(throttles) > 0, "the hammer was never told to back off"
         assert max(throttles) <= 1000, "request throttles are capped at one window"
         assert late_rate < 0.1 * base_rate, "the hammer's request rate did not drop"
@@ -86,8 +89,9 @@ def test_tight_request_percentage_throttles_the_hammer_not_the_neighbour(fresh_p
 def test_fetch_long_poll_is_not_charged(cluster, fresh_proxy):
     """A Fetch that waits max_wait_ms = 500 on an empty partition under request_percentage 1 (10 ms/s): if the
     wait were charged, every poll would be 50 × over quota and throttled to the 1 s cap."""
-    proxy = fresh_proxy(**{"quotas.entities": [
-        {"entity": {"client-id": "poller"}, "quotas": {"request_percentage": 1}}]})
+    proxy = fresh_proxy(
+        **{"quotas.entities": [{"entity": {"client-id": "poller"}, "quotas": {"request_percentage": 1}}]}
+    )
     topic = f"longpoll-{uuid.uuid4().hex[:8]}"
     from tests.harness.measure import create_topic
 
@@ -95,8 +99,11 @@ def test_fetch_long_poll_is_not_charged(cluster, fresh_proxy):
     wire = KafkaWire(proxy.bootstrap)
     deadline = time.monotonic() + 30
     while True:  # the new topic reaches every broker's metadata cache a moment after creation
-        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
-                                  allow_auto_topic_creation=False), METADATA_V, client_id="poller")
+        wire.send(
+            MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False),
+            METADATA_V,
+            client_id="poller",
+        )
         _, md = wire.recv()
         if md.topics and md.topics[0].partitions and md.topics[0].partitions[0].leader_id >= 0:
             break
@@ -110,11 +117,31 @@ def test_fetch_long_poll_is_not_charged(cluster, fresh_proxy):
     rtts, throttles = [], []
     try:
         for _ in range(8):
-            req = FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                               session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
-                               topics=[T(topic=topic, partitions=[T.FetchPartition(
-                                   partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
-                                   partition_max_bytes=1 << 20)])])
+            req = FetchRequest(
+                replica_id=-1,
+                max_wait_ms=500,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                forgotten_topics_data=[],
+                rack_id="",
+                topics=[
+                    T(
+                        topic=topic,
+                        partitions=[
+                            T.FetchPartition(
+                                partition=0,
+                                current_leader_epoch=-1,
+                                fetch_offset=0,
+                                log_start_offset=-1,
+                                partition_max_bytes=1 << 20,
+                            )
+                        ],
+                    )
+                ],
+            )
             t0 = time.perf_counter()
             fetch.send(req, 12, client_id="poller")
             _, resp = fetch.recv()

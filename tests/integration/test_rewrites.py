@@ -89,8 +89,12 @@ def test_describe_cluster_every_version(proxy, via_proxy):
     lo, hi = via_proxy[60]
     wire = KafkaWire(proxy.bootstrap)
     for v in range(lo, hi + 1):
-        wire.send(DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=1,
-                                         include_fenced_brokers=False), v)
+        wire.send(
+            DescribeClusterRequest(
+                include_cluster_authorized_operations=False, endpoint_type=1, include_fenced_brokers=False
+            ),
+            v,
+        )
         _, resp = wire.recv()
         assert resp.error_code == 0 and len(resp.brokers) == 3, f"v{v}"
         for b in resp.brokers:
@@ -106,8 +110,13 @@ def _topic_on_one_broker(proxy):
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     wire = KafkaWire(proxy.bootstrap)
     for _ in range(50):
-        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
-                                  allow_auto_topic_creation=False), 12)
+        wire.send(
+            MetadataRequest(
+                topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
+                allow_auto_topic_creation=False,
+            ),
+            12,
+        )
         _, md = wire.recv()
         t = md.topics[0]
         if t.error_code == 0 and t.partitions and t.partitions[0].leader_id >= 0:
@@ -119,8 +128,13 @@ def _topic_on_one_broker(proxy):
     # UNKNOWN_TOPIC_OR_PARTITION instead of NOT_LEADER_OR_FOLLOWER with the leader's endpoint.
     follower = KafkaWire(f"{other.host}:{other.port}")
     for _ in range(50):
-        follower.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
-                                      allow_auto_topic_creation=False), 12)
+        follower.send(
+            MetadataRequest(
+                topics=[MetadataRequest.MetadataRequestTopic(name=topic, topic_id=None)],
+                allow_auto_topic_creation=False,
+            ),
+            12,
+        )
         if follower.recv()[1].topics[0].error_code == 0:
             break
         time.sleep(0.1)
@@ -138,9 +152,21 @@ def test_kip951_node_endpoints_in_produce_and_fetch(proxy, via_proxy):
     builder.append(0, None, b"v", [])
     builder.close()
     T = ProduceRequest.TopicProduceData
-    wire.send(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
-        T(name=topic, topic_id=topic_id, partition_data=[T.PartitionProduceData(index=0, records=builder.buffer())])]),
-        pv)
+    wire.send(
+        ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=5000,
+            topic_data=[
+                T(
+                    name=topic,
+                    topic_id=topic_id,
+                    partition_data=[T.PartitionProduceData(index=0, records=builder.buffer())],
+                )
+            ],
+        ),
+        pv,
+    )
     _, resp = wire.recv()
     assert resp.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
     assert [e.node_id for e in resp.node_endpoints] == [leader]
@@ -150,11 +176,36 @@ def test_kip951_node_endpoints_in_produce_and_fetch(proxy, via_proxy):
     fv = via_proxy[1][1]
     assert fv >= 16, "the cluster speaks Fetch v16+ (KIP-951)"
     F = FetchRequest.FetchTopic
-    wire.send(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                           session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[],
-                           topics=[F(topic=topic, topic_id=topic_id, partitions=[F.FetchPartition(
-                               partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
-                               last_fetched_epoch=-1, partition_max_bytes=1 << 20)])]), fv)
+    wire.send(
+        FetchRequest(
+            replica_id=-1,
+            max_wait_ms=100,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            rack_id="",
+            forgotten_topics_data=[],
+            topics=[
+                F(
+                    topic=topic,
+                    topic_id=topic_id,
+                    partitions=[
+                        F.FetchPartition(
+                            partition=0,
+                            current_leader_epoch=-1,
+                            fetch_offset=0,
+                            log_start_offset=-1,
+                            last_fetched_epoch=-1,
+                            partition_max_bytes=1 << 20,
+                        )
+                    ],
+                )
+            ],
+        ),
+        fv,
+    )
     _, resp = wire.recv()
     assert resp.responses[0].partitions[0].error_code == 6
     assert [e.node_id for e in resp.node_endpoints] == [leader]
@@ -173,8 +224,12 @@ def test_kip951_node_endpoints_at_the_end_of_a_streamed_fetch(cluster, fresh_pro
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     ids = sorted(b.node_id for b in cluster.brokers)
     big, other = f"big-{uuid.uuid4().hex[:6]}", f"elsewhere-{uuid.uuid4().hex[:6]}"
-    futures = admin.create_topics([NewTopic(big, num_partitions=1, replica_assignment=[[ids[0]]]),
-                                   NewTopic(other, num_partitions=1, replica_assignment=[[ids[1]]])])
+    futures = admin.create_topics(
+        [
+            NewTopic(big, num_partitions=1, replica_assignment=[[ids[0]]]),
+            NewTopic(other, num_partitions=1, replica_assignment=[[ids[1]]]),
+        ]
+    )
     for f in futures.values():
         f.result(30)
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 20})
@@ -183,8 +238,13 @@ def test_kip951_node_endpoints_at_the_end_of_a_streamed_fetch(cluster, fresh_pro
     assert producer.flush(30) == 0
     wire = KafkaWire(proxy.bootstrap)
     for _ in range(50):  # both topics known, with leaders, to the broker we ask (metadata propagates)
-        wire.send(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=t, topic_id=None)
-                                          for t in (big, other)], allow_auto_topic_creation=False), 12)
+        wire.send(
+            MetadataRequest(
+                topics=[MetadataRequest.MetadataRequestTopic(name=t, topic_id=None) for t in (big, other)],
+                allow_auto_topic_creation=False,
+            ),
+            12,
+        )
         _, md = wire.recv()
         if all(t.error_code == 0 and t.partitions and t.partitions[0].leader_id >= 0 for t in md.topics):
             break
@@ -197,12 +257,37 @@ def test_kip951_node_endpoints_at_the_end_of_a_streamed_fetch(cluster, fresh_pro
     F = FetchRequest.FetchTopic
     wire = KafkaWire(f"{leader.host}:{leader.port}")
     for _ in range(50):
-        wire.send(FetchRequest(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=16 << 20, isolation_level=0,
-                               session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[], topics=[
-                                   F(topic=t, topic_id=topic_ids[t], partitions=[F.FetchPartition(
-                                       partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
-                                       last_fetched_epoch=-1, partition_max_bytes=8 << 20)])
-                                   for t in (big, other)]), fv)
+        wire.send(
+            FetchRequest(
+                replica_id=-1,
+                max_wait_ms=100,
+                min_bytes=1,
+                max_bytes=16 << 20,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                rack_id="",
+                forgotten_topics_data=[],
+                topics=[
+                    F(
+                        topic=t,
+                        topic_id=topic_ids[t],
+                        partitions=[
+                            F.FetchPartition(
+                                partition=0,
+                                current_leader_epoch=-1,
+                                fetch_offset=0,
+                                log_start_offset=-1,
+                                last_fetched_epoch=-1,
+                                partition_max_bytes=8 << 20,
+                            )
+                        ],
+                    )
+                    for t in (big, other)
+                ],
+            ),
+            fv,
+        )
         _, resp = wire.recv()
         errors = {r.topic_id: r.partitions[0].error_code for r in resp.responses}
         if errors[topic_ids[other]] == 6:  # the broker knows the other topic's leader by now

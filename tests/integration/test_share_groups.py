@@ -48,10 +48,20 @@ def _api_versions(bootstrap: str) -> dict[int, tuple[int, int]]:
 def share_cluster(cluster):
     """The session cluster, with share groups enabled if its metadata version left them off."""
     if SHARE_FETCH not in _api_versions(cluster.brokers[0].bootstrap):
-        cluster.tool("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", cluster.bootstrap,
-                     "upgrade", "--feature", "share.version=1", check=True)
-        wait_until(lambda: all(SHARE_FETCH in _api_versions(b.bootstrap) for b in cluster.brokers), 60,
-                   what="every broker to offer ShareFetch")
+        cluster.tool(
+            "org.apache.kafka.tools.FeatureCommand",
+            "--bootstrap-server",
+            cluster.bootstrap,
+            "upgrade",
+            "--feature",
+            "share.version=1",
+            check=True,
+        )
+        wait_until(
+            lambda: all(SHARE_FETCH in _api_versions(b.bootstrap) for b in cluster.brokers),
+            60,
+            what="every broker to offer ShareFetch",
+        )
     return cluster
 
 
@@ -70,8 +80,9 @@ def _produce(cluster, topic: str, n: int, size: int, per_second: float | None = 
     from confluent_kafka import Producer
 
     # Idempotent: a retry across a leader change must not write a record twice (the tests count offsets).
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5, "batch.num.messages": 10,
-                         "enable.idempotence": True})
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "linger.ms": 5, "batch.num.messages": 10, "enable.idempotence": True}
+    )
     start = time.monotonic()
     for i in range(n):
         producer.produce(topic, value=b"%06d" % i + bytes(max(size - 6, 0)), partition=i % partitions)
@@ -96,18 +107,29 @@ def test_two_share_consumers_get_and_acknowledge_every_record_never_a_broker_por
     topic = _topic(share_cluster)
     n = 600
     started = time.monotonic()
-    proc = share_probe_popen(proxy.bootstrap, topic=topic, group=_name("share-g"), members=2, expect=n,
-                             timeout_ms=90_000, client_id="share-two", ack="explicit",
-                             props={"max.poll.records": 50}, dist=share_cluster.dist)
+    proc = share_probe_popen(
+        proxy.bootstrap,
+        topic=topic,
+        group=_name("share-g"),
+        members=2,
+        expect=n,
+        timeout_ms=90_000,
+        client_id="share-two",
+        ack="explicit",
+        props={"max.poll.records": 50},
+        dist=share_cluster.dist,
+    )
     with ConnectionWatcher([proc.pid], children=True) as watcher:
         # Produced while the members join, so both are in the group before the records run out.
         producer = threading.Thread(target=_produce, args=(share_cluster, topic, n, 200, 200.0))
         producer.start()
         res = share_probe_result(proc, started, timeout=150)
         producer.join()
-    summary = (f"{len(res.records)} records in {res.wall_s:.1f} s, per member "
-               f"{ {m: sum(r['member'] == m for r in res.records) for m in (0, 1)} }, offsets {res.offsets}, "
-               f"failures {res.failures()}")
+    summary = (
+        f"{len(res.records)} records in {res.wall_s:.1f} s, per member "
+        f"{ {m: sum(r['member'] == m for r in res.records) for m in (0, 1)} }, offsets {res.offsets}, "
+        f"failures {res.failures()}"
+    )
     print(summary)
     assert not res.failures(), res.stderr[-4000:]
     got = {(r["partition"], r["offset"]) for r in res.records}
@@ -142,12 +164,25 @@ def test_consumer_byte_rate_holds_a_share_consumer(share_cluster, fresh_proxy):
     topic = _topic(share_cluster, partitions=1)
     n, size = 1200, 2000
     _produce(share_cluster, topic, n, size, partitions=1)
-    proxy = fresh_proxy(**{"quotas.entities": [{"entity": {"client-id": "share-quota-0"},
-                                                "quotas": {"consumer_byte_rate": QUOTA}}],
-                           "quotas.window_size_seconds": WINDOW_S})
-    res = share_probe(proxy.bootstrap, topic=topic, group=_name("share-q"), members=1, expect=n, timeout_ms=120_000,
-                      client_id="share-quota", ack="implicit", props={"max.poll.records": 50},
-                      dist=share_cluster.dist, timeout=180)
+    proxy = fresh_proxy(
+        **{
+            "quotas.entities": [{"entity": {"client-id": "share-quota-0"}, "quotas": {"consumer_byte_rate": QUOTA}}],
+            "quotas.window_size_seconds": WINDOW_S,
+        }
+    )
+    res = share_probe(
+        proxy.bootstrap,
+        topic=topic,
+        group=_name("share-q"),
+        members=1,
+        expect=n,
+        timeout_ms=120_000,
+        client_id="share-quota",
+        ack="implicit",
+        props={"max.poll.records": 50},
+        dist=share_cluster.dist,
+        timeout=180,
+    )
     assert not res.failures(), res.stderr[-4000:]
     records = sorted(res.records, key=lambda r: r["t_ms"])
     assert len({(r["partition"], r["offset"]) for r in records}) == n
@@ -155,8 +190,10 @@ def test_consumer_byte_rate_holds_a_share_consumer(share_cluster, fresh_proxy):
     seconds = (records[-1]["t_ms"] - records[0]["t_ms"]) / 1000
     burst = 10 * WINDOW_S * QUOTA
     rate = (sum(r["bytes"] for r in records) - burst) / seconds
-    summary = (f"{len(records)} records over {seconds:.1f} s: {rate / 1024:.0f} KiB/s after a "
-               f"{burst / 1024:.0f} KiB burst vs quota {QUOTA / 1024:.0f} KiB/s; client throttle metrics {res.metrics}")
+    summary = (
+        f"{len(records)} records over {seconds:.1f} s: {rate / 1024:.0f} KiB/s after a "
+        f"{burst / 1024:.0f} KiB burst vs quota {QUOTA / 1024:.0f} KiB/s; client throttle metrics {res.metrics}"
+    )
     print(summary)
     assert 0.75 * QUOTA <= rate <= 1.25 * QUOTA, summary
     throttle_max = res.metrics.get("consumer-share-fetch-manager-metrics/fetch-throttle-time-max")
@@ -211,8 +248,15 @@ def _move_leader(cluster, topic: str, to: int, replicas: list[int], workdir) -> 
     order = [to] + [r for r in replicas if r != to]
     plan = workdir / "reassign.json"
     plan.write_text(json.dumps({"version": 1, "partitions": [{"topic": topic, "partition": 0, "replicas": order}]}))
-    cluster.tool("org.apache.kafka.tools.reassign.ReassignPartitionsCommand", "--bootstrap-server",
-                 cluster.bootstrap, "--reassignment-json-file", str(plan), "--execute", check=True)
+    cluster.tool(
+        "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--reassignment-json-file",
+        str(plan),
+        "--execute",
+        check=True,
+    )
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     wait_until(lambda: _leader_and_replicas(cluster, topic)[1] == order, 30, what="the new replica order")
     admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(30)
@@ -237,20 +281,32 @@ def test_share_consumer_follows_a_leader_change_through_the_proxy(share_cluster,
     target = next(r for r in replicas if r not in (leader, coordinator))
     n = 400
     started = time.monotonic()
-    proc = share_probe_popen(proxy.bootstrap, topic=topic, group=group, members=1, expect=n,
-                             timeout_ms=120_000, client_id="share-move", ack="explicit",
-                             props={"max.poll.records": 20}, dist=share_cluster.dist)
+    proc = share_probe_popen(
+        proxy.bootstrap,
+        topic=topic,
+        group=group,
+        members=1,
+        expect=n,
+        timeout_ms=120_000,
+        client_id="share-move",
+        ack="explicit",
+        props={"max.poll.records": 20},
+        dist=share_cluster.dist,
+    )
     with ConnectionWatcher([proc.pid], children=True) as watcher:
-        producer = threading.Thread(target=_produce, args=(share_cluster, topic, n, 100, 40.0),
-                                    kwargs={"partitions": 1})
+        producer = threading.Thread(
+            target=_produce, args=(share_cluster, topic, n, 100, 40.0), kwargs={"partitions": 1}
+        )
         producer.start()
         time.sleep(4)  # the member has joined and is fetching from the first leader
         _move_leader(share_cluster, topic, target, replicas, tmp_path)
         res = share_probe_result(proc, started, timeout=180)
         producer.join()
     new_leader = _leader_and_replicas(share_cluster, topic)[0]
-    summary = (f"leader {leader} -> {new_leader} (coordinator {coordinator}); {len(res.records)} records in "
-               f"{res.wall_s:.1f} s, offsets {res.offsets}, failures {res.failures()}")
+    summary = (
+        f"leader {leader} -> {new_leader} (coordinator {coordinator}); {len(res.records)} records in "
+        f"{res.wall_s:.1f} s, offsets {res.offsets}, failures {res.failures()}"
+    )
     print(summary)
     assert new_leader == target, summary
     assert not res.failures(), res.stderr[-4000:]

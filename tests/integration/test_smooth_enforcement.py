@@ -41,11 +41,18 @@ def slices(points: list[tuple[float, float]], start: float, seconds: int) -> lis
 
 
 def _smooth_proxy(fresh_proxy, client_id: str):
-    return fresh_proxy(**{
-        "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1,
-        "quotas.entities": [{"entity": {"client-id": client_id},
-                             "quotas": {"producer_byte_rate": QUOTA, "consumer_byte_rate": QUOTA}}],
-    })
+    return fresh_proxy(
+        **{
+            "quotas.enforcement": "smooth",
+            "quotas.smooth_burst_seconds": 0.1,
+            "quotas.entities": [
+                {
+                    "entity": {"client-id": client_id},
+                    "quotas": {"producer_byte_rate": QUOTA, "consumer_byte_rate": QUOTA},
+                }
+            ],
+        }
+    )
 
 
 def _check(per_second: list[float], what: str) -> None:
@@ -65,8 +72,9 @@ def test_a_full_speed_producer_is_held_to_its_quota_in_every_second(cluster, fre
     dirs = topic_dirs(cluster, topic)
     with Sampler(lambda: log_bytes(dirs), interval=0.1) as s:
         # batches of 64 KiB: a request carries at most 1/16 s of the quota
-        result = rdkafka_produce(proxy.bootstrap, topic, client_id, SECONDS + 3, outstanding=2_000,
-                                 **{"batch.size": 65536, "linger.ms": 5})
+        result = rdkafka_produce(
+            proxy.bootstrap, topic, client_id, SECONDS + 3, outstanding=2_000, **{"batch.size": 65536, "linger.ms": 5}
+        )
     assert not result["errors"] and result["undelivered"] == 0, result["errors"][:3]
     start = next(t for t, v in s.samples if v > s.samples[0][1])  # the first bytes on disk
     _check(slices(s.samples, start, SECONDS), "producer")

@@ -40,16 +40,39 @@ def test_job_runs_on_a_standalone_cluster_whose_workers_cannot_see_the_repositor
     with SparkStandalone(tmp_path / "spark") as spark:
         # The worker's Python really is bare: neither this repository nor its other requirements import there.
         for module in ("protocol", "quotas", "yaml", "mmh3"):
-            probe = subprocess.run([str(spark.python), "-c", f"import {module}"], cwd=spark.root,
-                                   env=bare_env(), capture_output=True, text=True)
+            probe = subprocess.run(
+                [str(spark.python), "-c", f"import {module}"],
+                cwd=spark.root,
+                env=bare_env(),
+                capture_output=True,
+                text=True,
+            )
             assert probe.returncode != 0, f"{module} must not be importable by the worker's Python"
         # The driver runs from this checkout; the executors run the worker's Python, as on a real cluster.
         env = bare_env(PYSPARK_PYTHON=str(spark.python), PYSPARK_DRIVER_PYTHON=sys.executable)
         started = time.monotonic()
-        job = subprocess.run([sys.executable, "-m", "spark_analysis", str(tmp_path / "log"), "--out",
-                              str(tmp_path / "out"), "--quotas", str(quotas), "--master", spark.master,
-                              "--driver-memory", "1g", "--no-report"],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        job = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "spark_analysis",
+                str(tmp_path / "log"),
+                "--out",
+                str(tmp_path / "out"),
+                "--quotas",
+                str(quotas),
+                "--master",
+                spark.master,
+                "--driver-memory",
+                "1g",
+                "--no-report",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         wall = time.monotonic() - started
         executor_logs = spark.executor_logs()
     assert job.returncode == 0, (job.stdout[-3000:], job.stderr[-5000:], executor_logs[-3000:])

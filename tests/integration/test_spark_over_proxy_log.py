@@ -27,8 +27,9 @@ QUOTAS = {
 
 def _metric(port: int, name: str, client_id: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in
-               re.finditer(rf'^{name}{{[^}}]*client_id="{client_id}"[^}}]*}} (\S+)$', text, re.M))
+    return sum(
+        float(m.group(1)) for m in re.finditer(rf'^{name}{{[^}}]*client_id="{client_id}"[^}}]*}} (\S+)$', text, re.M)
+    )
 
 
 def _produce(bootstrap: str, topic: str, client_id: str, n: int, size: int) -> None:
@@ -54,12 +55,14 @@ def test_spark_job_over_the_proxys_own_log(cluster, fresh_proxy, tmp_path, spark
 
     port = free_port()
     logdir = tmp_path / "decisions"
-    proxy = fresh_proxy(**{
-        "metrics.port": port,
-        "decision_log.directory": str(logdir),
-        "decision_log.rotate_seconds": 1,
-        **{f"quotas.{k}": v for k, v in QUOTAS.items()},
-    })
+    proxy = fresh_proxy(
+        **{
+            "metrics.port": port,
+            "decision_log.directory": str(logdir),
+            "decision_log.rotate_seconds": 1,
+            **{f"quotas.{k}": v for k, v in QUOTAS.items()},
+        }
+    )
     topic = f"spark-{uuid.uuid4().hex[:6]}"
     _produce(proxy.bootstrap, topic, "calm", 200, 1000)
     _produce(proxy.bootstrap, topic, "noisy", 3000, 1000)  # 3 MB against 300 kB/s: throttled for seconds
@@ -70,11 +73,19 @@ def test_spark_job_over_the_proxys_own_log(cluster, fresh_proxy, tmp_path, spark
 
     quotas_file = tmp_path / "live.yaml"
     quotas_file.write_text(yaml.safe_dump({"quotas": QUOTAS}))
-    files = wait_until(lambda: [p for p in logdir.rglob("*.parquet") if not p.name.startswith(".")], 10,
-                       what="decision-log files")
+    files = wait_until(
+        lambda: [p for p in logdir.rglob("*.parquet") if not p.name.startswith(".")], 10, what="decision-log files"
+    )
     assert files
-    result = run(spark, JobOptions(input=str(logdir), out=str(tmp_path / "out"),
-                                   quotas=load_quota_config(quotas_file), quotas_path=str(quotas_file)))
+    result = run(
+        spark,
+        JobOptions(
+            input=str(logdir),
+            out=str(tmp_path / "out"),
+            quotas=load_quota_config(quotas_file),
+            quotas_path=str(quotas_file),
+        ),
+    )
     top = result.throttle_totals_top
     first = top.iloc[0]
     assert first["client_id"] == "noisy" and first["throttle_ms"] > 0

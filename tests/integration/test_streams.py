@@ -68,9 +68,15 @@ class OutputReader:
     its connections to broker ports must not outlive the test (later tests watch this process's connections)."""
 
     def __init__(self, cluster, topic: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"check-{topic}",
-                                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                                  "enable.auto.commit": False})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "group.id": f"check-{topic}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+            }
+        )
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         self.out: Output = {}
         self.count = 0
@@ -137,8 +143,14 @@ def _run_to_completion(cluster, bootstrap: str, corpus, tmp_path, name: str) -> 
     _create(cluster.bootstrap, out)
     with OutputReader(cluster, out) as reader:
         t0 = time.monotonic()
-        run = sa.start(bootstrap, application_id=app_id, input=topic, output=out, state_dir=tmp_path / app_id,
-                       props={"group.instance.id": f"{app_id}-1"})
+        run = sa.start(
+            bootstrap,
+            application_id=app_id,
+            input=topic,
+            output=out,
+            state_dir=tmp_path / app_id,
+            props={"group.instance.id": f"{app_id}-1"},
+        )
         try:
             with ConnectionWatcher([run.pid], interval=0.1) as w:
                 reader.until(total, 150, run)
@@ -158,8 +170,7 @@ def reference(cluster, corpus, tmp_path_factory) -> Output:
     return output
 
 
-def test_exactly_once_word_count_through_the_proxy_equals_the_direct_run(cluster, proxy, corpus, reference,
-                                                                         tmp_path):
+def test_exactly_once_word_count_through_the_proxy_equals_the_direct_run(cluster, proxy, corpus, reference, tmp_path):
     _, total, expected = corpus
     assert reference == expected, "the direct run itself is not the exact word count"
     output, ports, took = _run_to_completion(cluster, proxy.bootstrap, corpus, tmp_path, "proxy")
@@ -170,8 +181,9 @@ def test_exactly_once_word_count_through_the_proxy_equals_the_direct_run(cluster
     assert output == reference
 
 
-def test_killed_and_restarted_mid_run_through_the_proxy_still_equals_the_direct_run(cluster, proxy, corpus,
-                                                                                    reference, tmp_path):
+def test_killed_and_restarted_mid_run_through_the_proxy_still_equals_the_direct_run(
+    cluster, proxy, corpus, reference, tmp_path
+):
     """SIGKILL the Streams JVM once part of its output is committed, start it again with
     the same application id and state directory: the restarted instance fences the dead one's open transaction
     (same transactional id), restores its store from the changelog (exactly-once wipes a crashed task's local
@@ -181,12 +193,17 @@ def test_killed_and_restarted_mid_run_through_the_proxy_still_equals_the_direct_
     _create(cluster.bootstrap, out)
     # Small fetches: otherwise the consumer hands Streams the whole input before any repartitioned record, and
     # no output would be committed before the input is done.
-    kwargs = {"application_id": app_id, "input": topic, "output": out, "state_dir": tmp_path / app_id,
-              "props": {"group.instance.id": f"{app_id}-1", "max.poll.records": 50,
-                        "max.partition.fetch.bytes": 4096}}
+    kwargs = {
+        "application_id": app_id,
+        "input": topic,
+        "output": out,
+        "state_dir": tmp_path / app_id,
+        "props": {"group.instance.id": f"{app_id}-1", "max.poll.records": 50, "max.partition.fetch.bytes": 4096},
+    }
     with OutputReader(cluster, out) as reader:
-        first = sa.start(proxy.bootstrap, record_delay_ms=RECORD_DELAY_MS, count_delay_ms=COUNT_DELAY_MS,
-                         write_cds=False, **kwargs)
+        first = sa.start(
+            proxy.bootstrap, record_delay_ms=RECORD_DELAY_MS, count_delay_ms=COUNT_DELAY_MS, write_cds=False, **kwargs
+        )
         try:
             with ConnectionWatcher([first.pid], interval=0.1) as w:
                 deadline = time.monotonic() + 120
@@ -211,9 +228,11 @@ def test_killed_and_restarted_mid_run_through_the_proxy_still_equals_the_direct_
                 res = second.stop()
         finally:
             second.kill()
-        print(f"\nkilled after {at_kill}/{LINES} input lines ({output_at_kill}/{total} outputs) were committed; "
-              f"the restart restored {sum(r['records'] for r in res if 'restored' in r)} changelog records and "
-              f"finished in {time.monotonic() - t0:.1f} s")
+        print(
+            f"\nkilled after {at_kill}/{LINES} input lines ({output_at_kill}/{total} outputs) were committed; "
+            f"the restart restored {sum(r['records'] for r in res if 'restored' in r)} changelog records and "
+            f"finished in {time.monotonic() - t0:.1f} s"
+        )
         assert "RUNNING" in [r.get("state") for r in res]
         restored = sum(r["records"] for r in res if "restored" in r)
         assert restored > 0, "the restarted instance restored nothing from the changelog"

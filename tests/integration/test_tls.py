@@ -27,16 +27,21 @@ RULES = "RULE:^CN=(.*?),OU=eng,O=acme$/$1/L,DEFAULT"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"), {
-        "alice": "/O=acme/OU=eng/CN=Alice",  # → "alice" by RULES (lower-cased)
-        "proxy-b": "/O=acme/OU=proxies/CN=proxy-b",  # → DEFAULT: the whole DN
-    })
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        {
+            "alice": "/O=acme/OU=eng/CN=Alice",  # → "alice" by RULES (lower-cased)
+            "proxy-b": "/O=acme/OU=proxies/CN=proxy-b",  # → DEFAULT: the whole DN
+        },
+    )
 
 
 def _tls_listener(pki, client_auth: str = "required") -> dict:
     return {
-        "listen.tls.cert_file": str(pki["server.pem"]), "listen.tls.key_file": str(pki["server.key"]),
-        "listen.tls.ca_file": str(pki["ca"]), "listen.tls.client_auth": client_auth,
+        "listen.tls.cert_file": str(pki["server.pem"]),
+        "listen.tls.key_file": str(pki["server.key"]),
+        "listen.tls.ca_file": str(pki["ca"]),
+        "listen.tls.client_auth": client_auth,
         "listen.tls.principal_mapping_rules": RULES,
     }
 
@@ -57,8 +62,9 @@ def _round_trip(bootstrap: str, conf: dict, n: int = 50) -> None:
     for i in range(n):
         producer.produce(topic, f"v{i}".encode())
     assert producer.flush(60) == 0, "records left unsent"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
-                         **conf})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest", **conf}
+    )
     consumer.subscribe([topic])
     got: list[bytes | None] = []
     deadline = time.monotonic() + 60
@@ -73,20 +79,29 @@ def _round_trip(bootstrap: str, conf: dict, n: int = 50) -> None:
 def test_mtls_client_principal_is_the_mapped_certificate_name(fresh_proxy, pki):
     metrics_port = free_port()
     # alice: B = 2 samples × 1 s × 10/s = 20 partitions, so the third topic of 15 is met below zero.
-    proxy = fresh_proxy(**_tls_listener(pki), **{
-        "metrics.port": metrics_port,
-        "quotas.controller_window_num": 2,
-        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 10}}],
-    })
+    proxy = fresh_proxy(
+        **_tls_listener(pki),
+        **{
+            "metrics.port": metrics_port,
+            "quotas.controller_window_num": 2,
+            "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 10}}],
+        },
+    )
     _round_trip(proxy.bootstrap, _ssl_conf(pki))
 
-    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, security_protocol="SSL",
-                             ssl_cafile=str(pki["ca"]), ssl_certfile=str(pki["alice.pem"]),
-                             ssl_keyfile=str(pki["alice.key"]), client_id="alice-admin")
+    admin = KafkaAdminClient(
+        bootstrap_servers=proxy.bootstrap,
+        security_protocol="SSL",
+        ssl_cafile=str(pki["ca"]),
+        ssl_certfile=str(pki["alice.pem"]),
+        ssl_keyfile=str(pki["alice.key"]),
+        client_id="alice-admin",
+    )
     try:
         names = [f"tls-alice-{uuid.uuid4().hex[:6]}" for _ in range(3)]
-        resp = admin.create_topics({n: {"num_partitions": 15, "replication_factor": 1} for n in names},
-                                   raise_errors=False)
+        resp = admin.create_topics(
+            {n: {"num_partitions": 15, "replication_factor": 1} for n in names}, raise_errors=False
+        )
     finally:
         admin.close()
     codes = [t[1] if isinstance(t, tuple) else t["error_code"] for t in resp["topics"]]
@@ -115,13 +130,15 @@ def test_client_without_certificate_is_refused_when_required(fresh_proxy, pki):
 
 def test_tls_towards_the_cluster_via_a_chained_proxy(fresh_proxy, pki):
     a = fresh_proxy(**_tls_listener(pki))
-    b = fresh_proxy(**{
-        "upstream.bootstrap_servers": a.bootstrap,
-        "upstream.tls.ca_file": str(pki["ca"]),
-        "upstream.tls.cert_file": str(pki["proxy-b.pem"]),
-        "upstream.tls.key_file": str(pki["proxy-b.key"]),
-        "upstream.tls.check_hostname": True,
-    })
+    b = fresh_proxy(
+        **{
+            "upstream.bootstrap_servers": a.bootstrap,
+            "upstream.tls.ca_file": str(pki["ca"]),
+            "upstream.tls.cert_file": str(pki["proxy-b.pem"]),
+            "upstream.tls.key_file": str(pki["proxy-b.key"]),
+            "upstream.tls.check_hostname": True,
+        }
+    )
     _round_trip(b.bootstrap, {})  # plaintext to B; B speaks TLS to A; A plaintext to the cluster
     assert a.alive() and b.alive()
     assert "cannot reach broker" not in b.log()
@@ -130,18 +147,29 @@ def test_tls_towards_the_cluster_via_a_chained_proxy(fresh_proxy, pki):
 def test_sasl_principal_wins_over_the_certificate(cluster, fresh_proxy, pki):
     """SASL_SSL, as Kafka does it: the certificate (alice's, whose user has a tight quota) is verified, but the
     principal is the SASL one (bob, no quota), so none of bob's topics is refused."""
-    proxy = fresh_proxy(sasl=True, **_tls_listener(pki, client_auth="requested"), **{
-        "quotas.controller_window_num": 2,
-        "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 10}}],
-    })
-    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, security_protocol="SASL_SSL",
-                             ssl_cafile=str(pki["ca"]), ssl_certfile=str(pki["alice.pem"]),
-                             ssl_keyfile=str(pki["alice.key"]), sasl_mechanism="PLAIN",
-                             sasl_plain_username="bob", sasl_plain_password=cluster.users["bob"])
+    proxy = fresh_proxy(
+        sasl=True,
+        **_tls_listener(pki, client_auth="requested"),
+        **{
+            "quotas.controller_window_num": 2,
+            "quotas.entities": [{"entity": {"user": "alice"}, "quotas": {"controller_mutation_rate": 10}}],
+        },
+    )
+    admin = KafkaAdminClient(
+        bootstrap_servers=proxy.bootstrap,
+        security_protocol="SASL_SSL",
+        ssl_cafile=str(pki["ca"]),
+        ssl_certfile=str(pki["alice.pem"]),
+        ssl_keyfile=str(pki["alice.key"]),
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="bob",
+        sasl_plain_password=cluster.users["bob"],
+    )
     try:
         names = [f"tls-bob-{uuid.uuid4().hex[:6]}" for _ in range(3)]
-        resp = admin.create_topics({n: {"num_partitions": 15, "replication_factor": 1} for n in names},
-                                   raise_errors=False)
+        resp = admin.create_topics(
+            {n: {"num_partitions": 15, "replication_factor": 1} for n in names}, raise_errors=False
+        )
     finally:
         admin.close()
     codes = [t[1] if isinstance(t, tuple) else t["error_code"] for t in resp["topics"]]

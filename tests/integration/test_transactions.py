@@ -35,14 +35,25 @@ MIB = 1 << 20
 
 # Every quota kind, on the entities every client here matches, far above what the test uses.
 ALL_KINDS_LOOSE = [
-    {"entity": {"client-id": "<default>"},
-     "quotas": {"producer_byte_rate": 512 * MIB, "consumer_byte_rate": 512 * MIB, "request_percentage": 10_000,
-                "controller_mutation_rate": 10_000}},
+    {
+        "entity": {"client-id": "<default>"},
+        "quotas": {
+            "producer_byte_rate": 512 * MIB,
+            "consumer_byte_rate": 512 * MIB,
+            "request_percentage": 10_000,
+            "controller_mutation_rate": 10_000,
+        },
+    },
     # producer_ids_rate exists only for users (KIP-936); on a plain listener everyone is user ANONYMOUS.
     {"entity": {"user": "<default>"}, "quotas": {"producer_ids_rate": 10_000}},
 ]
-KINDS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate",
-         "producer_ids_rate")
+KINDS = (
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "request_percentage",
+    "controller_mutation_rate",
+    "producer_ids_rate",
+)
 
 
 def _value(i: int) -> str:
@@ -52,8 +63,7 @@ def _value(i: int) -> str:
 
 def _seed(bootstrap: str, topic: str, n: int) -> dict[int, list[str]]:
     """``n`` records round-robin over the partitions (librdkafka, idempotent); partition -> values in order."""
-    p = Producer({"bootstrap.servers": bootstrap, "client.id": "txn-seed", "enable.idempotence": True,
-                  "linger.ms": 20})
+    p = Producer({"bootstrap.servers": bootstrap, "client.id": "txn-seed", "enable.idempotence": True, "linger.ms": 20})
     sent: dict[int, list[str]] = defaultdict(list)
     try:
         for i in range(n):
@@ -72,7 +82,7 @@ def _decisions(port: int) -> dict[tuple[str, str], float]:
     """The proxy's ``ktp_quota_decisions`` counters: (quota key, action) -> count."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out: dict[tuple[str, str], float] = defaultdict(float)
-    for m in re.finditer(r'^ktp_quota_decisions_total\{([^}]*)\} (\S+)$', text, re.M):
+    for m in re.finditer(r"^ktp_quota_decisions_total\{([^}]*)\} (\S+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         out[(labels["quota"], labels["action"])] += float(m.group(2))
     return out
@@ -90,9 +100,17 @@ def _run_read_process_write(cluster, proxy, n: int, *, abort_every: int) -> dict
     sent = _seed(proxy.bootstrap, src, n)
     with ConnectionWatcher([], interval=0.05) as w:
         t0 = time.monotonic()
-        probe = tp.process_popen(proxy.bootstrap, input=src, output=dst, group=group, transactional_id=f"tx-{run}",
-                                 expect=n, client_id=RW_CLIENT, abort_every=abort_every,
-                                 transaction_timeout_ms=TXN_TIMEOUT_MS)
+        probe = tp.process_popen(
+            proxy.bootstrap,
+            input=src,
+            output=dst,
+            group=group,
+            transactional_id=f"tx-{run}",
+            expect=n,
+            client_id=RW_CLIENT,
+            abort_every=abort_every,
+            transaction_timeout_ms=TXN_TIMEOUT_MS,
+        )
         w.add(probe.pid)
         rows = tp.result(probe, 240)
         wall = time.monotonic() - t0
@@ -172,8 +190,15 @@ def test_read_process_write_under_a_binding_producer_byte_rate(cluster, fresh_pr
     window_s, samples = 0.2, 11
     port = free_port()
     entities = [*ALL_KINDS_LOOSE, {"entity": {"client-id": RW_CLIENT}, "quotas": {"producer_byte_rate": quota}}]
-    proxy = fresh_proxy(**{"metrics.port": port, "quotas.entities": entities, "quotas.scope": "cluster",
-                           "quotas.window_size_seconds": window_s, "quotas.window_num": samples})
+    proxy = fresh_proxy(
+        **{
+            "metrics.port": port,
+            "quotas.entities": entities,
+            "quotas.scope": "cluster",
+            "quotas.window_size_seconds": window_s,
+            "quotas.window_num": samples,
+        }
+    )
     res = _run_read_process_write(cluster, proxy, n, abort_every=4)
     _assert_exactly_once(res, n)
     done = res["rows"].done
@@ -186,6 +211,8 @@ def test_read_process_write_under_a_binding_producer_byte_rate(cluster, fresh_pr
     in_txns = sum(r["ms"] for r in res["rows"] if "txn" in r) / 1000
     floor = (n * VALUE_BYTES - (samples - 1) * window_s * quota) / quota
     assert in_txns > 0.9 * floor, f"{n * VALUE_BYTES} B committed in {in_txns:.1f} s at a {quota} B/s quota"
-    print(f"\nbinding quota: {n} records, {done['txns']} transactions in {res['wall']:.1f} s, {in_txns:.1f} s of it "
-          f"in transactions (>= {floor:.1f} s by the quota), producer throttle max "
-          f"{done['produce_throttle_time_max']:.0f} ms, slowest transaction {done['max_txn_ms']} ms")
+    print(
+        f"\nbinding quota: {n} records, {done['txns']} transactions in {res['wall']:.1f} s, {in_txns:.1f} s of it "
+        f"in transactions (>= {floor:.1f} s by the quota), producer throttle max "
+        f"{done['produce_throttle_time_max']:.0f} ms, slowest transaction {done['max_txn_ms']} ms"
+    )

@@ -61,19 +61,24 @@ def test_three_workers_share_the_ports_the_quotas_and_survive_a_crash(cluster, t
     own_ports = broker_ports(cluster)
     first = _free_block(20)
     bootstrap_port, metrics_port = first, first + 16
-    proxy = ProxyProcess(tmp_path, cluster.bootstrap, extra={
-        "workers": WORKERS,
-        "listen.bootstrap_port": bootstrap_port,
-        "listen.broker_ports": f"{first + 1}-{first + 15}",
-        "metrics.port": metrics_port,
-        "quotas.admins": ["ANONYMOUS"],
-        "quotas.state_file": str(tmp_path / "quota-state.json"),
-        "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 1e9}}],
-    }).start(timeout=60)
+    proxy = ProxyProcess(
+        tmp_path,
+        cluster.bootstrap,
+        extra={
+            "workers": WORKERS,
+            "listen.bootstrap_port": bootstrap_port,
+            "listen.broker_ports": f"{first + 1}-{first + 15}",
+            "metrics.port": metrics_port,
+            "quotas.admins": ["ANONYMOUS"],
+            "quotas.state_file": str(tmp_path / "quota-state.json"),
+            "quotas.entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 1e9}}],
+        },
+    ).start(timeout=60)
     try:
         assert proxy.bootstrap == f"127.0.0.1:{bootstrap_port}"
-        wait_until(lambda: all(_scrape(metrics_port + i) for i in range(WORKERS)), 30,
-                   what="every worker's metrics endpoint")
+        wait_until(
+            lambda: all(_scrape(metrics_port + i) for i in range(WORKERS)), 30, what="every worker's metrics endpoint"
+        )
         assert len(_workers(proxy)) == WORKERS
 
         # many clients, each its own connections: every worker gets a share, every record arrives once
@@ -87,8 +92,13 @@ def test_three_workers_share_the_ports_the_quotas_and_survive_a_crash(cluster, t
                 sent.append(value)
             producer.flush(30)
             producer.close(5)
-        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, auto_offset_reset="earliest",
-                                 consumer_timeout_ms=10_000, group_id=f"g-{uuid.uuid4().hex[:6]}")
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=proxy.bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=10_000,
+            group_id=f"g-{uuid.uuid4().hex[:6]}",
+        )
         got = [m.value for m in consumer]
         seen = {(b.host, b.port) for b in consumer._client.cluster.brokers()}
         consumer.close()
@@ -104,21 +114,42 @@ def test_three_workers_share_the_ports_the_quotas_and_survive_a_crash(cluster, t
         assert all(a > 0 for a in accepted), f"connections per worker: {accepted}"
 
         # a quota altered through whichever worker answers is taken in by the other two
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", "quotas", "--bootstrap-server", proxy.bootstrap,
-                               "alter", "--user", "alice", "--add-config", "producer_byte_rate=1048576"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "quotas",
+                "--bootstrap-server",
+                proxy.bootstrap,
+                "alter",
+                "--user",
+                "alice",
+                "--add-config",
+                "producer_byte_rate=1048576",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         t0 = time.monotonic()
-        wait_until(lambda: proxy.log().count("altered through another worker") >= WORKERS - 1, 10,
-                   what="the other workers taking in the altered quota")
+        wait_until(
+            lambda: proxy.log().count("altered through another worker") >= WORKERS - 1,
+            10,
+            what="the other workers taking in the altered quota",
+        )
         assert time.monotonic() - t0 < 2.0 + 1.0  # upkeep runs every second
 
         # a crashed worker is restarted and serves again
         victim = _workers(proxy)[1]
         victim.send_signal(signal.SIGKILL)
         wait_until(lambda: "restarting it" in proxy.log(), 10, what="the supervisor noticing the crash")
-        wait_until(lambda: len(_workers(proxy)) == WORKERS and all(_scrape(metrics_port + i) for i in range(WORKERS)),
-                   30, what="the restarted worker serving again")
+        wait_until(
+            lambda: len(_workers(proxy)) == WORKERS and all(_scrape(metrics_port + i) for i in range(WORKERS)),
+            30,
+            what="the restarted worker serving again",
+        )
         assert victim.pid not in {w.pid for w in _workers(proxy)}
         children = _workers(proxy)
     finally:
@@ -130,8 +161,9 @@ def test_three_workers_share_the_ports_the_quotas_and_survive_a_crash(cluster, t
 def test_workers_need_fixed_ports(tmp_path):
     cfg = tmp_path / "w.yaml"
     cfg.write_text("upstream: {bootstrap_servers: ['127.0.0.1:9']}\nworkers: 2\nlisten: {bootstrap_port: 0}\n")
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", "-c", str(cfg)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "workers: 2 needs a fixed listen.bootstrap_port" in done.stderr
 
@@ -139,6 +171,7 @@ def test_workers_need_fixed_ports(tmp_path):
 def test_workers_with_admins_need_a_state_file(tmp_path):
     cfg = tmp_path / "w.yaml"
     cfg.write_text("upstream: {bootstrap_servers: ['127.0.0.1:9']}\nworkers: 2\nquotas: {admins: [ANONYMOUS]}\n")
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", "-c", str(cfg)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "needs quotas.state_file" in done.stderr

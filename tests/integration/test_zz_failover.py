@@ -39,8 +39,15 @@ def test_leader_failover_through_the_proxy(cluster, proxy):
     stop = threading.Event()
 
     def produce() -> None:
-        p = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "enable.idempotence": True,
-                      "linger.ms": 2, "message.timeout.ms": 60000})
+        p = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "message.timeout.ms": 60000,
+            }
+        )
         i = 0
         while not stop.is_set():
             p.produce(topic, str(i).encode(), on_delivery=lambda e, _m: errors.append(e) if e else None)
@@ -65,8 +72,14 @@ def test_leader_failover_through_the_proxy(cluster, proxy):
             stop.set()
             t.join(90)
             assert len(sent) > before, "production went on after the failover"
-            c = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{topic}",
-                          "auto.offset.reset": "earliest", "enable.partition.eof": True})
+            c = Consumer(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    "group.id": f"g-{topic}",
+                    "auto.offset.reset": "earliest",
+                    "enable.partition.eof": True,
+                }
+            )
             c.subscribe([topic])
             got: list[int] = []
             deadline = time.monotonic() + 60

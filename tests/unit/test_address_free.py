@@ -63,8 +63,11 @@ def test_every_version_the_proxy_lets_clients_negotiate_of_a_decoded_api_was_che
     """A decoded API is capped at kafka-python's schema (``decode_caps``); every version up to that cap that
     the proxy does not rewrite must be vouched for, or a kafka-python upgrade would open an unchecked one."""
     caps = decode_caps(DECODED_APIS)
-    unchecked = {API_NAMES.get(k, str(k)): (cap, ADDRESS_FREE.get(k)) for k, cap in caps.items()
-                 if k not in ADDRESS_APIS and not address_free(k, cap)}
+    unchecked = {
+        API_NAMES.get(k, str(k)): (cap, ADDRESS_FREE.get(k))
+        for k, cap in caps.items()
+        if k not in ADDRESS_APIS and not address_free(k, cap)
+    }
     assert not unchecked
 
 

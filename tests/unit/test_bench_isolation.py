@@ -16,7 +16,12 @@ PHASES = "alone-proxy, alone-direct, flood-noquota, flood-kafka, flood-smooth, f
 
 @pytest.mark.parametrize(("given", "named"), [("alone-proxy,flood-smoth", "['flood-smoth']"), (" , ", "[]")])
 def test_a_phase_list_with_a_typo_is_refused_before_anything_starts(given, named):
-    done = subprocess.run([sys.executable, "-m", "bench.isolation", "--phases", given], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.isolation", "--phases", given],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert f"unknown phase(s) {named}; choose from {PHASES} or all" in done.stderr

@@ -21,11 +21,21 @@ def _props(tmp_path: Path, text: str) -> str:
 def test_pem_stores_and_librdkafka_locations_are_taken(tmp_path):
     (tmp_path / "ca.pem").write_text(PEM)
     (tmp_path / "me.pem").write_text(PEM)
-    out = _from_properties(_props(tmp_path, f"security.protocol=SSL\nssl.truststore.location={tmp_path}/ca.pem\n"
-                                            f"ssl.keystore.location={tmp_path}/me.pem\nssl.keystore.type=PEM\n"))
+    out = _from_properties(
+        _props(
+            tmp_path,
+            f"security.protocol=SSL\nssl.truststore.location={tmp_path}/ca.pem\n"
+            f"ssl.keystore.location={tmp_path}/me.pem\nssl.keystore.type=PEM\n",
+        )
+    )
     assert out["cafile"] == f"{tmp_path}/ca.pem" and out["certfile"] == f"{tmp_path}/me.pem"
-    out = _from_properties(_props(tmp_path, f"ssl.truststore.location={tmp_path}/ca.pem\n"
-                                            f"ssl.ca.location={tmp_path}/other.pem\nssl.truststore.certificates=PEMTEXT\n"))
+    out = _from_properties(
+        _props(
+            tmp_path,
+            f"ssl.truststore.location={tmp_path}/ca.pem\n"
+            f"ssl.ca.location={tmp_path}/other.pem\nssl.truststore.certificates=PEMTEXT\n",
+        )
+    )
     assert out["cafile"] == f"{tmp_path}/other.pem" and out["cadata"] == "PEMTEXT"  # librdkafka's wins
 
 

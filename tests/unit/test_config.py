@@ -56,6 +56,7 @@ def test_check_config_cli(tmp_path):
     assert ko.returncode == 2
     assert "listen.broker_ports" in ko.stderr
     # a bad config refuses to *run* the same way
-    ko_run = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "-c", str(bad)], capture_output=True,
-                            text=True, cwd=REPO, timeout=30)
+    ko_run = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "run", "-c", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=30
+    )
     assert ko_run.returncode == 2 and "listen.broker_ports" in ko_run.stderr

@@ -4,8 +4,7 @@ from quotas.connections import ConnectionQuotas
 
 
 def test_total_and_per_ip_limits_with_overrides():
-    q = ConnectionQuotas(max_connections=5, max_per_ip=2, per_ip_overrides={"10.0.0.9": 4, "10.0.0.6": 0},
-                         shed=False)
+    q = ConnectionQuotas(max_connections=5, max_per_ip=2, per_ip_overrides={"10.0.0.9": 4, "10.0.0.6": 0}, shed=False)
     first = object()
     assert q.admit(first, "10.0.0.1", 0) is None and q.admit(object(), "10.0.0.1", 0) is None
     assert q.admit(object(), "10.0.0.1", 0).reason == "max_connections_per_ip"
@@ -54,19 +53,28 @@ def test_ip_quotas_through_the_client_quota_apis():
     E = AlterClientQuotasRequest.EntryData
 
     def alter(name, key="connection_creation_rate", value=5.0, remove=False):
-        req = AlterClientQuotasRequest(entries=[E(entity=[E.EntityData(entity_type="ip", entity_name=name)],
-                                                  ops=[E.OpData(key=key, value=value, remove=remove)])],
-                                       validate_only=False)
+        req = AlterClientQuotasRequest(
+            entries=[
+                E(
+                    entity=[E.EntityData(entity_type="ip", entity_name=name)],
+                    ops=[E.OpData(key=key, value=value, remove=remove)],
+                )
+            ],
+            validate_only=False,
+        )
         body = client_quota_api.alter(sources, req.encode(version=1), 1, "admin", frozenset({"admin"}), ips)
         return AlterClientQuotasResponse.decode(body, version=1).entries[0].error_code
 
     def describe(*components, strict=False):
         C = DescribeClientQuotasRequest.ComponentData
-        req = DescribeClientQuotasRequest(components=[C(entity_type=t, match_type=m, match=n)
-                                                      for t, m, n in components], strict=strict)
+        req = DescribeClientQuotasRequest(
+            components=[C(entity_type=t, match_type=m, match=n) for t, m, n in components], strict=strict
+        )
         body = client_quota_api.describe(sources, req.encode(version=1), 1, "admin", frozenset({"admin"}), ips)
-        return {tuple((e.entity_type, e.entity_name) for e in x.entity): {v.key: v.value for v in x.values}
-                for x in DescribeClientQuotasResponse.decode(body, version=1).entries}
+        return {
+            tuple((e.entity_type, e.entity_name) for e in x.entity): {v.key: v.value for v in x.values}
+            for x in DescribeClientQuotasResponse.decode(body, version=1).entries
+        }
 
     assert alter("10.1.2.3") == 0 and ips.rate("10.1.2.3") == 5.0 and ips.rate("10.9.9.9") == 50
     assert alter("not-an-ip") == 42 and alter("10.1.2.3", key="producer_byte_rate") == 42

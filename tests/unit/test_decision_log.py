@@ -13,10 +13,28 @@ from proxy.decision_log.writer import COLUMNS, SCHEMA_VERSION, DecisionLog, arro
 
 
 def _event(i: int, **extra) -> dict:
-    e = {"event": "request", "ts_ms": 1_767_225_600_000 + i, "conn": "c1", "user": "alice", "client_id": "app",
-         "api_key": 0, "api_version": 9, "requests": 1, "bytes_in": 1000 + i, "bytes_out": 0, "mutations": 0,
-         "new_pids": 0, "upstream_ms": 1.5, "action": "pass", "throttle_ms": 0, "shadow": False,
-         "produce_value": float(1000 + i), "produce_limit": 1e6, "produce_throttle_ms": 0, "rejected_topics": 0}
+    e = {
+        "event": "request",
+        "ts_ms": 1_767_225_600_000 + i,
+        "conn": "c1",
+        "user": "alice",
+        "client_id": "app",
+        "api_key": 0,
+        "api_version": 9,
+        "requests": 1,
+        "bytes_in": 1000 + i,
+        "bytes_out": 0,
+        "mutations": 0,
+        "new_pids": 0,
+        "upstream_ms": 1.5,
+        "action": "pass",
+        "throttle_ms": 0,
+        "shadow": False,
+        "produce_value": float(1000 + i),
+        "produce_limit": 1e6,
+        "produce_throttle_ms": 0,
+        "rejected_topics": 0,
+    }
     e.update(extra)
     return e
 

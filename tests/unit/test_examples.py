@@ -46,6 +46,11 @@ def test_examples_cover_the_common_cases():
 
 
 def test_check_config_accepts_an_example():
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", "-c", str(EXAMPLES[0])],
-                          capture_output=True, text=True, timeout=60, cwd=EXAMPLES[0].parents[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "-c", str(EXAMPLES[0])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=EXAMPLES[0].parents[1],
+    )
     assert done.returncode == 0, done.stderr

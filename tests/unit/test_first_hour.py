@@ -16,11 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _config(**quotas) -> ProxyConfig:
-    return ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"], "connect_timeout_ms": 200},
-        "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
-        "quotas": quotas,
-    })
+    return ProxyConfig.model_validate(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9"], "connect_timeout_ms": 200},
+            "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
+            "quotas": quotas,
+        }
+    )
 
 
 def test_an_unreachable_upstream_is_a_warning_at_start(caplog):
@@ -45,8 +47,13 @@ def test_reloading_a_state_file_says_it_needs_a_restart(caplog, tmp_path):
 def test_run_embedded_with_a_busy_port_says_so_in_one_line_before_starting_kafka():
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "scripts.embedded", "--port", str(port)], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "scripts.embedded", "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert f"--port {port}" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -56,8 +63,13 @@ def test_run_embedded_with_a_busy_port_says_so_in_one_line_before_starting_kafka
 def test_run_embedded_with_a_bad_config_file_says_so_in_one_line_before_starting_kafka(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("quotas: {entities: [{entity: {user: a}, quotas: {producer_byte_rate: -1}}]}\n")
-    done = subprocess.run([sys.executable, "-m", "scripts.embedded", "-c", str(bad), "--port", "0"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.embedded", "-c", str(bad), "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "producer_byte_rate" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "starting a single-node Apache Kafka" not in done.stdout

@@ -85,8 +85,12 @@ def test_remote_usage_for_an_entity_without_a_quota_here_is_ignored():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alice", "bob", "carol"]), st.sampled_from(["c1", "c2"]),
-                          st.integers(0, 10_000)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["alice", "bob", "carol"]), st.sampled_from(["c1", "c2"]), st.integers(0, 10_000)),
+        max_size=60,
+    )
+)
 def test_drained_reports_carry_exactly_what_was_charged(charges):
     store = QuotaStore()
     for user in ("alice", "bob", "carol"):
@@ -142,27 +146,38 @@ def _renamed(data: bytes, old: bytes, new: bytes) -> bytes:
 _GOOD = _report([Usage("producer_byte_rate", "u", "victim", 1.0)])
 
 
-@pytest.mark.parametrize("data, why", [
-    (b"not json", "malformed"),
-    (json.dumps({"v": 1, "m": "x", "t": 0, "u": []}).encode(), "version"),  # format 1: members upgrade together
-    (b"KTP\x01" + _GOOD[4:], "version"),
-    (_renamed(_GOOD, b"producer_byte_rate", b"producer_byte_ratf"), "unknown quota key"),
-    (_renamed(_GOOD, b"victim", b"victin"), "not its id"),  # a name that is not the id's
-    (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", -5.0)), "finite"),
-    (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", math.nan)), "finite"),
-    (_GOOD[:-3], "malformed"),
-    (_GOOD + b"\x00", "after its names"),
-    (MAGIC + b"\x00" * 8 + struct.pack("<IIH", 10**6, 0, 0), "malformed"),  # more entries than bytes
-    (b" " * (MAX_REPORT_BYTES + 1), "over"),
-])
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (b"not json", "malformed"),
+        (json.dumps({"v": 1, "m": "x", "t": 0, "u": []}).encode(), "version"),  # format 1: members upgrade together
+        (b"KTP\x01" + _GOOD[4:], "version"),
+        (_renamed(_GOOD, b"producer_byte_rate", b"producer_byte_ratf"), "unknown quota key"),
+        (_renamed(_GOOD, b"victim", b"victin"), "not its id"),  # a name that is not the id's
+        (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", -5.0)), "finite"),
+        (_GOOD.replace(struct.pack("<d", 1.0), struct.pack("<d", math.nan)), "finite"),
+        (_GOOD[:-3], "malformed"),
+        (_GOOD + b"\x00", "after its names"),
+        (MAGIC + b"\x00" * 8 + struct.pack("<IIH", 10**6, 0, 0), "malformed"),  # more entries than bytes
+        (b" " * (MAX_REPORT_BYTES + 1), "over"),
+    ],
+)
 def test_bad_reports_are_refused_with_a_reason(data, why):
     with pytest.raises(ReportError, match=why):
         _decoded(data)
 
 
 _names = st.text(max_size=40)
-_usages = st.lists(st.builds(Usage, st.sampled_from(sorted(BY_KEY)), _names, _names,
-                             st.floats(0, 1e15, allow_nan=False, allow_infinity=False)), max_size=30)
+_usages = st.lists(
+    st.builds(
+        Usage,
+        st.sampled_from(sorted(BY_KEY)),
+        _names,
+        _names,
+        st.floats(0, 1e15, allow_nan=False, allow_infinity=False),
+    ),
+    max_size=30,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -174,9 +189,13 @@ def test_reports_round_trip_what_they_name(usage, member, ts, data):
     pairs = sorted((bucket_id(u.key, u.user, u.client_id), u.amount) for u in usage)
     assert sorted(zip(got.ids.tolist(), got.amounts.tolist(), strict=True)) == pairs
     assert got.ids.tolist() == sorted(got.ids.tolist())  # sorted by id, for the receivers' binary search
-    assert got.names() == {bucket_id(u.key, u.user, u.client_id): (u.key, u.user, u.client_id)
-                           for u, yes in zip(usage, named, strict=True) if yes}
+    assert got.names() == {
+        bucket_id(u.key, u.user, u.client_id): (u.key, u.user, u.client_id)
+        for u, yes in zip(usage, named, strict=True)
+        if yes
+    }
     if all(named):
+
         def order(us):
             return sorted(us, key=lambda u: (bucket_id(u.key, u.user, u.client_id), u.amount))
 
@@ -186,7 +205,7 @@ def test_reports_round_trip_what_they_name(usage, member, ts, data):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_hostile_bytes_raise_report_error_and_nothing_else(data):
-    for candidate in (data, MAGIC + data, _GOOD[:22] + data, _GOOD[:len(data) % len(_GOOD)] + data):
+    for candidate in (data, MAGIC + data, _GOOD[:22] + data, _GOOD[: len(data) % len(_GOOD)] + data):
         with contextlib.suppress(ReportError):
             _decoded(candidate)
 
@@ -194,7 +213,7 @@ def test_hostile_bytes_raise_report_error_and_nothing_else(data):
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, len(_GOOD) - 1), st.integers(0, 255), st.integers(1, len(_GOOD)))
 def test_altered_reports_raise_report_error_or_decode(at, byte, cut):
-    altered = _GOOD[:at] + bytes((byte,)) + _GOOD[at + 1:]
+    altered = _GOOD[:at] + bytes((byte,)) + _GOOD[at + 1 :]
     for candidate in (altered, altered[:cut]):
         with contextlib.suppress(ReportError):
             FleetFold().add(UsageReport.decode(candidate))
@@ -220,7 +239,12 @@ def test_a_ledger_names_a_bucket_first_then_every_few_seconds():
         return report.named
 
     assert [named_at(t) for t in (0, 250, NAMES_REFRESH_MS - 1, NAMES_REFRESH_MS, NAMES_REFRESH_MS + 250)] == [
-        [True], [False], [False], [True], [False]]
+        [True],
+        [False],
+        [False],
+        [True],
+        [False],
+    ]
 
 
 def test_quota_records_round_trip_and_are_checked_like_an_alter():
@@ -231,8 +255,13 @@ def test_quota_records_round_trip_and_are_checked_like_an_alter():
     layer = {"producer_byte_rate": 1048576.0, "consumer_byte_rate": None}
     assert decode_quota_record(*encode_quota_record(entity, layer)) == (entity, layer)
     key, _ = encode_quota_record(entity, layer)
-    for bad in (b'{"v":1,"quotas":{"producer_byte_rate":-1}}', b'{"v":1,"quotas":{"nope":5}}',
-                b'{"v":1,"quotas":{"nope":null}}', b'{"v":9,"quotas":{}}', b"[]"):
+    for bad in (
+        b'{"v":1,"quotas":{"producer_byte_rate":-1}}',
+        b'{"v":1,"quotas":{"nope":5}}',
+        b'{"v":1,"quotas":{"nope":null}}',
+        b'{"v":9,"quotas":{}}',
+        b"[]",
+    ):
         with pytest.raises(ReportError):
             decode_quota_record(key, bad)
     with pytest.raises(ReportError):
@@ -272,9 +301,13 @@ def test_a_member_folds_what_it_read_once_per_interval_through_kept_handles(monk
     from proxy.fleet_member import FleetSync
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"}, "quotas": {"scope": "fleet"}})
+    config = ProxyConfig.model_validate(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"},
+            "quotas": {"scope": "fleet"},
+        }
+    )
     qm = _member()
 
     def rate(now_ms: int) -> float:

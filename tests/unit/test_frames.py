@@ -117,8 +117,18 @@ def test_requested_wait_is_read_from_the_requests_that_ask_for_one():
     from protocol.inflight import requested_wait_ms
 
     for version in (4, 12, 15, 17):
-        req = FetchRequest(replica_id=-1, max_wait_ms=4321, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                           session_id=0, session_epoch=-1, topics=[], forgotten_topics_data=[], rack_id="")
+        req = FetchRequest(
+            replica_id=-1,
+            max_wait_ms=4321,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
         req.API_VERSION = version
         req.with_header(correlation_id=7, client_id="w")
         frame = req.encode(header=True, framed=True)

@@ -23,7 +23,7 @@ def test_metadata_header_and_body_offset(version):
     frame = _frame(MetadataRequest(topics=None, allow_auto_topic_creation=True), version)
     h = parse_request_header(frame)
     assert (h.api_key, h.api_version, h.correlation_id, h.client_id) == (3, version, 7, "cid")
-    body = MetadataRequest.decode(frame[h.body_offset:], version=version)
+    body = MetadataRequest.decode(frame[h.body_offset :], version=version)
     assert body.allow_auto_topic_creation is True
 
 
@@ -77,7 +77,7 @@ def test_a_tagged_header_section_longer_than_the_copied_head_is_read_whole():
 
 def test_signed_fields_and_invalid_client_id_lengths():
     h = parse_request_header(b"\xff\xfe\xff\xff\x80\x00\x00\x00\xff\xff")
-    assert (h.api_key, h.api_version, h.correlation_id, h.client_id, h.body_offset) == (-2, -1, -2**31, None, None)
+    assert (h.api_key, h.api_version, h.correlation_id, h.client_id, h.body_offset) == (-2, -1, -(2**31), None, None)
     with pytest.raises(HeaderError, match="length -2 is invalid"):
         parse_request_header(b"\x00\x03\x00\x01\x00\x00\x00\x01\xff\xfe")
     with pytest.raises(HeaderError, match="UTF-8"):
@@ -87,8 +87,7 @@ def test_signed_fields_and_invalid_client_id_lengths():
 @pytest.mark.parametrize("version", [3, 8, 9, 13])
 @pytest.mark.parametrize("acks", [0, 1, -1])
 def test_produce_acks(version, acks):
-    req = ProduceRequest(transactional_id="tx" if version % 2 else None, acks=acks, timeout_ms=100,
-                         topic_data=[])
+    req = ProduceRequest(transactional_id="tx" if version % 2 else None, acks=acks, timeout_ms=100, topic_data=[])
     frame = _frame(req, version)
     assert expects_response(frame, parse_request_header(frame)) is (acks != 0)
 
@@ -99,8 +98,9 @@ def test_acks_and_timeout_read_the_same_from_every_buffer_kind_and_a_prefixed_fr
     """bytes are read natively, other buffers (large frames' views) through a copy of their head only."""
     from protocol.inflight import produce_acks, requested_wait_ms
 
-    req = ProduceRequest(transactional_id="t" * 300, acks=-1, timeout_ms=12_345,
-                         topic_data=[("big", [(0, b"r" * 100_000)])])
+    req = ProduceRequest(
+        transactional_id="t" * 300, acks=-1, timeout_ms=12_345, topic_data=[("big", [(0, b"r" * 100_000)])]
+    )
     frame = b"\x00\x00\x00\x00" + _frame(req, version)
     header = parse_request_header(frame, 4)
     assert produce_acks(kind(frame), header, 4) == -1

@@ -28,16 +28,21 @@ def test_caches_keyed_on_client_headers_stay_bounded():
         apis.response_header_is_flexible(key, version)
         apis.api_name(key)
         throttle_field.throttle_slot(key, version)
-    for fn in (apis.request_is_flexible, apis.response_header_is_flexible, apis.api_name,
-               throttle_field.throttle_slot):
+    for fn in (apis.request_is_flexible, apis.response_header_is_flexible, apis.api_name, throttle_field.throttle_slot):
         assert fn.cache_info().currsize <= 4096, fn
 
 
 def test_metric_labels_come_from_a_fixed_vocabulary():
     assert apis.api_label(0) == "Produce" and apis.api_label(12345) == "unknown" and apis.api_label(-1) == "unknown"
-    labels = {error_kind(r) for r in (
-        "SASL \nFORGED: cannot follow this mechanism", "malformed request (Api999 v77): bad",
-        "request stream: frame of 5 bytes exceeds", "whatever a client made up: x" * 10)}
+    labels = {
+        error_kind(r)
+        for r in (
+            "SASL \nFORGED: cannot follow this mechanism",
+            "malformed request (Api999 v77): bad",
+            "request stream: frame of 5 bytes exceeds",
+            "whatever a client made up: x" * 10,
+        )
+    }
     assert labels == {"sasl", "malformed_request", "bad_frame", "protocol"}
 
 
@@ -66,15 +71,15 @@ def test_mutated_bodies_of_decoded_apis_raise_only_protocol_errors(seed):
             if op == 0 and b:
                 b[rng.randrange(len(b))] = rng.randrange(256)
             elif op == 1 and b:
-                del b[rng.randrange(len(b)):]
+                del b[rng.randrange(len(b)) :]
             elif op == 2:
                 b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
             elif len(b) > 4 and rng.random() < 0.5:
                 i = rng.randrange(len(b) - 3)
-                b[i:i + 4] = struct.pack(">i", -1)  # a null array or string where the schema has none
+                b[i : i + 4] = struct.pack(">i", -1)  # a null array or string where the schema has none
             elif len(b) > 2:
                 i = rng.randrange(len(b) - 1)
-                b[i:i + 2] = struct.pack(">h", rng.choice([-1, 0x7FFF, -2, 1000]))
+                b[i : i + 2] = struct.pack(">h", rng.choice([-1, 0x7FFF, -2, 1000]))
         try:
             if key in mutations.MUTATION_APIS:
                 mutations.parse_request(key, version, bytes(b))

@@ -14,15 +14,24 @@ from tests.harness.kafka_dist import MAIN_CANDIDATES
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka-tool"
 
 
-@pytest.mark.parametrize("given", ["configs", "kafka-configs", "kafka-configs.sh", "bin/kafka-configs.sh",
-                                   "/opt/kafka/bin/kafka-configs.sh"])
+@pytest.mark.parametrize(
+    "given", ["configs", "kafka-configs", "kafka-configs.sh", "bin/kafka-configs.sh", "/opt/kafka/bin/kafka-configs.sh"]
+)
 def test_script_names_with_or_without_prefix_and_suffix(given):
     assert tool_name(given) == "configs"
 
 
 def test_the_tools_an_operator_needs_first_are_known():
-    for name in ("configs", "topics", "console-producer", "console-consumer", "producer-perf-test",
-                 "consumer-perf-test", "consumer-groups", "acls"):
+    for name in (
+        "configs",
+        "topics",
+        "console-producer",
+        "console-consumer",
+        "producer-perf-test",
+        "consumer-perf-test",
+        "consumer-groups",
+        "acls",
+    ):
         assert name in TOOLS
     assert tool_name("kafka-producer-perf-test.sh") == "producer-perf-test"
     # Short names that are no class name must be the harness's keys (resolved per release there).

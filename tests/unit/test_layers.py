@@ -63,8 +63,12 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_every_layer_imports_only_what_it_may():
-    wrong = [f"{m} imports {d}" for m, deps in _graph().items() for d in sorted(deps)
-             if d.split(".")[0] not in MAY_IMPORT[m.split(".")[0]]]
+    wrong = [
+        f"{m} imports {d}"
+        for m, deps in _graph().items()
+        for d in sorted(deps)
+        if d.split(".")[0] not in MAY_IMPORT[m.split(".")[0]]
+    ]
     assert wrong == []
 
 
@@ -79,7 +83,7 @@ def test_no_import_circle():
             if d in graph and d.rpartition(".")[0] == m:
                 continue  # a package's __init__ re-exporting its own module is no circle
             if state.get(d) == 1:
-                circles.append(path[path.index(d):] + [d] if d in path else [m, d])
+                circles.append(path[path.index(d) :] + [d] if d in path else [m, d])
             elif d not in state:
                 visit(d, path + [d])
         state[m] = 2
@@ -111,8 +115,11 @@ def _absolute_imports(source: str, filename: str) -> list[tuple[str, list[str]]]
 
 
 def _bench_imports_in(source: str, filename: str) -> list[str]:
-    return [f"{filename} imports {module}" for module, _ in _absolute_imports(source, filename)
-            if module == "bench" or module.startswith("bench.")]
+    return [
+        f"{filename} imports {module}"
+        for module, _ in _absolute_imports(source, filename)
+        if module == "bench" or module.startswith("bench.")
+    ]
 
 
 def _wrong_test_imports_in(source: str, filename: str) -> list[str]:
@@ -131,8 +138,11 @@ def _wrong_test_imports_in(source: str, filename: str) -> list[str]:
 
 
 def test_tests_import_nothing_from_bench():
-    wrong = [w for path in sorted((ROOT / "tests").rglob("*.py"))
-             for w in _bench_imports_in(path.read_text(), str(path.relative_to(ROOT)))]
+    wrong = [
+        w
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for w in _bench_imports_in(path.read_text(), str(path.relative_to(ROOT)))
+    ]
     assert wrong == []
 
 
@@ -151,10 +161,15 @@ def test_bench_imports_only_public_helpers_of_the_test_support_modules():
 
 def test_the_test_and_bench_checks_see_what_they_forbid():
     assert _bench_imports_in("from bench.quota_fidelity import MIB\nimport bench.run\n", "t.py") == [
-        "t.py imports bench.quota_fidelity", "t.py imports bench.run"]
+        "t.py imports bench.quota_fidelity",
+        "t.py imports bench.run",
+    ]
     assert _wrong_test_imports_in(
         "from tests.unit.test_hostile_input import BODIES\nfrom tests.support import _private\n"
-        "from tests.harness._inner import x\nfrom tests.harness.measure import MIB\nimport os\n", "b.py") == [
+        "from tests.harness._inner import x\nfrom tests.harness.measure import MIB\nimport os\n",
+        "b.py",
+    ) == [
         "b.py imports tests.unit.test_hostile_input: not a test-support module",
         "b.py imports tests.support._private: a private name",
-        "b.py imports tests.harness._inner: a private module"]
+        "b.py imports tests.harness._inner: a private module",
+    ]

@@ -70,7 +70,9 @@ def test_settled_latencies_keep_records_sent_inside_the_window():
 
 
 def test_dirty_bytes_adds_dirty_and_writeback_from_meminfo():
-    meminfo = "MemTotal:       24684132 kB\nDirty:              1864 kB\nWriteback:           100 kB\n" \
-              "WritebackTmp:          7 kB\nHugePages_Total:       0\n"
+    meminfo = (
+        "MemTotal:       24684132 kB\nDirty:              1864 kB\nWriteback:           100 kB\n"
+        "WritebackTmp:          7 kB\nHugePages_Total:       0\n"
+    )
     assert dirty_bytes(meminfo) == (1864 + 100) * 1024  # not WritebackTmp, not MemTotal
     assert dirty_bytes("MemTotal: 1 kB\n") == 0

@@ -65,21 +65,35 @@ def build_request(api, version, specs, timeout=30000, validate_only=False):
         T = cls.CreatableTopic
         A = T.fields["assignments"].array_of.data_class
         C = T.fields["configs"].array_of.data_class
-        topics = [T(name=s["name"], num_partitions=-1 if s["assign"] else s["partitions"], replication_factor=s["rf"],
-                    assignments=[A(partition_index=p, broker_ids=[1, 2]) for p in range(s["assign"])],
-                    configs=[C(name="cleanup.policy", value="compact")] * s["configs"]) for s in specs]
+        topics = [
+            T(
+                name=s["name"],
+                num_partitions=-1 if s["assign"] else s["partitions"],
+                replication_factor=s["rf"],
+                assignments=[A(partition_index=p, broker_ids=[1, 2]) for p in range(s["assign"])],
+                configs=[C(name="cleanup.policy", value="compact")] * s["configs"],
+            )
+            for s in specs
+        ]
         return cls(topics=topics, timeout_ms=timeout, validate_only=validate_only, version=version)
     if api == CP:
         T = cls.CreatePartitionsTopic
         A = T.fields["assignments"].array_of.data_class
-        topics = [T(name=s["name"], count=s["count"],
-                    assignments=None if not s["assign"] else [A(broker_ids=[1]) for _ in range(s["assign"])])
-                  for s in specs]
+        topics = [
+            T(
+                name=s["name"],
+                count=s["count"],
+                assignments=None if not s["assign"] else [A(broker_ids=[1]) for _ in range(s["assign"])],
+            )
+            for s in specs
+        ]
         return cls(topics=topics, timeout_ms=timeout, validate_only=validate_only, version=version)
     if version >= 6:
         S = cls.DeleteTopicState
-        topics = [S(name=None, topic_id=_id(i)) if s["by_id"] else S(name=s["name"], topic_id=None)
-                  for i, s in enumerate(specs)]
+        topics = [
+            S(name=None, topic_id=_id(i)) if s["by_id"] else S(name=s["name"], topic_id=None)
+            for i, s in enumerate(specs)
+        ]
         return cls(topics=topics, timeout_ms=timeout, version=version)
     return cls(topic_names=[s["name"] for s in specs], timeout_ms=timeout, version=version)
 
@@ -92,16 +106,31 @@ def broker_answer(api, version, sent_body, throttle, rnd=None):
     items = []
     if api == CT:
         for t in req.topics:
-            items.append(R(version=version, name=t.name, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, t.name),
-                           error_code=0, error_message=None, num_partitions=max(t.num_partitions, 1),
-                           replication_factor=3, configs=[]))
+            items.append(
+                R(
+                    version=version,
+                    name=t.name,
+                    topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, t.name),
+                    error_code=0,
+                    error_message=None,
+                    num_partitions=max(t.num_partitions, 1),
+                    replication_factor=3,
+                    configs=[],
+                )
+            )
     elif api == CP:
         items = [R(version=version, name=t.name, error_code=0, error_message=None) for t in req.topics]
     elif version >= 6:
         for t in req.topics:  # the broker resolves names <-> ids
-            items.append(R(version=version, name=t.name or f"resolved-{t.topic_id}",
-                           topic_id=t.topic_id or uuid.uuid5(uuid.NAMESPACE_DNS, t.name), error_code=0,
-                           error_message=None))
+            items.append(
+                R(
+                    version=version,
+                    name=t.name or f"resolved-{t.topic_id}",
+                    topic_id=t.topic_id or uuid.uuid5(uuid.NAMESPACE_DNS, t.name),
+                    error_code=0,
+                    error_message=None,
+                )
+            )
     else:
         items = [R(version=version, name=n, error_code=0, error_message=None) for n in req.topic_names]
     if rnd is not None:
@@ -128,20 +157,35 @@ def test_versions_kafka_python_knows():
 def test_kafka_python_decodes_flexible_versions_as_specified():
     """Hand-encoded per the Kafka protocol spec (compact strings/arrays = length + 1, tag sections)."""
     # DeleteTopics v6 request: topics [ {name: null, id}, {name: "ab", id: 0} ], timeout 7, no tags
-    body = (b"\x03" + b"\x00" + _id(1).bytes + b"\x00" + b"\x03ab" + bytes(16) + b"\x00"
-            + struct.pack(">i", 7) + b"\x00")
+    body = b"\x03" + b"\x00" + _id(1).bytes + b"\x00" + b"\x03ab" + bytes(16) + b"\x00" + struct.pack(">i", 7) + b"\x00"
     req = parse_request(DT, 6, body)
     assert req.topics == (DeleteTopic(0, None, _id(1)), DeleteTopic(1, "ab", None)) and req.timeout_ms == 7
     # CreateTopics v5 request: one topic "t", 4 partitions, rf 2, no assignments, one config (k, null)
-    body = (b"\x02" + b"\x02t" + struct.pack(">ih", 4, 2) + b"\x01" + b"\x02" + b"\x02k" + b"\x00" + b"\x00"
-            + b"\x00" + struct.pack(">i", 100) + b"\x01" + b"\x00")
+    body = (
+        b"\x02"
+        + b"\x02t"
+        + struct.pack(">ih", 4, 2)
+        + b"\x01"
+        + b"\x02"
+        + b"\x02k"
+        + b"\x00"
+        + b"\x00"
+        + b"\x00"
+        + struct.pack(">i", 100)
+        + b"\x01"
+        + b"\x00"
+    )
     req = parse_request(CT, 5, body)
     assert req.topics == (CreateTopic(0, "t", 4, 2, 0),) and req.validate_only and req.timeout_ms == 100
     # CreatePartitions v3 response: throttle 9, results [ {"x", 89, "m"} ], no tags
     body = struct.pack(">i", 9) + b"\x02" + b"\x02x" + struct.pack(">h", 89) + b"\x02m" + b"\x00" + b"\x00"
     msg = CreatePartitionsResponse.decode(body, version=3)
     assert (msg.throttle_time_ms, msg.results[0].name, msg.results[0].error_code, msg.results[0].error_message) == (
-        9, "x", 89, "m")
+        9,
+        "x",
+        89,
+        "m",
+    )
     assert msg.encode() == body
 
 
@@ -221,13 +265,25 @@ def test_duplicates_are_flagged_and_not_split(api, version):
 
 def test_delete_topics_v6_duplicate_ids_and_name_vs_id():
     S = DeleteTopicsRequest.DeleteTopicState
-    msg = DeleteTopicsRequest(topics=[S(name=None, topic_id=_id(1)), S(name="a", topic_id=None),
-                                      S(name="x", topic_id=_id(1)), S(name=None, topic_id=_id(2))],
-                              timeout_ms=1, version=6)
+    msg = DeleteTopicsRequest(
+        topics=[
+            S(name=None, topic_id=_id(1)),
+            S(name="a", topic_id=None),
+            S(name="x", topic_id=_id(1)),
+            S(name=None, topic_id=_id(2)),
+        ],
+        timeout_ms=1,
+        version=6,
+    )
     req = parse_request(DT, 6, msg.encode())
     assert req.duplicates == {_id(1)}  # Kafka keys an entry by its id when it has one
-    ok = parse_request(DT, 6, DeleteTopicsRequest(topics=[S(name="a", topic_id=None), S(name=None, topic_id=_id(3))],
-                                                  timeout_ms=1, version=6).encode())
+    ok = parse_request(
+        DT,
+        6,
+        DeleteTopicsRequest(
+            topics=[S(name="a", topic_id=None), S(name=None, topic_id=_id(3))], timeout_ms=1, version=6
+        ).encode(),
+    )
     assert ok.splittable and not ok.duplicates
 
 
@@ -389,8 +445,10 @@ def test_results_say_what_the_cluster_did_with_each_topic_at_every_version(api, 
     assert len(results) == 3 and {r.error_code for r in results} == {0}
     if api == CT:
         assert [r.name for r in results] == [s["name"] for s in specs]
-        assert all(r.num_partitions == (max(s["partitions"], 1) if version >= 5 else -1)
-                   for r, s in zip(results, specs, strict=True))
+        assert all(
+            r.num_partitions == (max(s["partitions"], 1) if version >= 5 else -1)
+            for r, s in zip(results, specs, strict=True)
+        )
         assert all((r.topic_id is not None) == (version >= 7) for r in results)
     else:
         assert {r.num_partitions for r in results} == {-1}

@@ -13,8 +13,9 @@ def test_pause_then_resume_after_deadline():
     async def main():
         loop = asyncio.get_running_loop()
         events = []
-        m = ChannelMute(loop, lambda: events.append(("pause", loop.time())),
-                        lambda _ended: events.append(("resume", loop.time())))
+        m = ChannelMute(
+            loop, lambda: events.append(("pause", loop.time())), lambda _ended: events.append(("resume", loop.time()))
+        )
         t0 = loop.time()
         m.mute_for(0.05)
         assert m.muted and events[0][0] == "pause"
@@ -22,6 +23,7 @@ def test_pause_then_resume_after_deadline():
         assert not m.muted
         assert [e[0] for e in events] == ["pause", "resume"]
         assert events[1][1] - t0 >= 0.05
+
     _run(main())
 
 
@@ -39,6 +41,7 @@ def test_longer_deadline_extends_shorter_is_ignored():
         assert events == ["pause"]  # still muted: extended
         await asyncio.sleep(0.12)
         assert events == ["pause", "resume"]
+
     _run(main())
 
 
@@ -54,12 +57,14 @@ def test_zero_or_past_deadline_does_nothing_and_cancel_never_resumes():
         m.cancel()
         await asyncio.sleep(0.05)
         assert events == ["pause"]
+
     _run(main())
 
 
 def _recorder(loop, events):
-    return ChannelMute(loop, lambda: events.append(("pause", loop.time())),
-                       lambda ended: events.append(("resume", ended, loop.time())))
+    return ChannelMute(
+        loop, lambda: events.append(("pause", loop.time())), lambda ended: events.append(("resume", ended, loop.time()))
+    )
 
 
 def test_hold_stops_reading_until_served_then_mutes_from_that_moment():
@@ -78,6 +83,7 @@ def test_hold_stops_reading_until_served_then_mutes_from_that_moment():
         await asyncio.sleep(0.1)
         assert [e[0] for e in events] == ["pause", "resume"] and events[1][1] is True
         assert events[1][2] - served_at >= 0.05
+
     _run(main())
 
 
@@ -89,6 +95,7 @@ def test_hold_served_with_no_throttle_resumes_at_once_and_says_the_hold_ended():
         m.hold()
         m.served(0)
         assert [e[:2] for e in events] == [("pause", events[0][1]), ("resume", True)]
+
     _run(main())
 
 
@@ -109,4 +116,5 @@ def test_mute_expiring_during_a_hold_does_not_resume_and_longest_wins():
         await asyncio.sleep(0.15)
         assert [e[:2] for e in events][1] == ("resume", True)
         assert events[1][2] - t >= 0.1
+
     _run(main())

@@ -81,12 +81,23 @@ def _with_client_id(header: RequestHeader, client_id: str) -> RequestHeader:
 
 def _policy(clock: Clock, enforce: bool = True, keep_values: bool = True, **quotas) -> Policy:
     """``keep_values``: decisions keep what each quota recorded, as with the decision log on (the tests read it)."""
-    policy = Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"enforce": enforce, "window_num": 2, "window_size_seconds": 1, "controller_window_num": 2,
-                   "controller_window_size_seconds": 1,
-                   "entities": [{"entity": {"user": "alice"}, "quotas": quotas}]},
-    }), Stats(), clock=clock)
+    policy = Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {
+                    "enforce": enforce,
+                    "window_num": 2,
+                    "window_size_seconds": 1,
+                    "controller_window_num": 2,
+                    "controller_window_size_seconds": 1,
+                    "entities": [{"entity": {"user": "alice"}, "quotas": quotas}],
+                },
+            }
+        ),
+        Stats(),
+        clock=clock,
+    )
     policy.keep_values = keep_values
     return policy
 
@@ -98,18 +109,35 @@ def _request(req, corr: int = 1):
 
 
 def _produce(n_bytes: int = 2000, pid: int = -1):
-    b = MemoryRecordsBuilder(2, 0, 1 << 20, producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
-                             base_sequence=0 if pid >= 0 else -1)
+    b = MemoryRecordsBuilder(
+        2, 0, 1 << 20, producer_id=pid, producer_epoch=0 if pid >= 0 else -1, base_sequence=0 if pid >= 0 else -1
+    )
     b.append(0, b"k", b"v" * n_bytes)
     b.close()
     TD = ProduceRequest.TopicProduceData
-    return _request(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, version=7, topic_data=[
-        TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])]))
+    return _request(
+        ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=1000,
+            version=7,
+            topic_data=[TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])],
+        )
+    )
 
 
 def _fetch(replica_id: int = -1):
-    return _request(FetchRequest(replica_id=replica_id, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
-                                 isolation_level=0, topics=[], version=4))
+    return _request(
+        FetchRequest(
+            replica_id=replica_id,
+            max_wait_ms=500,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            topics=[],
+            version=4,
+        )
+    )
 
 
 def _response_frame(header, body: bytes, flexible: bool = False) -> memoryview:
@@ -268,8 +296,10 @@ def test_kind_sets_round_trip():
 
 def _create_topics(partitions: list[int], version: int = 6):
     T = CreateTopicsRequest.CreatableTopic
-    topics = [T(name=f"t{i}", num_partitions=n, replication_factor=1, assignments=[], configs=[])
-              for i, n in enumerate(partitions)]
+    topics = [
+        T(name=f"t{i}", num_partitions=n, replication_factor=1, assignments=[], configs=[])
+        for i, n in enumerate(partitions)
+    ]
     return _request(CreateTopicsRequest(topics=topics, timeout_ms=1000, validate_only=False, version=version))
 
 
@@ -277,10 +307,21 @@ def _created(sent_frame: bytes, version: int) -> bytes:
     """The broker's answer to the (subset) request the proxy forwarded: every topic created."""
     header = parse_request_header(memoryview(sent_frame)[4:])
     assert header.body_offset is not None  # a known API
-    req = CreateTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
+    req = CreateTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset :]), version=version)
     R = CreateTopicsResponse._struct.fields["topics"].array_of.data_class
-    items = [R(version=version, name=t.name, topic_id=uuid.uuid4(), error_code=0, error_message=None,
-               num_partitions=t.num_partitions, replication_factor=1, configs=[]) for t in req.topics]
+    items = [
+        R(
+            version=version,
+            name=t.name,
+            topic_id=uuid.uuid4(),
+            error_code=0,
+            error_message=None,
+            num_partitions=t.num_partitions,
+            replication_factor=1,
+            configs=[],
+        )
+        for t in req.topics
+    ]
     return CreateTopicsResponse(version=version, throttle_time_ms=0, topics=items).encode()
 
 
@@ -300,7 +341,7 @@ def test_kip599_strict_request_is_split_and_the_answer_merged_in_request_order()
     frame = _response_frame(header, broker, flexible=True)
     pieces = policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     merged = b"".join(bytes(p) for p in pieces)
-    answer = CreateTopicsResponse.decode(merged[4 + 5:], version=6)  # size, correlation id, empty tag section
+    answer = CreateTopicsResponse.decode(merged[4 + 5 :], version=6)  # size, correlation id, empty tag section
     assert [(t.name, t.error_code) for t in answer.topics] == [("t0", 0), ("t1", 89), ("t2", 89)]
     assert answer.throttle_time_ms == d.throttle_ms
     assert conn.mute.calls == [("mute_for", d.throttle_ms / 1000)]
@@ -328,11 +369,20 @@ def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filte
     from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
 
     clock = Clock()
-    policy = Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"producer_id_window_num": 2, "producer_id_window_size_seconds": 2,
-                   "entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10**6}}]},
-    }), Stats(), clock=clock)
+    policy = Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {
+                    "producer_id_window_num": 2,
+                    "producer_id_window_size_seconds": 2,
+                    "entities": [{"entity": {"user": "alice"}, "quotas": {"producer_ids_rate": 10**6}}],
+                },
+            }
+        ),
+        Stats(),
+        clock=clock,
+    )
     reference = ProducerIdTracker(ProducerIdQuotaConfig(2, 2, policy.producer_ids.config.cleanup_interval_ms))
     conn = FakeConn()
     got, want = [], []
@@ -381,11 +431,21 @@ def test_a_connections_kept_quota_handles_follow_every_change():
 
 def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
     clock = Clock()
-    policy = Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"entities": [{"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 10**9}},
-                                {"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
-    }), Stats(), clock=clock)
+    policy = Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {
+                    "entities": [
+                        {"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 10**9}},
+                        {"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}},
+                    ]
+                },
+            }
+        ),
+        Stats(),
+        clock=clock,
+    )
     policy.keep_values = True  # as with the decision log on: the limit each decision was charged against is kept
     conn = FakeConn()
     header, request = _produce(1000)
@@ -398,10 +458,16 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
 
 def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_connection():
     clock = Clock()
-    policy = Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
-    }), Stats(), clock=clock)
+    policy = Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {"entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
+            }
+        ),
+        Stats(),
+        clock=clock,
+    )
     policy.keep_values = True
     conn = FakeConn()
     header, request = _produce(1000)
@@ -424,12 +490,12 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
     header, request = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
     answered = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
     assert isinstance(answered, Answer)
-    answer = CreateTopicsResponse.decode(bytes(answered.frame[4 + 5:]), version=6)
+    answer = CreateTopicsResponse.decode(bytes(answered.frame[4 + 5 :]), version=6)
     assert [t.error_code for t in answer.topics] == [89, 89]
     header, request = _request(DescribeClientQuotasRequest(components=[], strict=False, version=1))
     described = policy.on_request(conn, header, request, clock())
     assert isinstance(described, Answer)
-    reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5:]), version=1)  # flexible header
+    reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5 :]), version=1)  # flexible header
     assert reply.error_code == 31  # alice is no describer here; the refusal is an answer of the proxy too
 
 
@@ -459,20 +525,61 @@ class LaggingBroker(FakeConn):
         for t in req.topics:
             hit = next(((n, tid, p) for n, (tid, p) in self.known.items() if n == t.name or tid == t.topic_id), None)
             if t.name in self.refused:
-                topics.append(T(version=api_version, error_code=29, name=t.name, topic_id=None, is_internal=False,
-                                partitions=[], authorized_operations=None))
+                topics.append(
+                    T(
+                        version=api_version,
+                        error_code=29,
+                        name=t.name,
+                        topic_id=None,
+                        is_internal=False,
+                        partitions=[],
+                        authorized_operations=None,
+                    )
+                )
                 continue
             if hit is None:  # UNKNOWN_TOPIC_OR_PARTITION (by name) / UNKNOWN_TOPIC_ID (by id)
-                topics.append(T(version=api_version, error_code=3 if t.name else 100, name=t.name,
-                                topic_id=t.topic_id, is_internal=False, partitions=[], authorized_operations=None))
+                topics.append(
+                    T(
+                        version=api_version,
+                        error_code=3 if t.name else 100,
+                        name=t.name,
+                        topic_id=t.topic_id,
+                        is_internal=False,
+                        partitions=[],
+                        authorized_operations=None,
+                    )
+                )
                 continue
             name, tid, n = hit
-            parts = [P(version=api_version, error_code=0, partition_index=i, leader_id=1, leader_epoch=0,
-                       replica_nodes=[1], isr_nodes=[1], offline_replicas=[]) for i in range(n)]
-            topics.append(T(version=api_version, error_code=0, name=name, topic_id=tid, is_internal=False,
-                            partitions=parts, authorized_operations=None))
-        return bytes(MetadataResponse(version=api_version, throttle_time_ms=0, brokers=[], cluster_id="c",
-                                      controller_id=1, topics=topics).encode())
+            parts = [
+                P(
+                    version=api_version,
+                    error_code=0,
+                    partition_index=i,
+                    leader_id=1,
+                    leader_epoch=0,
+                    replica_nodes=[1],
+                    isr_nodes=[1],
+                    offline_replicas=[],
+                )
+                for i in range(n)
+            ]
+            topics.append(
+                T(
+                    version=api_version,
+                    error_code=0,
+                    name=name,
+                    topic_id=tid,
+                    is_internal=False,
+                    partitions=parts,
+                    authorized_operations=None,
+                )
+            )
+        return bytes(
+            MetadataResponse(
+                version=api_version, throttle_time_ms=0, brokers=[], cluster_id="c", controller_id=1, topics=topics
+            ).encode()
+        )
 
 
 def _delete_topics(names: list[str] | None = None, ids: list[uuid.UUID] | None = None, version: int = 6):
@@ -489,10 +596,9 @@ def _deleted(sent_frame: bytes, version: int) -> bytes:
 
     header = parse_request_header(memoryview(sent_frame)[4:])
     assert header.body_offset is not None  # a known API
-    req = DeleteTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset:]), version=version)
+    req = DeleteTopicsRequest.decode(bytes(sent_frame[4 + header.body_offset :]), version=version)
     R = DeleteTopicsResponse._struct.fields["responses"].array_of.data_class
-    items = [R(version=version, name=t.name, topic_id=t.topic_id, error_code=0, error_message=None)
-             for t in req.topics]
+    items = [R(version=version, name=t.name, topic_id=t.topic_id, error_code=0, error_message=None) for t in req.topics]
     return DeleteTopicsResponse(version=version, throttle_time_ms=0, responses=items).encode()
 
 
@@ -511,8 +617,9 @@ def _through(policy: Policy, conn, request_and_header, answer, clock: Clock, ver
     else:
         assert isinstance(verdict, Replace), verdict  # forwarded whole or in part
         d, sent = verdict.decision, verdict.frame
-    policy.on_response(conn, Pending(header, clock(), d), _response_frame(header, answer(sent, version), flexible=True),
-                       clock())
+    policy.on_response(
+        conn, Pending(header, clock(), d), _response_frame(header, answer(sent, version), flexible=True), clock()
+    )
     return d
 
 
@@ -569,12 +676,27 @@ def test_partitions_added_a_moment_ago_count_although_the_broker_shows_the_old_c
 
     def grown(frame: bytes, version: int) -> bytes:
         R = CreatePartitionsResponse._struct.fields["results"].array_of.data_class
-        return CreatePartitionsResponse(version=version, throttle_time_ms=0, results=[
-            R(version=version, name="t0", error_code=0, error_message=None)]).encode()
+        return CreatePartitionsResponse(
+            version=version,
+            throttle_time_ms=0,
+            results=[R(version=version, name="t0", error_code=0, error_message=None)],
+        ).encode()
 
-    grow = _through(policy, conn, _request(CreatePartitionsRequest(topics=[
-        CreatePartitionsRequest.CreatePartitionsTopic(name="t0", count=6, assignments=None)],
-        timeout_ms=1000, validate_only=False, version=3)), grown, clock, 3)
+    grow = _through(
+        policy,
+        conn,
+        _request(
+            CreatePartitionsRequest(
+                topics=[CreatePartitionsRequest.CreatePartitionsTopic(name="t0", count=6, assignments=None)],
+                timeout_ms=1000,
+                validate_only=False,
+                version=3,
+            )
+        ),
+        grown,
+        clock,
+        3,
+    )
     assert grow.mutations == 4
     assert _through(policy, conn, _delete_topics(["t0"]), _deleted, clock, 6).mutations == 6
     # A topic of that name created anew elsewhere (another id) is the broker's to count: 6 was another topic's.

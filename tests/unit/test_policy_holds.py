@@ -26,20 +26,29 @@ HOLD_MAX_MS = 300
 
 
 def _policy(**quotas) -> Policy:
-    return Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"producer_id_window_num": 2, "producer_id_window_size_seconds": 1,
-                   "producer_id_hold_max_ms": HOLD_MAX_MS,
-                   "entities": [{"entity": {"user": "alice"}, "quotas": quotas}]},
-    }), Stats())
+    return Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {
+                    "producer_id_window_num": 2,
+                    "producer_id_window_size_seconds": 1,
+                    "producer_id_hold_max_ms": HOLD_MAX_MS,
+                    "entities": [{"entity": {"user": "alice"}, "quotas": quotas}],
+                },
+            }
+        ),
+        Stats(),
+    )
 
 
 class _Conn(SimpleNamespace):
     """What the policy reads of a connection: identity, label, and the read hold it may ask for."""
 
     def __init__(self, principal: str, label: str = "broker 1") -> None:
-        super().__init__(identity=SimpleNamespace(principal=principal), label=label, upstream_addr=None,
-                         holds=0, policy_state=None)
+        super().__init__(
+            identity=SimpleNamespace(principal=principal), label=label, upstream_addr=None, holds=0, policy_state=None
+        )
         self.mute = SimpleNamespace(hold=self._hold)
 
     def _hold(self) -> None:
@@ -51,8 +60,15 @@ def _produce(pid: int):
     b.append(1_700_000_000_000, b"k", b"v")
     b.close()
     TD = ProduceRequest.TopicProduceData
-    req = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=30_000, version=9, topic_data=[
-        TD(name="t", topic_id=uuid.uuid4(), partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])])
+    req = ProduceRequest(
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=30_000,
+        version=9,
+        topic_data=[
+            TD(name="t", topic_id=uuid.uuid4(), partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])
+        ],
+    )
     req.with_header(correlation_id=pid, client_id="storm")
     frame = bytes(req.encode(header=True, framed=True))  # the whole frame, as the connection hands it on
     return parse_request_header(frame, 4), frame

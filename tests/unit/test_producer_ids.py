@@ -19,8 +19,13 @@ def test_defaults_are_the_kips():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"window_num": 0}, {"window_size_s": 0}, {"cleanup_interval_ms": 0}, {"expected_ids": 0},
-     {"false_positive_rate": 1.5}],
+    [
+        {"window_num": 0},
+        {"window_size_s": 0},
+        {"cleanup_interval_ms": 0},
+        {"expected_ids": 0},
+        {"false_positive_rate": 1.5},
+    ],
 )
 def test_config_validation(kwargs):
     with pytest.raises(ValueError):

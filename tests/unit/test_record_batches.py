@@ -38,11 +38,19 @@ def _records(pid: int = -1, magic: int = 2, count: int = 3, value_size: int = 50
 
 def _produce(version: int, topics: list[list[bytes | None]], txn: str | None = None) -> ProduceRequest:
     return ProduceRequest(
-        transactional_id=txn, acks=-1, timeout_ms=30_000,
-        topic_data=[TD(name=f"topic-{t}", topic_id=uuid.UUID(int=t + 1),
-                       partition_data=[PD(index=p, records=r) for p, r in enumerate(parts)])
-                    for t, parts in enumerate(topics)],
-        version=version)
+        transactional_id=txn,
+        acks=-1,
+        timeout_ms=30_000,
+        topic_data=[
+            TD(
+                name=f"topic-{t}",
+                topic_id=uuid.UUID(int=t + 1),
+                partition_data=[PD(index=p, records=r) for p, r in enumerate(parts)],
+            )
+            for t, parts in enumerate(topics)
+        ],
+        version=version,
+    )
 
 
 def _oracle(topics: list[list[bytes | None]]) -> set[int]:
@@ -215,9 +223,10 @@ def test_the_skeleton_memo_reads_what_the_full_walk_reads_or_declines(version, f
     if shape is None:
         return
     if data.draw(st.booleans()):  # the same skeleton, new batches in the fields that had one
-        pid = data.draw(st.integers(-2**63, 2**63 - 1))  # negative ones too: the memo signs the high word
-        second = [[None if r is None else _records(pid, count=data.draw(st.integers(1, 4))) for r in parts]
-                  for parts in first]
+        pid = data.draw(st.integers(-(2**63), 2**63 - 1))  # negative ones too: the memo signs the high word
+        second = [
+            [None if r is None else _records(pid, count=data.draw(st.integers(1, 4))) for r in parts] for parts in first
+        ]
     body2 = bytearray(_produce(version, second, txn="t").encode())
     if data.draw(st.booleans()) and body2:
         i = data.draw(st.integers(0, len(body2) - 1))
@@ -248,7 +257,7 @@ def test_the_memo_answers_a_producers_next_request_without_a_walk():
         assert single_producer_id(big, 0, version, 0, shape) == 2**63 - 5
         none = bytes(_produce(version, [[None, _records(-1)]], txn="tx").encode())
         assert single_producer_id(none, 0, version, 0, shape) == -1
-        for pid in (-2, -2**31, -2**32 - 1, -2**63, 2**32, 2**31 - 1):  # each word's edges, both signs
+        for pid in (-2, -(2**31), -(2**32) - 1, -(2**63), 2**32, 2**31 - 1):  # each word's edges, both signs
             body = bytes(_produce(version, [[None, _records(pid)]], txn="tx").encode())
             assert single_producer_id(body, 0, version, 0, shape) == pid
 
@@ -268,7 +277,7 @@ def test_a_padded_records_length_is_never_memoised():
     canonical.append(v)
     at = body.index(bytes(canonical) + records)
     padded = bytes(canonical[:-1]) + bytes([canonical[-1] | 0x80, 0x00])
-    body[at:at + len(canonical)] = padded
+    body[at : at + len(canonical)] = padded
     ids, shape = producer_ids_and_shape(bytes(body), version)
     assert ids == {9} and shape is None
 

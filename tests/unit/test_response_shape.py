@@ -17,14 +17,33 @@ PT = ProduceResponse.TopicProduceResponse
 PP = PT.PartitionProduceResponse
 
 
-def _produce(version: int, offsets: list[int], throttle: int = 0, error_message: str | None = None,
-             endpoints: bool = False, topic: str = "orders") -> bytes:
-    parts = [PP(index=i, error_code=0 if error_message is None else 6, base_offset=o, log_append_time_ms=-1,
-                log_start_offset=o // 2, record_errors=[], error_message=error_message)
-             for i, o in enumerate(offsets)]
+def _produce(
+    version: int,
+    offsets: list[int],
+    throttle: int = 0,
+    error_message: str | None = None,
+    endpoints: bool = False,
+    topic: str = "orders",
+) -> bytes:
+    parts = [
+        PP(
+            index=i,
+            error_code=0 if error_message is None else 6,
+            base_offset=o,
+            log_append_time_ms=-1,
+            log_start_offset=o // 2,
+            record_errors=[],
+            error_message=error_message,
+        )
+        for i, o in enumerate(offsets)
+    ]
     ne = [ProduceResponse.NodeEndpoint(node_id=1, host="broker-1", port=9092, rack=None)] if endpoints else []
-    body = ProduceResponse(responses=[PT(name=topic, topic_id=uuid.UUID(int=7), partition_responses=parts)],
-                           throttle_time_ms=throttle, node_endpoints=ne, version=version).encode()
+    body = ProduceResponse(
+        responses=[PT(name=topic, topic_id=uuid.UUID(int=7), partition_responses=parts)],
+        throttle_time_ms=throttle,
+        node_endpoints=ne,
+        version=version,
+    ).encode()
     return bytes(body)
 
 
@@ -69,12 +88,28 @@ def test_a_truncated_body_is_still_refused():
 
 def _fetch(version: int, records: list[bytes | None], endpoints: bool) -> bytes:
     pd = FetchResponse.FetchableTopicResponse.PartitionData
-    parts = [pd(partition_index=i, error_code=0, high_watermark=10 + i, last_stable_offset=10, log_start_offset=0,
-                aborted_transactions=None, preferred_read_replica=-1, records=r) for i, r in enumerate(records)]
+    parts = [
+        pd(
+            partition_index=i,
+            error_code=0,
+            high_watermark=10 + i,
+            last_stable_offset=10,
+            log_start_offset=0,
+            aborted_transactions=None,
+            preferred_read_replica=-1,
+            records=r,
+        )
+        for i, r in enumerate(records)
+    ]
     ne = [FetchResponse.NodeEndpoint(node_id=2, host="b", port=1, rack=None)] if endpoints else []
-    body = FetchResponse(throttle_time_ms=0, error_code=0, session_id=5, node_endpoints=ne, version=version,
-                         responses=[FetchResponse.FetchableTopicResponse(topic="t", topic_id=uuid.UUID(int=1),
-                                                                         partitions=parts)]).encode()
+    body = FetchResponse(
+        throttle_time_ms=0,
+        error_code=0,
+        session_id=5,
+        node_endpoints=ne,
+        version=version,
+        responses=[FetchResponse.FetchableTopicResponse(topic="t", topic_id=uuid.UUID(int=1), partitions=parts)],
+    ).encode()
     return bytes(body)
 
 
@@ -89,8 +124,11 @@ def _verdict(api_key: int, version: int, body: bytes, shape: ResponseShape | Non
 @given(
     fetch=st.booleans(),
     version=st.integers(16, 17),
-    seeds=st.lists(st.tuples(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=3), st.booleans()),
-                   min_size=1, max_size=4),
+    seeds=st.lists(
+        st.tuples(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=3), st.booleans()),
+        min_size=1,
+        max_size=4,
+    ),
     flips=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(1, 255)), max_size=12),
 )
 def test_the_memo_never_changes_a_verdict(fetch, version, seeds, flips):
@@ -98,9 +136,10 @@ def test_the_memo_never_changes_a_verdict(fetch, version, seeds, flips):
     same answer through one connection's memo as walked afresh: tag, no tag, or truncated."""
     version = version if fetch else version - 5  # Produce v11, v12
     api = Api.FETCH if fetch else Api.PRODUCE
-    bodies = [_fetch(version, recs, eps) if fetch else _produce(version, [len(r or b"") for r in recs] or [0],
-                                                                endpoints=eps)
-              for recs, eps in seeds]
+    bodies = [
+        _fetch(version, recs, eps) if fetch else _produce(version, [len(r or b"") for r in recs] or [0], endpoints=eps)
+        for recs, eps in seeds
+    ]
     for which, at, xor in flips:
         base = bytearray(bodies[which % len(bodies)])
         if base:

@@ -43,8 +43,12 @@ def produce(corr: int, acks: int = -1) -> bytearray:
 
 
 def fetch(corr: int) -> bytearray:
-    return _frame(FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                               topics=[], version=4), corr)
+    return _frame(
+        FetchRequest(
+            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0, topics=[], version=4
+        ),
+        corr,
+    )
 
 
 def response(corr: int, body: bytes = b"\x00\x00", flexible: bool = False) -> memoryview:
@@ -101,8 +105,10 @@ def test_produce_acks_0_expects_no_response_and_is_not_queued():
 
 def test_api_versions_beyond_the_proxy_is_answered_here_with_unsupported_version():
     s = _session()
-    assert s.receive(_frame(ApiVersionsRequest(version=3, client_software_name="x",
-                                               client_software_version="1"), 7), 0.0) is not None
+    assert (
+        s.receive(_frame(ApiVersionsRequest(version=3, client_software_name="x", client_software_version="1"), 7), 0.0)
+        is not None
+    )
     frame = _frame(ApiVersionsRequest(version=3, client_software_name="x", client_software_version="1"), 8)
     struct.pack_into(">h", frame, 6, 4)  # claim v4, past the cap of 3
     assert s.receive(frame, 0.0) is None
@@ -196,8 +202,11 @@ def test_a_deferred_decision_waits_out_the_mute_then_is_given_back():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["read", "req", "defer", "mute", "sasl", "decided", "unmute", "answered", "turn"]),
-                max_size=40))
+@given(
+    st.lists(
+        st.sampled_from(["read", "req", "defer", "mute", "sasl", "decided", "unmute", "answered", "turn"]), max_size=40
+    )
+)
 def test_held_requests_come_back_once_in_order_and_only_when_nothing_holds_them(ops):
     """A model of the glue: frames come in reads; holds start and end in any order. Every frame read is handed
     on exactly once, in order, and never while a decision, the mute, a SASL answer or a turn still holds it."""

@@ -43,8 +43,7 @@ GOLDEN = {
         "03623100002385000000"
     ),
     ("ShareAcknowledgeRequest", 1): (
-        "0267046d2d3100000004020123456789abcdef1122334455667788020000000202000000000000000500000000000000"
-        "07020100000000"
+        "0267046d2d3100000004020123456789abcdef112233445566778802000000020200000000000000050000000000000007020100000000"
     ),
     ("ShareFetchResponse", 2): (
         "0000000700000000007530020123456789abcdef1122334455667788020000000200060b6e6f74206c65616465720000"
@@ -66,16 +65,11 @@ GOLDEN = {
         "0267046d2d310000000401020123456789abcdef11223344556677880200000002020000000000000005000000000000"
         "0007020100000000"
     ),
-    ("ShareGroupHeartbeatRequest", 1): (
-        "0267046d2d31000000000372310303743103743200"
-    ),
+    ("ShareGroupHeartbeatRequest", 1): ("0267046d2d31000000000372310303743103743200"),
     ("ShareGroupHeartbeatResponse", 1): (
-        "00000003000000046d2d31000000020000138801020123456789abcdef11223344556677880400000000000000010000"
-        "0002000000"
+        "00000003000000046d2d31000000020000138801020123456789abcdef112233445566778804000000000000000100000002000000"
     ),
-    ("ShareGroupDescribeRequest", 1): (
-        "0202670100"
-    ),
+    ("ShareGroupDescribeRequest", 1): ("0202670100"),
     ("ShareGroupDescribeResponse", 1): (
         "0000000202000000026707537461626c6500000005000000050773696d706c6502046d2d31000000000502630a2f3130"
         "2e302e302e3102037431020123456789abcdef11223344556677880374310200000000000000800000000000"
@@ -103,10 +97,17 @@ def test_decoded_values_are_kafkas():
     assert b"value-1" in part.records and b"value-2" in part.records
     assert [(a.first_offset, a.last_offset, a.delivery_count) for a in part.acquired_records] == [(0, 1, 1)]
     assert [(e.node_id, e.host, e.port, e.rack) for e in fetch.node_endpoints] == [
-        (3, "broker3.internal", 9095, "r1"), (1, "b1", 9093, None)]
+        (3, "broker3.internal", 9095, "r1"),
+        (1, "b1", 9093, None),
+    ]
     req = sm.ShareFetchRequest.decode(bytes.fromhex(GOLDEN[("ShareFetchRequest", 2)]), version=2)
     assert (req.group_id, req.member_id, req.share_session_epoch, req.max_records, req.batch_size) == (
-        "g", "m-1", 3, 500, 500)
+        "g",
+        "m-1",
+        3,
+        500,
+        500,
+    )
     assert (req.share_acquire_mode, req.is_renew_ack) == (1, True)
     assert req.topics[0].partitions[0].acknowledgement_batches[0].acknowledge_types == [1, 2]
     ack = sm.ShareAcknowledgeResponse.decode(bytes.fromhex(GOLDEN[("ShareAcknowledgeResponse", 2)]), version=2)
@@ -139,9 +140,12 @@ def test_api_versions_offers_share_apis_capped_at_the_schemas():
     from kafka.protocol.metadata import ApiVersionsResponse
 
     K = ApiVersionsResponse.ApiVersion
-    msg = ApiVersionsResponse(error_code=0, api_keys=[K(api_key=78, min_version=1, max_version=3),
-                                                      K(api_key=79, min_version=1, max_version=2)],
-                              throttle_time_ms=0, version=3)
+    msg = ApiVersionsResponse(
+        error_code=0,
+        api_keys=[K(api_key=78, min_version=1, max_version=3), K(api_key=79, min_version=1, max_version=2)],
+        throttle_time_ms=0,
+        version=3,
+    )
     caps = {78: response_class(78).max_version, 79: response_class(79).max_version}
     out = ApiVersionsResponse.decode(cap_api_versions(msg.encode(), 3, caps), version=3)
     assert [(k.api_key, k.min_version, k.max_version) for k in out.api_keys] == [(78, 1, 2), (79, 1, 2)]
@@ -157,12 +161,28 @@ def _share_fetch(version: int, records: list[bytes | None], endpoints) -> bytes:
     part = topic._struct.fields["partitions"].array_of.data_class
     leader = part._struct.fields["current_leader"].data_class
     node = R._struct.fields["node_endpoints"].array_of.data_class
-    msg = R(throttle_time_ms=0, error_code=0, acquisition_lock_timeout_ms=30000,
-            responses=[topic(topic_id=None, partitions=[
-                part(partition_index=i, error_code=0, acknowledge_error_code=0,
-                     current_leader=leader(leader_id=1, leader_epoch=0), records=r, acquired_records=[])
-                for i, r in enumerate(records)])],
-            node_endpoints=[node(node_id=n, host=h, port=p, rack=None) for n, h, p in endpoints])
+    msg = R(
+        throttle_time_ms=0,
+        error_code=0,
+        acquisition_lock_timeout_ms=30000,
+        responses=[
+            topic(
+                topic_id=None,
+                partitions=[
+                    part(
+                        partition_index=i,
+                        error_code=0,
+                        acknowledge_error_code=0,
+                        current_leader=leader(leader_id=1, leader_epoch=0),
+                        records=r,
+                        acquired_records=[],
+                    )
+                    for i, r in enumerate(records)
+                ],
+            )
+        ],
+        node_endpoints=[node(node_id=n, host=h, port=p, rack=None) for n, h, p in endpoints],
+    )
     return bytes(msg.encode(version=version))
 
 
@@ -202,7 +222,9 @@ def test_tail_rewrite_keeps_the_length(proxy_host, kept):
     assert [e.host for e in seen] == ["broker3.internal", "b1"]
     out = sm.ShareFetchResponse.decode(body[:start] + new, version=1)
     assert [(e.node_id, e.host, e.port) for e in out.node_endpoints] == [
-        (3, proxy_host, 30003), (1, proxy_host, 30001)][:kept]
+        (3, proxy_host, 30003),
+        (1, proxy_host, 30001),
+    ][:kept]
     assert out.responses == sm.ShareFetchResponse.decode(body, version=1).responses
     assert rewrite_endpoints_tail(Api.SHARE_FETCH, 1, b"\x01\x00", _to_proxy) is None
 
@@ -222,8 +244,11 @@ def _directory(known):
 @settings(max_examples=100, deadline=None)
 @given(
     records=st.lists(st.one_of(st.none(), st.binary(max_size=500)), max_size=4),
-    endpoints=st.lists(st.sampled_from([(1, "broker-1.internal", 9092), (2, "broker-2.internal", 9092),
-                                        (5, "b5", 9)]), max_size=3, unique=True),
+    endpoints=st.lists(
+        st.sampled_from([(1, "broker-1.internal", 9092), (2, "broker-2.internal", 9092), (5, "b5", 9)]),
+        max_size=3,
+        unique=True,
+    ),
     version=st.sampled_from([1, 2]),
     data=st.data(),
 )

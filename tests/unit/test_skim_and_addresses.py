@@ -22,22 +22,33 @@ PP = PT.PartitionProduceResponse
 
 def _fetch(version, partitions, node_endpoints=()):
     parts = [
-        PD(partition_index=i, error_code=err, high_watermark=10, last_stable_offset=10, log_start_offset=0,
-           aborted_transactions=None if i % 2 else [PD.AbortedTransaction(producer_id=i, first_offset=3)],
-           preferred_read_replica=-1, records=rec)
+        PD(
+            partition_index=i,
+            error_code=err,
+            high_watermark=10,
+            last_stable_offset=10,
+            log_start_offset=0,
+            aborted_transactions=None if i % 2 else [PD.AbortedTransaction(producer_id=i, first_offset=3)],
+            preferred_read_replica=-1,
+            records=rec,
+        )
         for i, (err, rec) in enumerate(partitions)
     ]
     ne = [FetchResponse.NodeEndpoint(node_id=n, host=h, port=p, rack=None) for n, h, p in node_endpoints]
-    return FetchResponse(throttle_time_ms=17, error_code=0, session_id=5,
-                         responses=[FT(topic="t", topic_id=uuid.uuid4(), partitions=parts)],
-                         node_endpoints=ne, version=version)
+    return FetchResponse(
+        throttle_time_ms=17,
+        error_code=0,
+        session_id=5,
+        responses=[FT(topic="t", topic_id=uuid.uuid4(), partitions=parts)],
+        node_endpoints=ne,
+        version=version,
+    )
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     version=st.integers(4, 18),
-    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=400))),
-                        max_size=6),
+    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=400))), max_size=6),
     with_endpoints=st.booleans(),
 )
 def test_fetch_layout_spans_the_whole_body(version, partitions, with_endpoints):
@@ -53,10 +64,27 @@ def test_fetch_layout_spans_the_whole_body(version, partitions, with_endpoints):
 @pytest.mark.parametrize("version", range(3, 14))
 def test_produce_layout_finds_throttle_after_the_responses(version):
     msg = ProduceResponse(
-        responses=[PT(name="t", topic_id=uuid.uuid4(), partition_responses=[
-            PP(index=0, error_code=0, base_offset=5, log_append_time_ms=-1, log_start_offset=0,
-               record_errors=[], error_message=None)])],
-        throttle_time_ms=1234, node_endpoints=[], version=version)
+        responses=[
+            PT(
+                name="t",
+                topic_id=uuid.uuid4(),
+                partition_responses=[
+                    PP(
+                        index=0,
+                        error_code=0,
+                        base_offset=5,
+                        log_append_time_ms=-1,
+                        log_start_offset=0,
+                        record_errors=[],
+                        error_message=None,
+                    )
+                ],
+            )
+        ],
+        throttle_time_ms=1234,
+        node_endpoints=[],
+        version=version,
+    )
     body = msg.encode()
     lay = layout(ProduceResponse, version, body)
     start, end = lay.fields["throttle_time_ms"]
@@ -67,8 +95,7 @@ def test_produce_layout_finds_throttle_after_the_responses(version):
 @settings(max_examples=80, deadline=None)
 @given(
     version=st.integers(4, 18),
-    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=300))),
-                        max_size=4),
+    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=300))), max_size=4),
     with_endpoints=st.booleans(),
     cut=st.integers(0, 40),
     big=st.booleans(),
@@ -80,7 +107,7 @@ def test_top_level_tags_agree_with_the_layout(version, partitions, with_endpoint
     if big:
         partitions = [*partitions, (0, b"r" * (SMALL_BODY_BYTES + 1))]
     body = _fetch(version, partitions, eps).encode()
-    body = body[:len(body) - cut]
+    body = body[: len(body) - cut]
     try:
         expected = tuple(layout(FetchResponse, version, body).tags)
     except TruncatedError:
@@ -121,11 +148,15 @@ def test_metadata_addresses_rewritten(version):
     B = MetadataResponse.MetadataResponseBroker
     T = MetadataResponse.MetadataResponseTopic
     tid = uuid.uuid4()
-    msg = MetadataResponse(throttle_time_ms=0, brokers=[B(node_id=1, host="b1", port=9092, rack=None),
-                                                        B(node_id=2, host="b2", port=9093, rack="r")],
-                           cluster_id="c", controller_id=1,
-                           topics=[T(error_code=0, name="orders", topic_id=tid, is_internal=False, partitions=[])],
-                           error_code=0, version=version)
+    msg = MetadataResponse(
+        throttle_time_ms=0,
+        brokers=[B(node_id=1, host="b1", port=9092, rack=None), B(node_id=2, host="b2", port=9093, rack="r")],
+        cluster_id="c",
+        controller_id=1,
+        topics=[T(error_code=0, name="orders", topic_id=tid, is_internal=False, partitions=[])],
+        error_code=0,
+        version=version,
+    )
     decoded = decode_addressed(3, version, msg.encode())
     assert [(e.node_id, e.host, e.port) for e in decoded.endpoints()] == [(1, "b1", 9092), (2, "b2", 9093)]
     if version >= 10:
@@ -138,12 +169,19 @@ def test_metadata_addresses_rewritten(version):
 @pytest.mark.parametrize("version", range(0, 7))
 def test_find_coordinator_single_and_list(version):
     C = FindCoordinatorResponse.Coordinator
-    msg = FindCoordinatorResponse(throttle_time_ms=0, error_code=0, error_message=None, node_id=3, host="b3",
-                                  port=9094, coordinators=[C(key="g", node_id=3, host="b3", port=9094,
-                                                             error_code=0, error_message=None),
-                                                           C(key="h", node_id=-1, host="", port=-1,
-                                                             error_code=15, error_message="x")],
-                                  version=version)
+    msg = FindCoordinatorResponse(
+        throttle_time_ms=0,
+        error_code=0,
+        error_message=None,
+        node_id=3,
+        host="b3",
+        port=9094,
+        coordinators=[
+            C(key="g", node_id=3, host="b3", port=9094, error_code=0, error_message=None),
+            C(key="h", node_id=-1, host="", port=-1, error_code=15, error_message="x"),
+        ],
+        version=version,
+    )
     decoded = decode_addressed(10, version, msg.encode())
     assert [e.node_id for e in decoded.endpoints()] == [3]
     out = FindCoordinatorResponse.decode(decoded.encode(_to_proxy), version=version)
@@ -157,12 +195,18 @@ def test_find_coordinator_single_and_list(version):
 @pytest.mark.parametrize("version", range(0, 3))
 def test_describe_cluster(version):
     B = DescribeClusterResponse.DescribeClusterBroker
-    msg = DescribeClusterResponse(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=1,
-                                  cluster_id="c", controller_id=1,
-                                  brokers=[B(broker_id=7, host="b7", port=1, rack=None, is_fenced=False)],
-                                  authorized_operations=None, version=version)
-    out = DescribeClusterResponse.decode(decode_addressed(60, version, msg.encode()).encode(_to_proxy),
-                                         version=version)
+    msg = DescribeClusterResponse(
+        throttle_time_ms=0,
+        error_code=0,
+        error_message=None,
+        endpoint_type=1,
+        cluster_id="c",
+        controller_id=1,
+        brokers=[B(broker_id=7, host="b7", port=1, rack=None, is_fenced=False)],
+        authorized_operations=None,
+        version=version,
+    )
+    out = DescribeClusterResponse.decode(decode_addressed(60, version, msg.encode()).encode(_to_proxy), version=version)
     assert (out.brokers[0].host, out.brokers[0].port) == ("proxy", 20007)
 
 
@@ -176,12 +220,19 @@ def test_fetch_node_endpoints_rewritten_only_when_present():
 
 def test_api_versions_capped():
     K = ApiVersionsResponse.ApiVersion
-    msg = ApiVersionsResponse(error_code=0, api_keys=[K(api_key=3, min_version=0, max_version=99),
-                                                      K(api_key=78, min_version=1, max_version=1),
-                                                      K(api_key=12, min_version=0, max_version=4)],
-                              throttle_time_ms=0, version=3)
+    msg = ApiVersionsResponse(
+        error_code=0,
+        api_keys=[
+            K(api_key=3, min_version=0, max_version=99),
+            K(api_key=78, min_version=1, max_version=1),
+            K(api_key=12, min_version=0, max_version=4),
+        ],
+        throttle_time_ms=0,
+        version=3,
+    )
     out = ApiVersionsResponse.decode(cap_api_versions(msg.encode(), 3, {3: 13}), version=3)
     assert [(k.api_key, k.max_version) for k in out.api_keys] == [(3, 13), (78, 1), (12, 4)]  # ShareFetch offered
-    unchanged = ApiVersionsResponse(error_code=0, api_keys=[K(api_key=12, min_version=0, max_version=4)],
-                                    throttle_time_ms=0, version=3)
+    unchanged = ApiVersionsResponse(
+        error_code=0, api_keys=[K(api_key=12, min_version=0, max_version=4)], throttle_time_ms=0, version=3
+    )
     assert cap_api_versions(unchanged.encode(), 3, {3: 13}) is None

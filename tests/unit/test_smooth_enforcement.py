@@ -81,11 +81,20 @@ def test_a_full_speed_producer_gets_its_quota_in_every_second(sizes):
 
 
 def _policy(clock: Clock, enforcement: str, **quotas) -> Policy:
-    return Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "quotas": {"enforcement": enforcement, "smooth_burst_seconds": BURST_S,
-                   "entities": [{"entity": {"user": "alice"}, "quotas": quotas}]},
-    }), Stats(), clock=clock)
+    return Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "quotas": {
+                    "enforcement": enforcement,
+                    "smooth_burst_seconds": BURST_S,
+                    "entities": [{"entity": {"user": "alice"}, "quotas": quotas}],
+                },
+            }
+        ),
+        Stats(),
+        clock=clock,
+    )
 
 
 def test_a_produce_over_the_bucket_waits_before_the_broker_sees_it():
@@ -114,10 +123,23 @@ def test_kafka_mode_forwards_the_same_produce_and_holds_the_reads():
 
 def _fetch(max_bytes: int, version: int = 11):
     FT = FetchRequest.FetchTopic
-    return _request(FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=max_bytes, isolation_level=0,
-                                 session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[],
-                                 topics=[FT(topic="t", partitions=[FT.FetchPartition(
-                                     partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])], version=version))
+    return _request(
+        FetchRequest(
+            replica_id=-1,
+            max_wait_ms=500,
+            min_bytes=1,
+            max_bytes=max_bytes,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            rack_id="",
+            forgotten_topics_data=[],
+            topics=[
+                FT(topic="t", partitions=[FT.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])
+            ],
+            version=version,
+        )
+    )
 
 
 def test_a_fetch_asks_for_no_more_than_the_bucket_holds():
@@ -126,32 +148,46 @@ def test_a_fetch_asks_for_no_more_than_the_bucket_holds():
     header, frame = _fetch(50 << 20)
     verdict = policy.on_request(FakeConn(), header, frame, clock())
     assert type(verdict) is Replace
-    sent = FetchRequest.decode(verdict.frame[4 + header.body_offset:], version=11)
+    sent = FetchRequest.decode(verdict.frame[4 + header.body_offset :], version=11)
     assert sent.max_bytes == 5_000  # a tenth of a second of 50 KB/s
-    assert verdict.frame[:4 + header.body_offset - 4] == frame[:4 + header.body_offset - 4]
+    assert verdict.frame[: 4 + header.body_offset - 4] == frame[: 4 + header.body_offset - 4]
     assert len(verdict.frame) == len(frame)
 
 
 def test_a_fetch_asking_for_less_is_left_alone_and_kafka_mode_never_caps():
     clock = Clock()
     header, frame = _fetch(1_000)
-    assert type(_policy(clock, "smooth", consumer_byte_rate=50_000).on_request(
-        FakeConn(), header, frame, clock())) is Decision
+    assert (
+        type(_policy(clock, "smooth", consumer_byte_rate=50_000).on_request(FakeConn(), header, frame, clock()))
+        is Decision
+    )
     header, frame = _fetch(50 << 20)
-    assert type(_policy(clock, "kafka", consumer_byte_rate=50_000).on_request(
-        FakeConn(), header, frame, clock())) is Decision
+    assert (
+        type(_policy(clock, "kafka", consumer_byte_rate=50_000).on_request(FakeConn(), header, frame, clock()))
+        is Decision
+    )
 
 
 def test_the_fetch_cap_finds_max_bytes_in_every_version():
     for version in (3, 4, 11, 12, 15, 16):
         clock = Clock()
         policy = _policy(clock, "smooth", consumer_byte_rate=50_000)
-        fields = dict(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 24, isolation_level=0,
-                      session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[], topics=[])
+        fields = dict(
+            replica_id=-1,
+            max_wait_ms=500,
+            min_bytes=1,
+            max_bytes=1 << 24,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            rack_id="",
+            forgotten_topics_data=[],
+            topics=[],
+        )
         header, frame = _request(FetchRequest(version=version, **fields))
         verdict = policy.on_request(FakeConn(), header, frame, clock())
         assert type(verdict) is Replace, version
-        sent = FetchRequest.decode(verdict.frame[4 + header.body_offset:], version=version)
+        sent = FetchRequest.decode(verdict.frame[4 + header.body_offset :], version=version)
         assert (sent.max_bytes, sent.max_wait_ms, sent.min_bytes) == (5_000, 500, 1), version
 
 
@@ -175,4 +211,4 @@ def test_a_fetch_in_debt_asks_for_a_single_byte():
     header, frame = _fetch(50 << 20)
     again = policy.on_request(conn, header, frame, clock())
     assert type(again) is Replace
-    assert FetchRequest.decode(again.frame[4 + header.body_offset:], version=11).max_bytes == 1
+    assert FetchRequest.decode(again.frame[4 + header.body_offset :], version=11).max_bytes == 1

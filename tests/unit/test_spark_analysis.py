@@ -62,16 +62,19 @@ def test_config_shapes_are_all_accepted():
     assert parse_quota_config({"entities": []}).quotas == ()
 
 
-@pytest.mark.parametrize("doc, match", [
-    ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": -1}}]}, "greater than 0"),
-    ({"quotas": [{"entity": {"user": "a"}, "quotas": {"bogus": 1}}]}, "unknown quota key"),
-    ({"quotas": [{"entity": {"ip": "1.2.3.4"}, "quotas": {"producer_byte_rate": 1}}]}, "unknown entity type"),
-    ({"quotas": [{"entity": {}, "quotas": {"producer_byte_rate": 1}}]}, "empty"),
-    ({"quotas": [{"entity": {"client-id": "c"}, "quotas": {"producer_ids_rate": 1}}]}, "KIP-936"),
-    ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": "fast"}}]}, "cannot read"),
-    ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": 1}}] * 2}, "listed twice"),
-    ({"quotas": {"entities": [], "scope": "galaxy"}}, "scope"),
-])
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": -1}}]}, "greater than 0"),
+        ({"quotas": [{"entity": {"user": "a"}, "quotas": {"bogus": 1}}]}, "unknown quota key"),
+        ({"quotas": [{"entity": {"ip": "1.2.3.4"}, "quotas": {"producer_byte_rate": 1}}]}, "unknown entity type"),
+        ({"quotas": [{"entity": {}, "quotas": {"producer_byte_rate": 1}}]}, "empty"),
+        ({"quotas": [{"entity": {"client-id": "c"}, "quotas": {"producer_ids_rate": 1}}]}, "KIP-936"),
+        ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": "fast"}}]}, "cannot read"),
+        ({"quotas": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": 1}}] * 2}, "listed twice"),
+        ({"quotas": {"entities": [], "scope": "galaxy"}}, "scope"),
+    ],
+)
 def test_config_errors_name_the_problem(doc, match):
     with pytest.raises(QuotaConfigError, match=match):
         parse_quota_config(doc)
@@ -117,7 +120,7 @@ def logged(tmp_path_factory):
     d = tmp_path_factory.mktemp("decision-log")
     log = DecisionLog(d, "p1", rotate_bytes=20_000, row_group_rows=500, flush_interval=0.01)
     for i in range(0, len(decided), 500):
-        for e in decided[i:i + 500]:
+        for e in decided[i : i + 500]:
             assert log.emit(e)
         while log.queued:  # let the writer drain: several row groups and files
             time.sleep(0.005)
@@ -144,16 +147,28 @@ def test_job_names_the_throttled_entity_with_exact_totals_and_replay_matches(spa
     quotas_file = tmp_path / "live.yaml"
     quotas_file.write_text(LIVE)
     out = str(tmp_path / "out")
-    result = run(spark, JobOptions(input=str(d), out=out, quotas=load_quota_config(quotas_file),
-                                   quotas_path=str(quotas_file), budgets={"produce": 1_000_000}))
+    result = run(
+        spark,
+        JobOptions(
+            input=str(d),
+            out=out,
+            quotas=load_quota_config(quotas_file),
+            quotas_path=str(quotas_file),
+            budgets={"produce": 1_000_000},
+        ),
+    )
     expected = _expected_totals(decided)
     top = result.throttle_totals_top
     # the noisy tenant's two clients lead, with exactly the throttle totals the quota code produced
     assert set(top["user"].head(2)) == {NOISY_USER}
     for row in top.itertuples():
         exp = expected[(row.user, row.client_id)]
-        assert (row.throttle_ms, row.throttled, row.rejected_topics, row.requests) == \
-            (exp["throttle_ms"], exp["throttled"], exp["rejected_topics"], exp["requests"]), row
+        assert (row.throttle_ms, row.throttled, row.rejected_topics, row.requests) == (
+            exp["throttle_ms"],
+            exp["throttled"],
+            exp["rejected_topics"],
+            exp["requests"],
+        ), row
     assert sum(e["rejected_topics"] for e in decided) > 0  # the mutation quota rejected topics
     assert any(e.get("request_throttle_ms") for e in decided)  # and the request quota throttled
     assert result.overview["events"] == len(decided) and result.overview["missing_events"] == 0
@@ -170,8 +185,15 @@ def test_job_names_the_throttled_entity_with_exact_totals_and_replay_matches(spa
     assert "p99 of" in noisy["reasoning"] and "cluster budget" in noisy["reasoning"]
     assert noisy["recommended"] >= noisy["pct_rate"]
     # outputs: Parquet tables and one self-contained HTML report with embedded plots
-    for name in ("usage_1s", "throttle_totals", "latency", "usage_windows", "recommendations", "whatif_charges",
-                 "whatif_summary"):
+    for name in (
+        "usage_1s",
+        "throttle_totals",
+        "latency",
+        "usage_windows",
+        "recommendations",
+        "whatif_charges",
+        "whatif_summary",
+    ):
         assert spark.read.parquet(f"{out}/{name}").count() > 0, name
     with open(result.report_path, encoding="utf-8") as f:
         html = f.read()
@@ -189,8 +211,11 @@ def test_whatif_of_a_proposed_config_matches_direct_quota_code(spark, logged):
     d, _, decided = logged
     proposed = parse_quota_config(yaml.safe_load(PROPOSED))
     # the same traffic, decided directly by the quota code under the proposed config
-    decision_keys = {f"{k}_{f}" for k in ("produce", "fetch", "request", "mutation", "pids")
-                     for f in ("value", "limit", "throttle_ms")} | {"throttle_ms", "action"}
+    decision_keys = {
+        f"{k}_{f}"
+        for k in ("produce", "fetch", "request", "mutation", "pids")
+        for f in ("value", "limit", "throttle_ms")
+    } | {"throttle_ms", "action"}
     traffic = [{k: v for k, v in e.items() if k not in decision_keys} for e in decided]
     direct = {}
     for e in ProxySimulator(proposed).run(traffic):

@@ -20,12 +20,25 @@ async def _no_listener(node_id: int, port: int) -> int:
     raise AssertionError("a streamed response must never need a listener")
 
 
-@pytest.mark.parametrize(("api_key", "version", "whole"), [
-    (Api.FETCH, 11, False), (Api.FETCH, 15, False), (Api.FETCH, 16, False), (Api.FETCH, 18, False),
-    (Api.PRODUCE, 9, False), (Api.PRODUCE, 10, False), (Api.METADATA, 0, True), (Api.FIND_COORDINATOR, 4, True),
-    (Api.DESCRIBE_CLUSTER, 0, True), (Api.API_VERSIONS, 3, True), (Api.SASL_HANDSHAKE, 0, True),
-    (Api.SASL_HANDSHAKE, 1, False), (Api.SASL_AUTHENTICATE, 2, False), (12345, 0, False),
-])
+@pytest.mark.parametrize(
+    ("api_key", "version", "whole"),
+    [
+        (Api.FETCH, 11, False),
+        (Api.FETCH, 15, False),
+        (Api.FETCH, 16, False),
+        (Api.FETCH, 18, False),
+        (Api.PRODUCE, 9, False),
+        (Api.PRODUCE, 10, False),
+        (Api.METADATA, 0, True),
+        (Api.FIND_COORDINATOR, 4, True),
+        (Api.DESCRIBE_CLUSTER, 0, True),
+        (Api.API_VERSIONS, 3, True),
+        (Api.SASL_HANDSHAKE, 0, True),
+        (Api.SASL_HANDSHAKE, 1, False),
+        (Api.SASL_AUTHENTICATE, 2, False),
+        (12345, 0, False),
+    ],
+)
 def test_which_responses_must_be_whole(api_key, version, whole):
     assert needs_whole_body(api_key, version) is whole
 

@@ -20,16 +20,28 @@ PD = FT.PartitionData
 
 def _fetch(version, partitions, endpoints, leader=False):
     parts = [
-        PD(partition_index=i, error_code=err, high_watermark=10, last_stable_offset=10, log_start_offset=0,
-           aborted_transactions=None if i % 2 else [PD.AbortedTransaction(producer_id=i, first_offset=3)],
-           current_leader=PD.LeaderIdAndEpoch(leader_id=2, leader_epoch=7) if leader else None,
-           preferred_read_replica=-1, records=rec)
+        PD(
+            partition_index=i,
+            error_code=err,
+            high_watermark=10,
+            last_stable_offset=10,
+            log_start_offset=0,
+            aborted_transactions=None if i % 2 else [PD.AbortedTransaction(producer_id=i, first_offset=3)],
+            current_leader=PD.LeaderIdAndEpoch(leader_id=2, leader_epoch=7) if leader else None,
+            preferred_read_replica=-1,
+            records=rec,
+        )
         for i, (err, rec) in enumerate(partitions)
     ]
     ne = [FetchResponse.NodeEndpoint(node_id=n, host=h, port=p, rack=None) for n, h, p in endpoints]
-    return FetchResponse(throttle_time_ms=17, error_code=0, session_id=5,
-                         responses=[FT(topic="t", topic_id=uuid.uuid4(), partitions=parts)] * 2,
-                         node_endpoints=ne, version=version).encode()
+    return FetchResponse(
+        throttle_time_ms=17,
+        error_code=0,
+        session_id=5,
+        responses=[FT(topic="t", topic_id=uuid.uuid4(), partitions=parts)] * 2,
+        node_endpoints=ne,
+        version=version,
+    ).encode()
 
 
 def _walk_in_pieces(cls, version, body, cuts):
@@ -46,8 +58,7 @@ def _walk_in_pieces(cls, version, body, cuts):
 @settings(max_examples=200, deadline=None)
 @given(
     version=st.integers(12, 18),
-    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=300))),
-                        max_size=5),
+    partitions=st.lists(st.tuples(st.sampled_from([0, 6]), st.one_of(st.none(), st.binary(max_size=300))), max_size=5),
     endpoints=st.lists(st.tuples(st.integers(0, 5), st.text(max_size=20), st.integers(1, 65535)), max_size=3),
     leader=st.booleans(),
     data=st.data(),
@@ -101,19 +112,22 @@ from protocol.addresses import BrokerEndpoint, _empty_prefix, rewrite_endpoints_
 
 def _section(version, endpoints):
     body = bytes(_fetch(version, [], endpoints))
-    return body[layout(FetchResponse, version, body).tags_offset:]
+    return body[layout(FetchResponse, version, body).tags_offset :]
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     version=st.integers(16, 18),
-    endpoints=st.lists(st.tuples(st.integers(0, 9), st.text(max_size=40), st.integers(1, 65535)),
-                       min_size=1, max_size=4, unique_by=lambda e: e[0]),
+    endpoints=st.lists(
+        st.tuples(st.integers(0, 9), st.text(max_size=40), st.integers(1, 65535)),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda e: e[0],
+    ),
     proxy_host=st.text(min_size=1, max_size=60),
     unknown=st.sets(st.integers(0, 9)),
 )
-def test_rewritten_section_keeps_its_length_and_never_leaks_a_broker_address(version, endpoints, proxy_host,
-                                                                             unknown):
+def test_rewritten_section_keeps_its_length_and_never_leaks_a_broker_address(version, endpoints, proxy_host, unknown):
     section = _section(version, endpoints)
 
     def mapping(ep: BrokerEndpoint):
@@ -166,8 +180,11 @@ def _frame(body: bytes) -> bytes:
 @settings(max_examples=100, deadline=None)
 @given(
     partitions=st.lists(st.one_of(st.none(), st.binary(max_size=500)), max_size=4),
-    endpoints=st.lists(st.sampled_from([(1, "broker-1.internal", 9092), (2, "broker-2.internal", 9092),
-                                        (5, "b5", 9)]), max_size=3, unique=True),
+    endpoints=st.lists(
+        st.sampled_from([(1, "broker-1.internal", 9092), (2, "broker-2.internal", 9092), (5, "b5", 9)]),
+        max_size=3,
+        unique=True,
+    ),
     data=st.data(),
 )
 def test_streamed_frame_comes_out_whole_with_addresses_rewritten(partitions, endpoints, data):

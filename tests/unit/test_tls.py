@@ -39,22 +39,57 @@ def make_pki(directory: Path, clients: dict[str, str] = CLIENTS) -> dict[str, Pa
     d = directory
     d.mkdir(parents=True, exist_ok=True)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ktp-test-ca",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ktp-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=d,
+    )
     (d / "server.ext").write_text(
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n"
-        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
     (d / "client.ext").write_text(
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
-        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
     paths = {"ca": d / "ca.pem"}
-    for name, subj, ext in [("server", "/CN=localhost", "server.ext"),
-                            *((n, s, "client.ext") for n, s in clients.items())]:
+    for name, subj, ext in [
+        ("server", "/CN=localhost", "server.ext"),
+        *((n, s, "client.ext") for n, s in clients.items()),
+    ]:
         _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "2", "-extfile", ext, cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            cwd=d,
+        )
         paths[f"{name}.pem"], paths[f"{name}.key"] = d / f"{name}.pem", d / f"{name}.key"
     return paths
 
@@ -80,8 +115,10 @@ def test_documented_example_rule_then_default():
     m = PrincipalMapper("RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,DEFAULT")
     assert m.name("CN=serviceuser,OU=ServiceUsers,O=Unknown,L=Unknown,ST=Unknown,C=Unknown") == "serviceuser"
     # no match → DEFAULT → the full DN
-    assert m.name("CN=adminUser,OU=Admin,O=Unknown,L=Unknown,ST=Unknown,C=Unknown") == \
-        "CN=adminUser,OU=Admin,O=Unknown,L=Unknown,ST=Unknown,C=Unknown"
+    assert (
+        m.name("CN=adminUser,OU=Admin,O=Unknown,L=Unknown,ST=Unknown,C=Unknown")
+        == "CN=adminUser,OU=Admin,O=Unknown,L=Unknown,ST=Unknown,C=Unknown"
+    )
 
 
 def test_lower_and_upper_case_flags():
@@ -96,8 +133,11 @@ def test_several_rules_first_match_wins_and_whitespace():
     assert m.name("CN=svc,OU=ServiceUsers,O=x") == "svc"
     assert m.name("CN=Joe,OU=Eng") == "joe@eng"
     assert m.name("CN=Joe") == "CN=Joe"
-    assert [repr(r) for r in m.rules] == ["RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/",
-                                         "RULE:^CN=(.*?),OU=(.*?)$/$1@$2/L", "DEFAULT"]
+    assert [repr(r) for r in m.rules] == [
+        "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/",
+        "RULE:^CN=(.*?),OU=(.*?)$/$1@$2/L",
+        "DEFAULT",
+    ]
 
 
 def test_pattern_must_match_the_whole_dn_and_no_rule_fails():
@@ -125,10 +165,22 @@ def test_empty_entries_are_ignored():
     assert PrincipalMapper("DEFAULT,,").name("CN=a") == "CN=a"
 
 
-@pytest.mark.parametrize("rules", [
-    "RULE:x", "RULE:^CN=(.*)$/$1", "RULE:^CN=(.*)$/$1/Z", "RULE:^CN=(.*)$/$1/L/", "DEFAULTS", "garbage",
-    "RULE:^CN=([$/x/", "RULE:^CN=.*$/$1/", "RULE:^CN=(.*)$/${nope}/", "", " , ",
-])
+@pytest.mark.parametrize(
+    "rules",
+    [
+        "RULE:x",
+        "RULE:^CN=(.*)$/$1",
+        "RULE:^CN=(.*)$/$1/Z",
+        "RULE:^CN=(.*)$/$1/L/",
+        "DEFAULTS",
+        "garbage",
+        "RULE:^CN=([$/x/",
+        "RULE:^CN=.*$/$1/",
+        "RULE:^CN=(.*)$/${nope}/",
+        "",
+        " , ",
+    ],
+)
 def test_invalid_rules(rules):
     with pytest.raises(MappingRuleError):
         PrincipalMapper(rules)
@@ -143,7 +195,8 @@ def test_subject_dn_in_rfc2253_order_and_escaping(pki):
     # As Java writes it: specials escaped, leading/trailing spaces escaped, emailAddress as OID=#hex of its DER.
     email_hex = (b"\x16\x0f" + b"odd@example.com").hex()
     assert subject_dn(_der(pki["odd.pem"])) == (
-        f"1.2.840.113549.1.9.1=#{email_hex},CN=\\ spaced \\#1\\ ,OU=a\\+b,O=Acme\\, Inc.,ST=Berlin,C=DE")
+        f"1.2.840.113549.1.9.1=#{email_hex},CN=\\ spaced \\#1\\ ,OU=a\\+b,O=Acme\\, Inc.,ST=Berlin,C=DE"
+    )
 
 
 # ---- identity precedence --------------------------------------------------------------------------------------
@@ -164,11 +217,18 @@ def _cfg(**extra):
 
 
 def test_config_builds_working_contexts(pki):
-    cfg = _cfg(**{"listen.tls.cert_file": str(pki["server.pem"]), "listen.tls.key_file": str(pki["server.key"]),
-                  "listen.tls.ca_file": str(pki["ca"]), "listen.tls.client_auth": "required",
-                  "listen.tls.principal_mapping_rules": "RULE:^CN=(.*?),.*$/$1/,DEFAULT",
-                  "upstream.tls.ca_file": str(pki["ca"]), "upstream.tls.cert_file": str(pki["alice.pem"]),
-                  "upstream.tls.key_file": str(pki["alice.key"])})
+    cfg = _cfg(
+        **{
+            "listen.tls.cert_file": str(pki["server.pem"]),
+            "listen.tls.key_file": str(pki["server.key"]),
+            "listen.tls.ca_file": str(pki["ca"]),
+            "listen.tls.client_auth": "required",
+            "listen.tls.principal_mapping_rules": "RULE:^CN=(.*?),.*$/$1/,DEFAULT",
+            "upstream.tls.ca_file": str(pki["ca"]),
+            "upstream.tls.cert_file": str(pki["alice.pem"]),
+            "upstream.tls.key_file": str(pki["alice.key"]),
+        }
+    )
     server, client = server_context(cfg.listen.tls), client_context(cfg.upstream.tls)
     assert server.verify_mode == ssl.CERT_REQUIRED
     assert client.verify_mode == ssl.CERT_REQUIRED and client.check_hostname
@@ -186,21 +246,36 @@ def test_config_builds_working_contexts(pki):
     assert _cfg().listen.tls is None and _cfg().upstream.tls is None
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"listen.tls.cert_file": "/nope.pem", "listen.tls.key_file": "KEY"}, "listen.tls.cert_file"),
-    ({"listen.tls.cert_file": "CERT"}, "listen.tls.key_file"),
-    ({"listen.tls.cert_file": "CERT", "listen.tls.key_file": "KEY", "listen.tls.client_auth": "required"},
-     "listen.tls: .*needs ca_file"),
-    ({"listen.tls.cert_file": "CERT", "listen.tls.key_file": "KEY", "listen.tls.client_auth": "maybe"},
-     "listen.tls.client_auth"),
-    ({"listen.tls.cert_file": "CERT", "listen.tls.key_file": "KEY",
-      "listen.tls.principal_mapping_rules": "RULE:^CN=(.*)$/$1/,bogus"}, "listen.tls.principal_mapping_rules"),
-    ({"upstream.tls.ca_file": "/nope.pem"}, "upstream.tls.ca_file"),
-    ({"upstream.tls.cert_file": "CERT"}, "upstream.tls: .*go together"),
-    ({"upstream.tls.verify": False}, "upstream.tls.verify: unknown field"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"listen.tls.cert_file": "/nope.pem", "listen.tls.key_file": "KEY"}, "listen.tls.cert_file"),
+        ({"listen.tls.cert_file": "CERT"}, "listen.tls.key_file"),
+        (
+            {"listen.tls.cert_file": "CERT", "listen.tls.key_file": "KEY", "listen.tls.client_auth": "required"},
+            "listen.tls: .*needs ca_file",
+        ),
+        (
+            {"listen.tls.cert_file": "CERT", "listen.tls.key_file": "KEY", "listen.tls.client_auth": "maybe"},
+            "listen.tls.client_auth",
+        ),
+        (
+            {
+                "listen.tls.cert_file": "CERT",
+                "listen.tls.key_file": "KEY",
+                "listen.tls.principal_mapping_rules": "RULE:^CN=(.*)$/$1/,bogus",
+            },
+            "listen.tls.principal_mapping_rules",
+        ),
+        ({"upstream.tls.ca_file": "/nope.pem"}, "upstream.tls.ca_file"),
+        ({"upstream.tls.cert_file": "CERT"}, "upstream.tls: .*go together"),
+        ({"upstream.tls.verify": False}, "upstream.tls.verify: unknown field"),
+    ],
+)
 def test_bad_tls_config_names_the_field(pki, extra, field):
-    extra = {k: str(pki["server.pem"]) if v == "CERT" else str(pki["server.key"]) if v == "KEY" else v
-             for k, v in extra.items()}
+    extra = {
+        k: str(pki["server.pem"]) if v == "CERT" else str(pki["server.key"]) if v == "KEY" else v
+        for k, v in extra.items()
+    }
     with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace(r"\.*", ".*")):
         _cfg(**extra)

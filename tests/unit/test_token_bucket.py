@@ -216,8 +216,6 @@ def test_admit_takes_a_generator() -> None:
     assert admit_strict(bucket, (n for n in [12, 1]), 0) == [True, False]
 
 
-
-
 # ----------------------------------------------------------------------------------------- properties
 
 _ops = st.lists(

@@ -72,9 +72,17 @@ def _errors(entry) -> list[int | None]:
 
 def _produce(version: int, topics: list[str], acks: int = -1) -> bytes:
     TD, PD = _cls(0, "topic_data"), _cls(0, "topic_data", "partition_data")
-    return _body(0, version, transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[
-        TD(version=version, name=t, partition_data=[PD(version=version, index=i, records=b"x" * 10)])
-        for i, t in enumerate(topics)])
+    return _body(
+        0,
+        version,
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=1000,
+        topic_data=[
+            TD(version=version, name=t, partition_data=[PD(version=version, index=i, records=b"x" * 10)])
+            for i, t in enumerate(topics)
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------------------ per-API shapes
@@ -103,8 +111,16 @@ def test_a_fetch_by_name_or_by_id_is_refused(version):
     assert g.ids == {topic_id: OWN}
     FT, FP = _cls(1, "topics"), _cls(1, "topics", "partitions")
     ident = {"topic": OWN} if version < 13 else {"topic_id": topic_id}
-    body = _body(1, version, replica_id=-1, max_wait_ms=500, min_bytes=1, topics=[
-        FT(version=version, partitions=[FP(version=version, partition=p, fetch_offset=0) for p in (0, 1)], **ident)])
+    body = _body(
+        1,
+        version,
+        replica_id=-1,
+        max_wait_ms=500,
+        min_bytes=1,
+        topics=[
+            FT(version=version, partitions=[FP(version=version, partition=p, fetch_offset=0) for p in (0, 1)], **ident)
+        ],
+    )
     answer = _answer(1, version, check(g, 1, version, body))
     (topic,) = answer.responses
     assert (topic.topic if version < 13 else topic.topic_id) == (OWN if version < 13 else topic_id)
@@ -153,8 +169,9 @@ def _delete_topics(v):
 
 def _delete_records(v):
     T, P = _cls(21, "topics"), _cls(21, "topics", "partitions")
-    return _body(21, v, topics=[T(version=v, name=OWN, partitions=[P(version=v, partition_index=0, offset=5)])],
-                 timeout_ms=100)
+    return _body(
+        21, v, topics=[T(version=v, name=OWN, partitions=[P(version=v, partition_index=0, offset=5)])], timeout_ms=100
+    )
 
 
 def _create_partitions(v):
@@ -162,14 +179,25 @@ def _create_partitions(v):
 
 
 def _create_topics(v):
-    return _body(19, v, topics=[_cls(19, "topics")(version=v, name="__ktp_fleet_squat", num_partitions=1,
-                                                   replication_factor=1)], timeout_ms=100)
+    return _body(
+        19,
+        v,
+        topics=[_cls(19, "topics")(version=v, name="__ktp_fleet_squat", num_partitions=1, replication_factor=1)],
+        timeout_ms=100,
+    )
 
 
 def _txn_offset_commit(v):
     T, P = _cls(28, "topics"), _cls(28, "topics", "partitions")
-    return _body(28, v, transactional_id="t", group_id="g", producer_id=1, producer_epoch=0,
-                 topics=[T(version=v, name=OWN, partitions=[P(version=v, partition_index=0, committed_offset=1)])])
+    return _body(
+        28,
+        v,
+        transactional_id="t",
+        group_id="g",
+        producer_id=1,
+        producer_epoch=0,
+        topics=[T(version=v, name=OWN, partitions=[P(version=v, partition_index=0, committed_offset=1)])],
+    )
 
 
 def _offset_for_leader_epoch(v):
@@ -182,11 +210,24 @@ def _describe_topic_partitions(v):
 
 
 CASES = [
-    (2, 1, _list_offsets), (2, 7, _list_offsets), (8, 2, _offset_commit), (8, 8, _offset_commit),
-    (9, 1, _offset_fetch), (9, 7, _offset_fetch), (9, 8, _offset_fetch), (32, 1, _describe_configs),
-    (32, 4, _describe_configs), (33, 1, _alter_configs), (44, 1, _incremental_alter_configs),
-    (20, 4, _delete_topics), (20, 6, _delete_topics), (21, 2, _delete_records), (37, 3, _create_partitions),
-    (19, 7, _create_topics), (28, 3, _txn_offset_commit), (23, 4, _offset_for_leader_epoch),
+    (2, 1, _list_offsets),
+    (2, 7, _list_offsets),
+    (8, 2, _offset_commit),
+    (8, 8, _offset_commit),
+    (9, 1, _offset_fetch),
+    (9, 7, _offset_fetch),
+    (9, 8, _offset_fetch),
+    (32, 1, _describe_configs),
+    (32, 4, _describe_configs),
+    (33, 1, _alter_configs),
+    (44, 1, _incremental_alter_configs),
+    (20, 4, _delete_topics),
+    (20, 6, _delete_topics),
+    (21, 2, _delete_records),
+    (37, 3, _create_partitions),
+    (19, 7, _create_topics),
+    (28, 3, _txn_offset_commit),
+    (23, 4, _offset_for_leader_epoch),
     (75, 0, _describe_topic_partitions),
 ]
 
@@ -226,8 +267,13 @@ def test_a_mixed_produce_forwards_the_rest_and_merges_the_refusal():
     forwarded = REQUESTS[0].decode(refusal.forward, version=9)
     assert [t.name for t in forwarded.topic_data] == ["mine"]
     TR, PR = _cls(0, "responses", response=True), _cls(0, "responses", "partition_responses", response=True)
-    broker = RESPONSES[0](version=9, throttle_time_ms=7, responses=[
-        TR(version=9, name="mine", partition_responses=[PR(version=9, index=1, error_code=0, base_offset=42)])])
+    broker = RESPONSES[0](
+        version=9,
+        throttle_time_ms=7,
+        responses=[
+            TR(version=9, name="mine", partition_responses=[PR(version=9, index=1, error_code=0, base_offset=42)])
+        ],
+    )
     merged = RESPONSES[0].decode(refusal.merge(memoryview(bytes(broker.encode()))), version=9)
     assert merged.throttle_time_ms == 7
     by_name = {t.name: t for t in merged.responses}
@@ -245,8 +291,13 @@ def test_metadata_naming_only_own_topics_is_still_forwarded_for_its_brokers():
     assert (topic.name, topic.error_code, topic.partitions) == (OWN, TOPIC_AUTHORIZATION_FAILED, [])
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", LOG, OWN, "__ktp_x", "ktp", "decisions_"]),
-                          st.integers(0, 3)), min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", LOG, OWN, "__ktp_x", "ktp", "decisions_"]), st.integers(0, 3)),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_exactly_the_protected_topics_are_refused_and_the_rest_forwarded(topics):
     g = _guard()
     names = [n for n, _ in topics]
@@ -282,8 +333,14 @@ def test_a_large_produce_is_searched_outside_its_records_only():
     TD, PD = _cls(0, "topic_data"), _cls(0, "topic_data", "partition_data")
 
     def frame(topic: str, records: bytes) -> memoryview:
-        body = _body(0, 9, transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
-            TD(version=9, name=topic, partition_data=[PD(version=9, index=0, records=records)])])
+        body = _body(
+            0,
+            9,
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=1000,
+            topic_data=[TD(version=9, name=topic, partition_data=[PD(version=9, index=0, records=records)])],
+        )
         head = b"\x00\x00\x00\x09\x00\x00\x00\x01\x00\x01c\x00"  # Produce v9, client id "c", no tags (header v2)
         return memoryview(_SIZE.pack(len(head) + len(body)) + head + body)
 
@@ -299,8 +356,13 @@ def test_a_metadata_listing_leaves_the_own_topics_out_and_learns_their_ids():
     g = _guard()
     T = _cls(3, "topics", response=True)
     own_id, mine_id = uuid.uuid4(), uuid.uuid4()
-    resp = RESPONSES[3](version=12, topics=[T(version=12, name=OWN, topic_id=own_id, error_code=0),
-                                            T(version=12, name="mine", topic_id=mine_id, error_code=0)])
+    resp = RESPONSES[3](
+        version=12,
+        topics=[
+            T(version=12, name=OWN, topic_id=own_id, error_code=0),
+            T(version=12, name="mine", topic_id=mine_id, error_code=0),
+        ],
+    )
     body = filter_listing(g, 3, 12, bytes(resp.encode()))
     assert [t.name for t in RESPONSES[3].decode(body, version=12).topics] == ["mine"]
     assert g.ids == {own_id: OWN}
@@ -322,13 +384,20 @@ class _Conn:
 
 def _fleet_policy(monkeypatch, **quotas) -> Policy:
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    return Policy(ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET"},
-        "decision_log": {"topic": LOG, "directory": None},
-        "quotas": {"scope": "fleet", "entities": [{"entity": {"user": "mallory"},
-                                                    "quotas": quotas or {"consumer_byte_rate": 1e9}}]},
-    }), Stats())
+    return Policy(
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET"},
+                "decision_log": {"topic": LOG, "directory": None},
+                "quotas": {
+                    "scope": "fleet",
+                    "entities": [{"entity": {"user": "mallory"}, "quotas": quotas or {"consumer_byte_rate": 1e9}}],
+                },
+            }
+        ),
+        Stats(),
+    )
 
 
 def _frame(body: bytes, api: int, version: int) -> bytes:
@@ -352,17 +421,21 @@ def test_the_policy_charges_what_a_mixed_produce_forwards_and_merges_the_refusal
     frame = _frame(_produce(7, ["mine", OWN]), 0, 7)
     header = parse_request_header(frame, 4)
     conn = _Conn()
-    conn.mute = type("M", (), {"hold": lambda self: None, "served": lambda self, s: None,
-                               "mute_for": lambda self, s: None})()
+    conn.mute = type(
+        "M", (), {"hold": lambda self: None, "served": lambda self, s: None, "mute_for": lambda self, s: None}
+    )()
     verdict = policy.on_request(conn, header, frame, 1.0)
     assert type(verdict) is Replace and verdict.whole
     d = verdict.decision
     assert type(d) is Decision and d.bytes_in == len(verdict.frame) - 4 < len(frame) - 4  # the bytes forwarded
-    forwarded = REQUESTS[0].decode(verdict.frame[4 + header.body_offset:], version=7)
+    forwarded = REQUESTS[0].decode(verdict.frame[4 + header.body_offset :], version=7)
     assert [t.name for t in forwarded.topic_data] == ["mine"]
     TR, PR = _cls(0, "responses", response=True), _cls(0, "responses", "partition_responses", response=True)
-    broker = bytes(RESPONSES[0](version=7, responses=[
-        TR(version=7, name="mine", partition_responses=[PR(version=7, index=0)])]).encode())
+    broker = bytes(
+        RESPONSES[0](
+            version=7, responses=[TR(version=7, name="mine", partition_responses=[PR(version=7, index=0)])]
+        ).encode()
+    )
     head = encode_response_header(1, False)
     pending = Pending(header, 1.0, d, whole=True)
     pieces = policy.on_response(conn, pending, memoryview(_SIZE.pack(len(head) + len(broker)) + head + broker), 1.0)
@@ -379,8 +452,13 @@ def test_a_fleet_needs_a_secret():
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="secret"):
-        ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-                                    "fleet": {"name": "prod"}, "quotas": {"scope": "fleet"}})
+        ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "fleet": {"name": "prod"},
+                "quotas": {"scope": "fleet"},
+            }
+        )
 
 
 def test_a_bad_frame_naming_an_own_topic_is_a_protocol_error(monkeypatch):
@@ -410,9 +488,13 @@ def test_the_fleet_ignores_and_counts_a_forged_quota_record(monkeypatch):
     from quotas.fleet_reports import encode_quota_record
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate({
-        "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-        "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET"}, "quotas": {"scope": "fleet"}})
+    config = ProxyConfig.model_validate(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET"},
+            "quotas": {"scope": "fleet"},
+        }
+    )
     policy = Policy(config, Stats())
 
     async def run():

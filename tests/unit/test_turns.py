@@ -13,7 +13,7 @@ def _frames_in(chunks: list[bytes]) -> int:
     data = b"".join(chunks)
     n = pos = 0
     while pos < len(data):
-        pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
+        pos += 4 + int.from_bytes(data[pos : pos + 4], "big")
         n += 1
     return n
 

@@ -16,8 +16,19 @@ from tests.harness.connection_rig import ConnectionRig, produce_request, produce
 
 
 def _fetch_frame(corr: int) -> bytes:
-    req = FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
-                       session_id=0, session_epoch=-1, topics=[], forgotten_topics_data=[], rack_id="", version=12)
+    req = FetchRequest(
+        replica_id=-1,
+        max_wait_ms=500,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[],
+        forgotten_topics_data=[],
+        rack_id="",
+        version=12,
+    )
     req.with_header(correlation_id=corr, client_id="app")
     return bytes(req.encode(header=True, framed=True))
 
@@ -79,8 +90,7 @@ def test_the_first_fetch_switches_to_buffered_reads_before_it_is_sent():
         assert h.conn.buffered_reads and h.upstream.protocol is h.conn.upstream
         assert h.upstream.written  # the Fetch went out (after the switch: it happens while it is read)
         # Its answer is read the buffered way: into the receive buffer, and on to the client.
-        body = bytes(FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[],
-                                   version=12).encode())
+        body = bytes(FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[], version=12).encode())
         answer = encode_response_header(2, True) + body
         framed = len(answer).to_bytes(4, "big") + answer
         room = h.upstream_side.get_buffer(len(framed))
