@@ -74,7 +74,7 @@ def tags_endpoints(api_key: int, version: int, body: bytes | memoryview, shape: 
 
 class ResponseShape:
     """One connection's last small Produce or Fetch response body that carried no ``node_endpoints``, reduced to
-    the bytes that steer a walk of it (``skim._skip_bytes``' ``free`` spans are left out).
+    the bytes that steer a walk of it (the ``free`` spans of ``skim.skip`` are left out).
 
     Why: a producer's responses repeat one shape (the same topics and partitions, no errors), and only offsets,
     timestamps and the throttle time change, all fixed-size fields. A body of the same API, version and length

@@ -39,7 +39,7 @@ from mypy_extensions import i64
 
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
-from protocol.skim import FIXED, STR, TAGS, merge_ops, present, skip, struct_ops
+from protocol.skim import FIXED, STR, TAGS, Ops, merge_ops, present, skip, struct_ops
 from protocol.varint import TruncatedError, read_length
 
 NO_PRODUCER_ID: Final = -1
@@ -69,7 +69,7 @@ class RecordBatchError(ProtocolError):
 # --- plan compilation (once per version) -------------------------------------------------------------------
 
 
-def _split(fields, version: int, flexible: bool, is_target) -> tuple[tuple, Any, tuple]:
+def _split(fields, version: int, flexible: bool, is_target) -> tuple[Ops, Any, Ops]:
     """Ops before the one present field satisfying ``is_target``, that field, ops after it (incl. tags)."""
     on_wire = [f for f in fields if present(f, version)]
     hits = [i for i, f in enumerate(on_wire) if is_target(f)]
@@ -85,24 +85,29 @@ def _has_records(field) -> bool:
         f.type_str == "records" for f in field.fields.values())
 
 
-def _fixed_total(ops: tuple) -> int | None:
+def _fixed_total(ops: Ops) -> int | None:
     """The byte count of ``ops`` when they are all fixed-size (the common case), so skipping is one addition."""
-    if all(op[0] == FIXED for op in ops):
-        return sum(op[1] for op in ops)
+    if all(op.kind == FIXED for op in ops):
+        return sum(op.size for op in ops)
     return None
+
+
+def _only(ops: Ops, kind: int) -> bool:
+    """Whether ``ops`` is the one operation ``kind``."""
+    return len(ops) == 1 and ops[0].kind == kind
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
     flexible: bool
-    top_pre: tuple
-    topic_pre: tuple
+    top_pre: Ops
+    topic_pre: Ops
     topic_pre_fixed: int | None
-    part_pre: tuple
+    part_pre: Ops
     part_pre_fixed: int | None
-    part_post: tuple
-    topic_post: tuple
-    top_post: tuple
+    part_post: Ops
+    topic_post: Ops
+    top_post: Ops
     top_pre_after_str: int | None
     """When the fields before ``topics`` are one string then fixed-size ones (transactional_id, acks,
     timeout_ms: every version but v0-2): the byte count after the string, so the walk needs no ``skip`` call."""
@@ -124,10 +129,10 @@ def _plan(version: int) -> _Plan:
     part_pre, _records, part_post = _split(partitions.fields.values(), version, flexible,
                                            lambda f: f.type_str == "records")
     top_pre_after_str = None
-    if len(top_pre) == 2 and top_pre[0] == (STR, flexible) and top_pre[1][0] == FIXED:
-        top_pre_after_str = top_pre[1][1]
+    if len(top_pre) == 2 and top_pre[0].kind == STR and top_pre[1].kind == FIXED:
+        top_pre_after_str = top_pre[1].size
     return _Plan(flexible, top_pre, topic_pre, _fixed_total(topic_pre), part_pre, _fixed_total(part_pre),
-                 part_post, topic_post, top_post, top_pre_after_str, topic_pre == ((STR, flexible),))
+                 part_post, topic_post, top_post, top_pre_after_str, _only(topic_pre, STR))
 
 
 def _str_end(buf: memoryview, pos: int, flexible: bool) -> int:
@@ -146,7 +151,7 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
     end = len(buf)
     spans: list[tuple[int, int]] = []
     part_post = plan.part_post
-    part_post_tags = part_post == ((TAGS,),)
+    part_post_tags = _only(part_post, TAGS)
     topic = part = -1
     try:
         if plan.top_pre_after_str is not None:
@@ -201,12 +206,12 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                 elif part_post:
                     pos = skip(part_post, buf, pos, end)
             if plan.topic_post:
-                if flexible and buf[pos] == 0 and plan.topic_post == ((TAGS,),):
+                if flexible and buf[pos] == 0 and _only(plan.topic_post, TAGS):
                     pos += 1  # no tagged fields: the usual case
                 else:
                     pos = skip(plan.topic_post, buf, pos, end)
         if plan.top_post:
-            if flexible and buf[pos] == 0 and plan.top_post == ((TAGS,),):
+            if flexible and buf[pos] == 0 and _only(plan.top_post, TAGS):
                 pos += 1
             else:
                 pos = skip(plan.top_post, buf, pos, end)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Generator
 
-from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, top_level_plan
+from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, Ops, top_level_plan
 from protocol.varint import TruncatedError
 
 _I16 = struct.Struct(">h")
@@ -42,13 +42,13 @@ def _uvarint() -> Generator[int, bytes | memoryview, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
-def _walk(ops: tuple) -> _Walk:
+def _walk(ops: Ops) -> _Walk:
     for op in ops:
-        kind = op[0]
+        kind = op.kind
         if kind == FIXED:
-            yield -op[1]
+            yield -op.size
         elif kind in (STR, BYTES):
-            if op[1]:
+            if op.compact:
                 n = (yield from _uvarint()) - 1
             elif kind == STR:
                 n = _I16.unpack((yield 2))[0]
@@ -57,17 +57,17 @@ def _walk(ops: tuple) -> _Walk:
             if n > 0:
                 yield -n
         elif kind == ARRAY:
-            count = (yield from _uvarint()) - 1 if op[2] else _I32.unpack((yield 4))[0]
-            inner = op[1]
-            if len(inner) == 1 and inner[0][0] == FIXED:
+            count = (yield from _uvarint()) - 1 if op.compact else _I32.unpack((yield 4))[0]
+            inner = op.inner
+            if len(inner) == 1 and inner[0].kind == FIXED:
                 if count > 0:
-                    yield -count * inner[0][1]
+                    yield -count * inner[0].size
             else:
                 for _ in range(count):
                     yield from _walk(inner)
         elif kind == NSTRUCT:
             if (yield 1)[0] != 0xFF:
-                yield from _walk(op[1])
+                yield from _walk(op.inner)
         else:  # TAGS of a nested struct
             for _ in range((yield from _uvarint())):
                 yield from _uvarint()
@@ -76,7 +76,7 @@ def _walk(ops: tuple) -> _Walk:
                     yield -size
 
 
-def _top(plan: tuple) -> _Walk:
+def _top(plan: tuple[tuple[str, Ops], ...]) -> _Walk:
     for _name, ops in plan:
         yield from _walk(ops)
 
