@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
+from typing import Any, TypeAlias
 
 from kafka.protocol.api_message import ApiMessage
 
@@ -227,12 +228,24 @@ def _padded(entries: list[tuple[int, bytes]], length: int) -> bytes | None:
     return None if filler is None else _section([*entries, filler])
 
 
-def rewrite_endpoints_tail(
-    api_key: int,
-    version: int,
-    section: bytes,
-    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
-) -> tuple[bytes, list[BrokerEndpoint]] | None:
+EndpointMapping: TypeAlias = Callable[[BrokerEndpoint], tuple[str, int] | None]
+"""An endpoint's proxy address, or None to leave the endpoint out."""
+TailRewrite: TypeAlias = tuple[bytes, list[BrokerEndpoint]] | None
+"""A rewritten tail and the endpoints the broker sent; None: the tail holds no endpoint."""
+
+
+def _kept_endpoints(msg: ApiMessage, mapping: EndpointMapping) -> list[Any]:
+    """``msg``'s ``node_endpoints`` that ``mapping`` keeps, their addresses rewritten in place."""
+    kept: list[Any] = []
+    for ep in msg.node_endpoints:
+        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
+        if mapped is not None:
+            ep.host, ep.port = mapped
+            kept.append(ep)
+    return kept
+
+
+def rewrite_endpoints_tail(api_key: int, version: int, section: bytes, mapping: EndpointMapping) -> TailRewrite:
     """Rewrite the ``node_endpoints`` in a top-level tagged ``section`` without changing its length.
 
     Returns None when the section has no ``node_endpoints``; else the new section and the endpoints
@@ -256,12 +269,7 @@ def rewrite_endpoints_tail(
     msg = decode_body(response_class(api_key), prefix + section, version)
     addressed = AddressedResponse(api_key, version, msg)
     endpoints = addressed.endpoints()
-    kept = []
-    for ep in msg.node_endpoints:
-        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
-        if mapped is not None:
-            ep.host, ep.port = mapped
-            kept.append(ep)
+    kept = _kept_endpoints(msg, mapping)
     # As many endpoints as fit (a longer proxy host name may not leave room for all of them).
     for n in range(len(kept), 0, -1):
         msg.node_endpoints = kept[:n]
@@ -274,12 +282,7 @@ def rewrite_endpoints_tail(
     return rewritten, endpoints
 
 
-def _rewrite_share_tail(
-    api_key: int,
-    version: int,
-    section: bytes,
-    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
-) -> tuple[bytes, list[BrokerEndpoint]] | None:
+def _rewrite_share_tail(api_key: int, version: int, section: bytes, mapping: EndpointMapping) -> TailRewrite:
     """``rewrite_endpoints_tail`` for a ShareFetch/ShareAcknowledge tail: ``node_endpoints`` (a compact
     array) followed by the top-level tagged section. The rewritten array is followed by the broker's
     own tagged fields (none is known at the top level, so they are kept byte for byte), padded with
@@ -296,12 +299,7 @@ def _rewrite_share_tail(
     tags = _tag_entries(body[plan.tags_offset :])
     msg = decode_body(cls, body, version)
     endpoints = AddressedResponse(api_key, version, msg).endpoints()
-    kept = []
-    for ep in msg.node_endpoints:
-        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
-        if mapped is not None:
-            ep.host, ep.port = mapped
-            kept.append(ep)
+    kept = _kept_endpoints(msg, mapping)
     for n in range(len(kept), -1, -1):  # down to none: 1 byte, and a filler takes 2, so this ends
         msg.node_endpoints = kept[:n]
         encoded = bytes(msg.encode())

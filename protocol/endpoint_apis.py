@@ -98,12 +98,9 @@ class ResponseShape:
         if api_key != self.api_key or version != self.version or len(body) != len(prev):
             return False
         gaps = self.gaps
-        i = 0
-        n = len(gaps)
-        while i < n:
-            j: int = gaps[i]
-            stop: int = gaps[i + 1]
-            i += 2
+        for k in range(0, len(gaps), 2):
+            j: int = gaps[k]
+            stop: int = gaps[k + 1]
             while j < stop:
                 if body[j] != prev[j]:
                     return False
@@ -114,12 +111,9 @@ class ResponseShape:
         """Keep ``body``, walked without a tag, and the complement of its ``free`` spans (in walk order)."""
         gaps: list[int] = []
         at = 0
-        i = 0
-        n = len(free)
-        while i < n:
-            start: int = free[i]
-            stop: int = free[i + 1]
-            i += 2
+        for k in range(0, len(free), 2):
+            start: int = free[k]
+            stop: int = free[k + 1]
             if start > at:
                 gaps.append(at)
                 gaps.append(start)
