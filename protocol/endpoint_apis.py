@@ -59,7 +59,8 @@ def tags_endpoints(api_key: int, version: int, body: bytes | memoryview, shape: 
     body, see ``skim.top_level_tags``). Raises TruncatedError (a ValueError) for a body that does not parse.
 
     ``shape``: the connection's memo. A small body shaped like the last one it remembers has no tag, and is
-    not walked (the walk was a tenth of a plain Produce round trip's instructions)."""
+    not walked: a producer's responses repeat one shape, so the walk, a large part of a plain Produce round
+    trip, is nearly always saved."""
     if shape is None or len(body) > SMALL_BODY_BYTES:
         return NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, body)
     data = body if isinstance(body, bytes) else bytes(body)  # compiled, bytes() is a generic call

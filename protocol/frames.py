@@ -24,7 +24,7 @@ copied."""
 SMALL_RESPONSE_BYTES: Final = 4096
 """Response frames up to this size (prefix included) come out of :class:`FrameReceiver` as ``bytes`` copies: the
 readers that follow (correlation id, body offset, node_endpoints check, throttle) then index and slice natively,
-where each access to a memoryview builds an object (about 450 instructions a slice, seven a Produce response).
+where each access to a memoryview builds an object (several a Produce response).
 Larger ones (Fetch data) stay views of the receive buffer, never copied: a copy costs per byte."""
 _SIZE: Final = struct.Struct(">i")
 _SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call by name is a lookup each time
@@ -397,7 +397,7 @@ class FrameReceiver:
         """The next frame or stream piece now in hand, None when there is none yet. Asked one at a time, so the
         ``should_stream`` predicate sees the state left by the caller's handling of every earlier frame (e.g.
         which request is the oldest in flight). Raises FrameError for a size prefix that is negative or too large.
-        (A method, not a generator: compiled, resuming a generator costs a thousand instructions a frame.)"""
+        (A method, not a generator: compiled, resuming a generator costs far more than a native method call.)"""
         start, end = self._start, self._end
         view = self._view
         left = self._stream_left

@@ -61,7 +61,7 @@ class InFlight:
     """The requests owed an answer, oldest first.
 
     A list and the index of its oldest live entry rather than a ``deque``: compiled, a list's append and index
-    are native, where each deque operation was a method call by name (about 1.1k instructions a round trip).
+    are native, where each deque operation is a method call by name.
     Answered entries are cleared at once; the list itself is emptied whenever nothing is owed (after nearly
     every response) and compacted once its answered head outgrows what is still owed, so it stays bounded by
     twice the requests in flight."""

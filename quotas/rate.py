@@ -86,8 +86,8 @@ class SampledRate:
         self._whole_ms = float(window_ms).is_integer()
         self._unpadded_from = (samples - 1) * window_ms * (1 + 1e-9)
         """An elapsed time from which :meth:`_window` pads nothing, with a margin so that the float floor division
-        it stands in for cannot round below ``samples - 1``. Steady traffic is past it, and the division cost a
-        fifth of a charge's instructions."""
+        it stands in for cannot round below ``samples - 1``. Steady traffic is past it, and the division was a
+        large share of a charge's cost."""
         self._values = array("d", bytes(8 * slots))
         self._starts = array("d", bytes(8 * slots))
         self._last = array("d", bytes(8 * slots))
