@@ -13,10 +13,11 @@ leadership change).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
+from typing import Any, TypeAlias
 
 from kafka.protocol.api_message import ApiMessage
 
@@ -37,12 +38,21 @@ _FILLER_TAGS = (10_000, 127)
 fields, so one of these, holding zero bytes, pads a rewritten tagged section back to the length already
 announced."""
 
+
 @dataclass(slots=True, frozen=True)
 class BrokerEndpoint:
     node_id: int
     host: str
     port: int
     rack: str | None = None
+
+
+def _response_class(api_key: int) -> type[ApiMessage]:
+    """The response class of an API that carries broker addresses (every one has one in kafka-python)."""
+    cls = response_class(api_key)
+    if cls is None:
+        raise ValueError(f"no response schema for api {api_key}")
+    return cls
 
 
 @dataclass(slots=True)
@@ -81,7 +91,7 @@ def decode_addressed(api_key: int, version: int, body: bytes | memoryview) -> Ad
     """
     if api_key not in ADDRESS_APIS:
         return None
-    cls = response_class(api_key)
+    cls = _response_class(api_key)
     since = tagged_endpoints_since(api_key)
     if since is not None:
         if version < since or not tags_endpoints(api_key, version, body):
@@ -93,10 +103,13 @@ def decode_addressed(api_key: int, version: int, body: bytes | memoryview) -> Ad
     return AddressedResponse(api_key, version, decode_body(cls, body, version))
 
 
-def _entries(api_key: int, msg: ApiMessage):
+_Entry: TypeAlias = tuple[int, str, int, "str | None", Callable[[str, int], None]]
+
+
+def _entries(api_key: int, msg: ApiMessage) -> Iterator[_Entry]:
     """(node_id, host, port, rack, setter) for every live address in the message."""
 
-    def setter_for(obj):
+    def setter_for(obj: Any) -> Callable[[str, int], None]:
         def set_(host: str, port: int) -> None:
             obj.host = host
             obj.port = port
@@ -133,8 +146,8 @@ class _FieldsBefore:
 
     __slots__ = ("name", "_struct", "_cls")
 
-    def __init__(self, cls, stop: str) -> None:
-        fields = {}
+    def __init__(self, cls: Any, stop: str) -> None:
+        fields: dict[str, Any] = {}
         for name, field in cls._struct.fields.items():
             if name == stop:
                 break
@@ -151,16 +164,16 @@ class _FieldsBefore:
 
 @lru_cache(maxsize=16)  # one per API: the stand-ins are keys of skim's plan cache, so they must be reused
 def _share_head(api_key: int) -> _FieldsBefore:
-    return _FieldsBefore(response_class(api_key), _NODE_ENDPOINTS)
+    return _FieldsBefore(_response_class(api_key), _NODE_ENDPOINTS)
 
 
-def tail_watch_class(api_key: int):
+def tail_watch_class(api_key: int) -> Any:
     """The message class a ``TailWatch`` follows so that it stops where the endpoints tail begins: the
     response class itself (Produce, Fetch: the tagged section) or, for ShareFetch and ShareAcknowledge,
     a stand-in that ends before ``node_endpoints``."""
     if api_key in SHARE_ADDRESS_APIS:
         return _share_head(api_key)
-    return response_class(api_key)
+    return _response_class(api_key)
 
 
 @lru_cache(maxsize=4096)  # versions come from clients (capped, but bounded here too)
@@ -168,7 +181,7 @@ def _empty_prefix(api_key: int, version: int) -> bytes:
     """The fields before the endpoints tail of an empty response (all non-tagged fields; for
     ShareFetch and ShareAcknowledge those before ``node_endpoints``): put before a tail, it makes a
     body kafka-python can decode, so the tail is read with the schema, not by hand."""
-    cls = response_class(api_key)
+    cls = _response_class(api_key)
     body = cls().encode(version=version)
     plan = layout(cls, version, body)
     if api_key in SHARE_ADDRESS_APIS:
@@ -227,12 +240,24 @@ def _padded(entries: list[tuple[int, bytes]], length: int) -> bytes | None:
     return None if filler is None else _section([*entries, filler])
 
 
-def rewrite_endpoints_tail(
-    api_key: int,
-    version: int,
-    section: bytes,
-    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
-) -> tuple[bytes, list[BrokerEndpoint]] | None:
+EndpointMapping: TypeAlias = Callable[[BrokerEndpoint], tuple[str, int] | None]
+"""An endpoint's proxy address, or None to leave the endpoint out."""
+TailRewrite: TypeAlias = tuple[bytes, list[BrokerEndpoint]] | None
+"""A rewritten tail and the endpoints the broker sent; None: the tail holds no endpoint."""
+
+
+def _kept_endpoints(msg: ApiMessage, mapping: EndpointMapping) -> list[Any]:
+    """``msg``'s ``node_endpoints`` that ``mapping`` keeps, their addresses rewritten in place."""
+    kept: list[Any] = []
+    for ep in msg.node_endpoints:
+        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
+        if mapped is not None:
+            ep.host, ep.port = mapped
+            kept.append(ep)
+    return kept
+
+
+def rewrite_endpoints_tail(api_key: int, version: int, section: bytes, mapping: EndpointMapping) -> TailRewrite:
     """Rewrite the ``node_endpoints`` in a top-level tagged ``section`` without changing its length.
 
     Returns None when the section has no ``node_endpoints``; else the new section and the endpoints
@@ -253,15 +278,10 @@ def rewrite_endpoints_tail(
     if all(tag != NODE_ENDPOINTS_TAG for tag, _ in entries):
         return None
     prefix = _empty_prefix(api_key, version)
-    msg = decode_body(response_class(api_key), prefix + section, version)
+    msg = decode_body(_response_class(api_key), prefix + section, version)
     addressed = AddressedResponse(api_key, version, msg)
     endpoints = addressed.endpoints()
-    kept = []
-    for ep in msg.node_endpoints:
-        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
-        if mapped is not None:
-            ep.host, ep.port = mapped
-            kept.append(ep)
+    kept = _kept_endpoints(msg, mapping)
     # As many endpoints as fit (a longer proxy host name may not leave room for all of them).
     for n in range(len(kept), 0, -1):
         msg.node_endpoints = kept[:n]
@@ -274,17 +294,12 @@ def rewrite_endpoints_tail(
     return rewritten, endpoints
 
 
-def _rewrite_share_tail(
-    api_key: int,
-    version: int,
-    section: bytes,
-    mapping: Callable[[BrokerEndpoint], tuple[str, int] | None],
-) -> tuple[bytes, list[BrokerEndpoint]] | None:
+def _rewrite_share_tail(api_key: int, version: int, section: bytes, mapping: EndpointMapping) -> TailRewrite:
     """``rewrite_endpoints_tail`` for a ShareFetch/ShareAcknowledge tail: ``node_endpoints`` (a compact
     array) followed by the top-level tagged section. The rewritten array is followed by the broker's
     own tagged fields (none is known at the top level, so they are kept byte for byte), padded with
     an unknown one to the tail's length; endpoints that do not fit are left out, last first."""
-    cls = response_class(api_key)
+    cls = _response_class(api_key)
     prefix = _empty_prefix(api_key, version)
     body = prefix + section
     plan = layout(cls, version, body)
@@ -296,12 +311,7 @@ def _rewrite_share_tail(
     tags = _tag_entries(body[plan.tags_offset :])
     msg = decode_body(cls, body, version)
     endpoints = AddressedResponse(api_key, version, msg).endpoints()
-    kept = []
-    for ep in msg.node_endpoints:
-        mapped = mapping(BrokerEndpoint(ep.node_id, ep.host, ep.port, ep.rack))
-        if mapped is not None:
-            ep.host, ep.port = mapped
-            kept.append(ep)
+    kept = _kept_endpoints(msg, mapping)
     for n in range(len(kept), -1, -1):  # down to none: 1 byte, and a filler takes 2, so this ends
         msg.node_endpoints = kept[:n]
         encoded = bytes(msg.encode())

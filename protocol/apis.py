@@ -25,8 +25,8 @@ class Api:
     """The API keys the proxy itself names somewhere in its code.
 
     Plain ``Final`` ints, not an IntEnum: mypyc folds a final literal into its compiled callers, while every
-    ``Api.X`` of an enum was an attribute lookup and a rich compare (≈700 instructions each on the per-request
-    path, callgrind). :data:`API_NAMES` names them.
+    ``Api.X`` of an enum was an attribute lookup and a rich compare, several of them on the per-request path.
+    :data:`API_NAMES` names them.
     """
 
     PRODUCE: Final = 0

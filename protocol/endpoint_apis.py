@@ -59,7 +59,8 @@ def tags_endpoints(api_key: int, version: int, body: bytes | memoryview, shape: 
     body, see ``skim.top_level_tags``). Raises TruncatedError (a ValueError) for a body that does not parse.
 
     ``shape``: the connection's memo. A small body shaped like the last one it remembers has no tag, and is
-    not walked (the walk was a tenth of a plain Produce round trip's instructions)."""
+    not walked: a producer's responses repeat one shape, so the walk, a large part of a plain Produce round
+    trip, is nearly always saved."""
     if shape is None or len(body) > SMALL_BODY_BYTES:
         return NODE_ENDPOINTS_TAG in top_level_tags(RESPONSES[api_key], version, body)
     data = body if isinstance(body, bytes) else bytes(body)  # compiled, bytes() is a generic call
@@ -74,7 +75,7 @@ def tags_endpoints(api_key: int, version: int, body: bytes | memoryview, shape: 
 
 class ResponseShape:
     """One connection's last small Produce or Fetch response body that carried no ``node_endpoints``, reduced to
-    the bytes that steer a walk of it (``skim._skip_bytes``' ``free`` spans are left out).
+    the bytes that steer a walk of it (the ``free`` spans of ``skim.skip`` are left out).
 
     Why: a producer's responses repeat one shape (the same topics and partitions, no errors), and only offsets,
     timestamps and the throttle time change, all fixed-size fields. A body of the same API, version and length
@@ -98,12 +99,9 @@ class ResponseShape:
         if api_key != self.api_key or version != self.version or len(body) != len(prev):
             return False
         gaps = self.gaps
-        i = 0
-        n = len(gaps)
-        while i < n:
-            j: int = gaps[i]
-            stop: int = gaps[i + 1]
-            i += 2
+        for k in range(0, len(gaps), 2):
+            j: int = gaps[k]
+            stop: int = gaps[k + 1]
             while j < stop:
                 if body[j] != prev[j]:
                     return False
@@ -114,12 +112,9 @@ class ResponseShape:
         """Keep ``body``, walked without a tag, and the complement of its ``free`` spans (in walk order)."""
         gaps: list[int] = []
         at = 0
-        i = 0
-        n = len(free)
-        while i < n:
-            start: int = free[i]
-            stop: int = free[i + 1]
-            i += 2
+        for k in range(0, len(free), 2):
+            start: int = free[k]
+            stop: int = free[k + 1]
             if start > at:
                 gaps.append(at)
                 gaps.append(start)

@@ -24,7 +24,7 @@ copied."""
 SMALL_RESPONSE_BYTES: Final = 4096
 """Response frames up to this size (prefix included) come out of :class:`FrameReceiver` as ``bytes`` copies: the
 readers that follow (correlation id, body offset, node_endpoints check, throttle) then index and slice natively,
-where each access to a memoryview builds an object (about 450 instructions a slice, seven a Produce response).
+where each access to a memoryview builds an object (several a Produce response).
 Larger ones (Fetch data) stay views of the receive buffer, never copied: a copy costs per byte."""
 _SIZE: Final = struct.Struct(">i")
 _SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call by name is a lookup each time
@@ -142,11 +142,25 @@ class FrameReader:
     are returned with :meth:`release_forwarded` once the caller has passed them on.
     """
 
-    __slots__ = ("_max", "_pool", "_pool_min", "_stash", "_partial", "_need", "_reserved", "_done_reserved",
-                 "_granted", "waiting")
+    __slots__ = (
+        "_max",
+        "_pool",
+        "_pool_min",
+        "_stash",
+        "_partial",
+        "_need",
+        "_reserved",
+        "_done_reserved",
+        "_granted",
+        "waiting",
+    )
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, pool: RequestBytesPool | None = None,
-                 pool_min_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        pool: RequestBytesPool | None = None,
+        pool_min_bytes: int = 1 << 20,
+    ) -> None:
         self._max = max_frame_bytes
         self._pool = pool
         self._pool_min = pool_min_bytes
@@ -310,8 +324,21 @@ class FrameReceiver:
     left by the caller's handling of every earlier frame (e.g. which request is the oldest in flight).
     """
 
-    __slots__ = ("_max", "_should_stream", "_capacity", "_initial", "_buf", "_view", "_start", "_end", "_need",
-                 "_stream_left", "_room", "_grow", "allocations")
+    __slots__ = (
+        "_max",
+        "_should_stream",
+        "_capacity",
+        "_initial",
+        "_buf",
+        "_view",
+        "_start",
+        "_end",
+        "_need",
+        "_stream_left",
+        "_room",
+        "_grow",
+        "allocations",
+    )
 
     def __init__(
         self,
@@ -398,7 +425,7 @@ class FrameReceiver:
         """The next frame or stream piece now in hand, None when there is none yet. Asked one at a time, so the
         ``should_stream`` predicate sees the state left by the caller's handling of every earlier frame (e.g.
         which request is the oldest in flight). Raises FrameError for a size prefix that is negative or too large.
-        (A method, not a generator: compiled, resuming a generator costs a thousand instructions a frame.)"""
+        (A method, not a generator: compiled, resuming a generator costs far more than a native method call.)"""
         start, end = self._start, self._end
         view = self._view
         left = self._stream_left

@@ -24,13 +24,14 @@ class HeaderError(ProtocolError):
 
 class RequestHeader:
     """A request's header, read. A plain class, not a dataclass: compiled by mypyc, a dataclass's ``__init__`` stays
-    the interpreted one the decorator generates (≈7k instructions a header, measured with callgrind); this one is
-    native. Treat it as immutable."""
+    the interpreted one the decorator generates, and a header is made for every request; this one is native. Treat
+    it as immutable."""
 
     __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body_offset")
 
-    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
-                 body_offset: int | None) -> None:
+    def __init__(
+        self, api_key: int, api_version: int, correlation_id: int, client_id: str | None, body_offset: int | None
+    ) -> None:
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
@@ -48,8 +49,9 @@ class RequestHeader:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return ("RequestHeader(api_key={}, api_version={}, correlation_id={}, client_id={!r}, body_offset={})"
-                .format(*self._key()))
+        return "RequestHeader(api_key={}, api_version={}, correlation_id={}, client_id={!r}, body_offset={})".format(
+            *self._key()
+        )
 
 
 HEAD_COPY_BYTES: Final = 128 * 1024
@@ -75,8 +77,8 @@ def parse_request_header(frame: bytes | bytearray | memoryview, start: int = 0) 
 
 class _FlexibleMemo:
     """``request_is_flexible`` or ``response_header_is_flexible`` (``lookup``) for the (api, version) asked last: a
-    client sends the same request after request, and the lookup is an interpreted, cached call (≈700
-    instructions; this is a compare)."""
+    client sends the same request after request, and the lookup is an interpreted, cached call where this is a
+    compare."""
 
     __slots__ = ("lookup", "key", "flexible")
 
@@ -140,7 +142,7 @@ def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
 
 def response_correlation_id(frame: bytes | memoryview, start: int = 0) -> int:
     """The correlation id of the response at ``frame[start:]`` (after its size prefix): read byte by byte on
-    ``bytes`` (native when compiled; ``struct`` was 800 instructions a response), with ``struct`` on a view."""
+    ``bytes`` (native when compiled, where ``struct`` is a generic call), with ``struct`` on a view."""
     if len(frame) - start < 4:
         raise HeaderError(f"response frame of {len(frame) - start} bytes is shorter than a response header")
     if isinstance(frame, bytes):

@@ -15,9 +15,15 @@ from protocol.varint import read_length
 
 _LONG_WAITS_MS: dict[int, int] = {
     Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
-    Api.CREATE_TOPICS: 120_000, Api.DELETE_TOPICS: 120_000, Api.DELETE_RECORDS: 120_000,
-    Api.CREATE_PARTITIONS: 120_000, Api.ELECT_LEADERS: 120_000, Api.ALTER_PARTITION_REASSIGNMENTS: 120_000,
-    Api.INIT_PRODUCER_ID: 60_000, Api.ADD_PARTITIONS_TO_TXN: 60_000, Api.END_TXN: 60_000,
+    Api.CREATE_TOPICS: 120_000,
+    Api.DELETE_TOPICS: 120_000,
+    Api.DELETE_RECORDS: 120_000,
+    Api.CREATE_PARTITIONS: 120_000,
+    Api.ELECT_LEADERS: 120_000,
+    Api.ALTER_PARTITION_REASSIGNMENTS: 120_000,
+    Api.INIT_PRODUCER_ID: 60_000,
+    Api.ADD_PARTITIONS_TO_TXN: 60_000,
+    Api.END_TXN: 60_000,
 }
 """Requests whose answer may legitimately take long but whose wait is not one field the proxy reads: the longest
 their clients' defaults allow (the admin APIs' timeout_ms, a rebalance's max.poll.interval.ms)."""
@@ -40,8 +46,16 @@ class Pending:
 
     __slots__ = ("header", "sent_at", "decision", "local", "internal", "wait_ms", "whole")
 
-    def __init__(self, header: RequestHeader, sent_at: float, decision: Any = None, local: bytes | None = None,
-                 internal: Any = None, wait_ms: int = 0, whole: bool = False) -> None:
+    def __init__(
+        self,
+        header: RequestHeader,
+        sent_at: float,
+        decision: Any = None,
+        local: bytes | None = None,
+        internal: Any = None,
+        wait_ms: int = 0,
+        whole: bool = False,
+    ) -> None:
         self.header = header
         self.sent_at = sent_at
         self.decision = decision
@@ -61,7 +75,7 @@ class InFlight:
     """The requests owed an answer, oldest first.
 
     A list and the index of its oldest live entry rather than a ``deque``: compiled, a list's append and index
-    are native, where each deque operation was a method call by name (about 1.1k instructions a round trip).
+    are native, where each deque operation is a method call by name.
     Answered entries are cleared at once; the list itself is emptied whenever nothing is owed (after nearly
     every response) and compacted once its answered head outgrows what is still owed, so it stays bounded by
     twice the requests in flight."""

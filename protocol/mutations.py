@@ -214,8 +214,9 @@ def _array_header(count: int, flexible: bool) -> bytes:
     return UnsignedVarInt32.encode(count + 1) if flexible else _I32.pack(count)
 
 
-def _splice(body: bytes | memoryview, cut: _ArrayCut, elements: Sequence[bytes | memoryview], flexible: bool
-            ) -> bytearray:
+def _splice(
+    body: bytes | memoryview, cut: _ArrayCut, elements: Sequence[bytes | memoryview], flexible: bool
+) -> bytearray:
     out = bytearray(body[: cut.start])
     out += _array_header(len(elements), flexible)
     for element in elements:
@@ -254,8 +255,9 @@ def parse_request(api_key: int, api_version: int, body: bytes | bytearray | memo
     topics: list[TopicMutation] = []
     for i, item in enumerate(cut.items):
         if api_key == Api.CREATE_TOPICS:
-            topics.append(CreateTopic(i, item.name, item.num_partitions, item.replication_factor,
-                                      len(item.assignments or ())))
+            topics.append(
+                CreateTopic(i, item.name, item.num_partitions, item.replication_factor, len(item.assignments or ()))
+            )
         elif api_key == Api.CREATE_PARTITIONS:
             topics.append(NewPartitions(i, item.name, item.count, len(item.assignments or ())))
         elif api_version >= 6:
@@ -267,8 +269,9 @@ def parse_request(api_key: int, api_version: int, body: bytes | bytearray | memo
     for t in topics:
         (dups if t.key in seen else seen).add(t.key)
     validate_only = bool(msg.validate_only) if api_key != Api.DELETE_TOPICS else False
-    return MutationRequest(api_key, api_version, tuple(topics), msg.timeout_ms, validate_only, frozenset(dups),
-                           data, cut)
+    return MutationRequest(
+        api_key, api_version, tuple(topics), msg.timeout_ms, validate_only, frozenset(dups), data, cut
+    )
 
 
 def _indices(request: MutationRequest, indices: Iterable[int], what: str) -> list[int]:
@@ -305,8 +308,9 @@ def _clamp(ms: int) -> int:
     return min(max(int(ms), 0), INT32_MAX)
 
 
-def _rejection_response(request: MutationRequest, indices: list[int], throttle_ms: int, message: str | None,
-                        error_code: int) -> ApiMessage:
+def _rejection_response(
+    request: MutationRequest, indices: list[int], throttle_ms: int, message: str | None, error_code: int
+) -> ApiMessage:
     """A kafka-python response message with a rejection for each topic at ``indices``."""
     _, resp_cls = _classes(request.api_key)
     version = request.version
@@ -318,12 +322,21 @@ def _rejection_response(request: MutationRequest, indices: list[int], throttle_m
         t = request.topics[i]
         if request.api_key == Api.CREATE_TOPICS:
             # Kafka's error result: no topic id, num_partitions/replication_factor -1, no configs
-            item = result_cls(version=version, name=t.name, topic_id=None, error_code=error_code, error_message=text,
-                              num_partitions=-1, replication_factor=-1, configs=[])
+            item = result_cls(
+                version=version,
+                name=t.name,
+                topic_id=None,
+                error_code=error_code,
+                error_message=text,
+                num_partitions=-1,
+                replication_factor=-1,
+                configs=[],
+            )
         elif isinstance(t, DeleteTopic):  # DeleteTopics (parse_request makes DeleteTopic for that api only)
             # by id: echo the id, the name is unknown (null); by name: the name, no id
-            item = result_cls(version=version, name=t.name, topic_id=t.topic_id, error_code=error_code,
-                              error_message=text)
+            item = result_cls(
+                version=version, name=t.name, topic_id=t.topic_id, error_code=error_code, error_message=text
+            )
         else:
             item = result_cls(version=version, name=t.name, error_code=error_code, error_message=text)
         items.append(item)
@@ -335,8 +348,9 @@ def _require_strict(request: MutationRequest) -> None:
         raise ValueError(f"{request.label} predates THROTTLING_QUOTA_EXCEEDED; admit it and mute instead")
 
 
-def reject_all(request: MutationRequest, throttle_ms: int, message: str | None = None,
-               error_code: int = THROTTLING_QUOTA_EXCEEDED) -> bytes:
+def reject_all(
+    request: MutationRequest, throttle_ms: int, message: str | None = None, error_code: int = THROTTLING_QUOTA_EXCEEDED
+) -> bytes:
     """The proxy's own response body (same version) rejecting every topic, in request order, with
     ``throttle_time_ms`` = ``throttle_ms`` (clamped to int32). ``message`` defaults to ``quota_message``.
 
@@ -348,9 +362,14 @@ def reject_all(request: MutationRequest, throttle_ms: int, message: str | None =
     return bytes(msg.encode())  # kafka-python encodes into a bytearray; compiled callers hold us to "bytes"
 
 
-def merge_response(request: MutationRequest, broker_body: bytes | bytearray | memoryview, rejected: Iterable[int],
-                   throttle_ms: int, message: str | None = None,
-                   error_code: int = THROTTLING_QUOTA_EXCEEDED) -> bytes:
+def merge_response(
+    request: MutationRequest,
+    broker_body: bytes | bytearray | memoryview,
+    rejected: Iterable[int],
+    throttle_ms: int,
+    message: str | None = None,
+    error_code: int = THROTTLING_QUOTA_EXCEEDED,
+) -> bytes:
     """The client's response body: the broker's answer to ``subset_request(request, admitted)`` (admitted =
     every index not in ``rejected``) merged with the proxy's rejections, in the original request order, and
     ``throttle_time_ms`` = max(broker's, ``throttle_ms``).
@@ -396,8 +415,9 @@ def merge_response(request: MutationRequest, broker_body: bytes | bytearray | me
         else:
             answered[index] = element
 
-    own = _rejection_response(request, rejected_idx, 0, message if message is not None else quota_message(ms),
-                              error_code).encode()
+    own = _rejection_response(
+        request, rejected_idx, 0, message if message is not None else quota_message(ms), error_code
+    ).encode()
     own_view = memoryview(own)
     own_cut = _cut_array(resp_cls, version, own_view, results)
     mine = {i: own_view[s:e] for i, (s, e) in zip(rejected_idx, own_cut.spans, strict=True)}

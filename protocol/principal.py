@@ -26,8 +26,15 @@ from protocol.sasl_identity import SaslIdentity
 
 # The only keywords Java emits in RFC 2253 form; any other attribute is written as its OID and its value in hex.
 _KEYWORDS = {
-    "2.5.4.3": "CN", "2.5.4.6": "C", "2.5.4.7": "L", "2.5.4.8": "ST", "2.5.4.10": "O", "2.5.4.11": "OU",
-    "2.5.4.9": "STREET", "0.9.2342.19200300.100.1.25": "DC", "0.9.2342.19200300.100.1.1": "UID",
+    "2.5.4.3": "CN",
+    "2.5.4.6": "C",
+    "2.5.4.7": "L",
+    "2.5.4.8": "ST",
+    "2.5.4.10": "O",
+    "2.5.4.11": "OU",
+    "2.5.4.9": "STREET",
+    "0.9.2342.19200300.100.1.25": "DC",
+    "0.9.2342.19200300.100.1.1": "UID",
 }
 # Value types written as text (Java's isDerString, non-canonical): UTF8, Printable, T61, IA5, General, BMP.
 _TEXT_TAGS = frozenset({0x0C, 0x13, 0x14, 0x16, 0x1B, 0x1E})
@@ -50,7 +57,7 @@ def _tlv(data: bytes, pos: int) -> tuple[int, int, int]:
         n = first & 0x7F
         if n == 0 or n > 4 or pos + n > len(data):
             raise CertificateError("bad length")
-        length = int.from_bytes(data[pos:pos + n], "big")
+        length = int.from_bytes(data[pos : pos + n], "big")
         pos += n
     if pos + length > len(data):
         raise CertificateError("truncated element")
@@ -207,7 +214,7 @@ def _java_replacement(replacement: str, m: re.Match[str] | None, pattern: re.Pat
             i += 1
             if i < n and replacement[i] == "{":
                 close = replacement.find("}", i)
-                name = replacement[i + 1:close] if close > 0 else ""
+                name = replacement[i + 1 : close] if close > 0 else ""
                 if not name or name not in pattern.groupindex:
                     raise MappingRuleError(f"replacement {replacement!r}: no group named {name!r}")
                 ref: int | str = name
@@ -266,8 +273,9 @@ class PrincipalMapper:
                     pattern, i = _scan_part(text, i + len("RULE:"))
                     replacement, i = _scan_part(text, i)
                 except ValueError:
-                    raise MappingRuleError(f"invalid rule {text[start:]!r}: want RULE:pattern/replacement/[LU]") \
-                        from None
+                    raise MappingRuleError(
+                        f"invalid rule {text[start:]!r}: want RULE:pattern/replacement/[LU]"
+                    ) from None
                 case = ""
                 if i < n and text[i] in "LU":
                     case, i = text[i], i + 1

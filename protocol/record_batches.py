@@ -32,14 +32,14 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 from mypy_extensions import i64
 
 from protocol.apis import Api, request_class
 from protocol.errors import ProtocolError
-from protocol.skim import FIXED, STR, TAGS, merge_ops, present, skip, struct_ops
+from protocol.skim import FIXED, STR, TAGS, Ops, merge_ops, present, skip, struct_ops
 from protocol.varint import TruncatedError, read_length
 
 NO_PRODUCER_ID: Final = -1
@@ -61,9 +61,6 @@ _V2_HEADER: Final = 61  # a magic-2 batch header, log overhead included
 # v2 batch header is 61 bytes of which 12 are the log overhead.
 _MIN_LENGTH = (14, 22, 49)
 
-_Ops: TypeAlias = tuple[tuple[Any, ...], ...]
-"""Skip operations (``protocol.skim``'s tuples)."""
-
 
 class RecordBatchError(ProtocolError):
     """A Produce request or one of its record batches is truncated or malformed; the message says where."""
@@ -72,8 +69,9 @@ class RecordBatchError(ProtocolError):
 # --- plan compilation (once per version) -------------------------------------------------------------------
 
 
-def _split(fields: Iterable[Any], version: int, flexible: bool, is_target: Callable[[Any], bool]
-           ) -> tuple[_Ops, Any, _Ops]:
+def _split(
+    fields: Iterable[Any], version: int, flexible: bool, is_target: Callable[[Any], bool]
+) -> tuple[Ops, Any, Ops]:
     """Ops before the one present field satisfying ``is_target``, that field, ops after it (incl. tags)."""
     on_wire = [f for f in fields if present(f, version)]
     hits = [i for i, f in enumerate(on_wire) if is_target(f)]
@@ -81,33 +79,36 @@ def _split(fields: Iterable[Any], version: int, flexible: bool, is_target: Calla
         raise ValueError("Produce schema does not have the expected topics/partitions/records shape")
     i = hits[0]
     before = merge_ops(struct_ops(on_wire[:i], version, flexible, tags=False))
-    return before, on_wire[i], merge_ops(struct_ops(on_wire[i + 1:], version, flexible))
+    return before, on_wire[i], merge_ops(struct_ops(on_wire[i + 1 :], version, flexible))
 
 
 def _has_records(field: Any) -> bool:
-    return field.is_array() and field.is_struct_array() and any(
-        f.type_str == "records" for f in field.fields.values())
+    return field.is_array() and field.is_struct_array() and any(f.type_str == "records" for f in field.fields.values())
 
 
-def _fixed_total(ops: _Ops) -> int | None:
+def _fixed_total(ops: Ops) -> int | None:
     """The byte count of ``ops`` when they are all fixed-size (the common case), so skipping is one addition."""
-    if all(op[0] == FIXED for op in ops):
-        total: int = sum(op[1] for op in ops)
-        return total
+    if all(op.kind == FIXED for op in ops):
+        return sum(op.size for op in ops)
     return None
+
+
+def _only(ops: Ops, kind: int) -> bool:
+    """Whether ``ops`` is the one operation ``kind``."""
+    return len(ops) == 1 and ops[0].kind == kind
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
     flexible: bool
-    top_pre: _Ops
-    topic_pre: _Ops
+    top_pre: Ops
+    topic_pre: Ops
     topic_pre_fixed: int | None
-    part_pre: _Ops
+    part_pre: Ops
     part_pre_fixed: int | None
-    part_post: _Ops
-    topic_post: _Ops
-    top_post: _Ops
+    part_post: Ops
+    topic_post: Ops
+    top_post: Ops
     top_pre_after_str: int | None
     """When the fields before ``topics`` are one string then fixed-size ones (transactional_id, acks,
     timeout_ms: every version but v0-2): the byte count after the string, so the walk needs no ``skip`` call."""
@@ -122,17 +123,32 @@ def _plan(version: int) -> _Plan:
         lo, hi = (cls.min_version, cls.max_version) if cls is not None else (0, -1)
         raise RecordBatchError(f"Produce v{version} is not supported (known: v{lo}..v{hi})")
     flexible = bool(cls.flexible_version_q(version))
-    top_pre, topics, top_post = _split(cls._struct.fields.values(), version, flexible,
-                                       lambda f: f.is_array() and f.is_struct_array() and any(
-                                           _has_records(g) for g in f.fields.values()))
+    top_pre, topics, top_post = _split(
+        cls._struct.fields.values(),
+        version,
+        flexible,
+        lambda f: f.is_array() and f.is_struct_array() and any(_has_records(g) for g in f.fields.values()),
+    )
     topic_pre, partitions, topic_post = _split(topics.fields.values(), version, flexible, _has_records)
-    part_pre, _records, part_post = _split(partitions.fields.values(), version, flexible,
-                                           lambda f: f.type_str == "records")
+    part_pre, _records, part_post = _split(
+        partitions.fields.values(), version, flexible, lambda f: f.type_str == "records"
+    )
     top_pre_after_str = None
-    if len(top_pre) == 2 and top_pre[0] == (STR, flexible) and top_pre[1][0] == FIXED:
-        top_pre_after_str = top_pre[1][1]
-    return _Plan(flexible, top_pre, topic_pre, _fixed_total(topic_pre), part_pre, _fixed_total(part_pre),
-                 part_post, topic_post, top_post, top_pre_after_str, topic_pre == ((STR, flexible),))
+    if len(top_pre) == 2 and top_pre[0].kind == STR and top_pre[1].kind == FIXED:
+        top_pre_after_str = top_pre[1].size
+    return _Plan(
+        flexible,
+        top_pre,
+        topic_pre,
+        _fixed_total(topic_pre),
+        part_pre,
+        _fixed_total(part_pre),
+        part_post,
+        topic_post,
+        top_post,
+        top_pre_after_str,
+        _only(topic_pre, STR),
+    )
 
 
 def _str_end(buf: memoryview, pos: int, flexible: bool) -> int:
@@ -151,7 +167,7 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
     end = len(buf)
     spans: list[tuple[int, int]] = []
     part_post = plan.part_post
-    part_post_tags = part_post == ((TAGS,),)
+    part_post_tags = _only(part_post, TAGS)
     topic = part = -1
     try:
         if plan.top_pre_after_str is not None:
@@ -167,12 +183,16 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                 if pos > end:
                     raise RecordBatchError(f"the topic name runs past the end of the body ({end} bytes)")
             else:
-                pos = pos + plan.topic_pre_fixed if plan.topic_pre_fixed is not None else skip(
-                    plan.topic_pre, buf, pos, end)
+                pos = (
+                    pos + plan.topic_pre_fixed
+                    if plan.topic_pre_fixed is not None
+                    else skip(plan.topic_pre, buf, pos, end)
+                )
             nparts, pos = read_length(buf, pos, flexible)
             for part in range(nparts):  # noqa: B007 - read by _where() in the error message
-                pos = pos + plan.part_pre_fixed if plan.part_pre_fixed is not None else skip(
-                    plan.part_pre, buf, pos, end)
+                pos = (
+                    pos + plan.part_pre_fixed if plan.part_pre_fixed is not None else skip(plan.part_pre, buf, pos, end)
+                )
                 if flexible:  # compact length, inlined: a 16 KiB batch needs a 3-byte varint
                     n = 0
                     shift = 0
@@ -195,7 +215,8 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                     stop = pos + n
                     if stop > end:
                         raise RecordBatchError(
-                            f"records of {n} bytes at byte {pos} run past the end of the body ({end} bytes)")
+                            f"records of {n} bytes at byte {pos} run past the end of the body ({end} bytes)"
+                        )
                     spans.append((pos, stop))
                     pos = stop
                 if part_post_tags:
@@ -206,12 +227,12 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
                 elif part_post:
                     pos = skip(part_post, buf, pos, end)
             if plan.topic_post:
-                if flexible and buf[pos] == 0 and plan.topic_post == ((TAGS,),):
+                if flexible and buf[pos] == 0 and _only(plan.topic_post, TAGS):
                     pos += 1  # no tagged fields: the usual case
                 else:
                     pos = skip(plan.topic_post, buf, pos, end)
         if plan.top_post:
-            if flexible and buf[pos] == 0 and plan.top_post == ((TAGS,),):
+            if flexible and buf[pos] == 0 and _only(plan.top_post, TAGS):
                 pos += 1
             else:
                 pos = skip(plan.top_post, buf, pos, end)
@@ -238,17 +259,22 @@ def _scan_batches(buf: memoryview, start: int, end: int, out: set[int] | None, i
         left = end - pos
         if left < _MAGIC_END:
             raise RecordBatchError(
-                f"{left} trailing bytes at byte {pos - start} of a records field are shorter than a batch header")
+                f"{left} trailing bytes at byte {pos - start} of a records field are shorter than a batch header"
+            )
         length, magic = _LEN_MAGIC_unpack(buf, pos)
         if not 0 <= magic <= 2:
             raise RecordBatchError(f"record batch at byte {pos - start} of a records field has unknown magic {magic}")
         if length < _MIN_LENGTH[magic]:
-            raise RecordBatchError(f"record batch at byte {pos - start} of a records field has length {length}, "
-                                   f"shorter than a magic {magic} header ({_MIN_LENGTH[magic]})")
+            raise RecordBatchError(
+                f"record batch at byte {pos - start} of a records field has length {length}, "
+                f"shorter than a magic {magic} header ({_MIN_LENGTH[magic]})"
+            )
         nxt = pos + _LOG_OVERHEAD + length
         if nxt > end:
-            raise RecordBatchError(f"record batch at byte {pos - start} of a records field has length {length}, "
-                                   f"past the end of the records field ({left - _LOG_OVERHEAD} bytes left)")
+            raise RecordBatchError(
+                f"record batch at byte {pos - start} of a records field has length {length}, "
+                f"past the end of the records field ({left - _LOG_OVERHEAD} bytes left)"
+            )
         if magic == 2:
             (pid,) = _I64_unpack(buf, pos + _PID_OFFSET)
             if out is not None:
@@ -262,8 +288,7 @@ def _scan_batches(buf: memoryview, start: int, end: int, out: set[int] | None, i
 # --- public API ---------------------------------------------------------------------------------------------
 
 
-def iter_partition_records(body: bytes | bytearray | memoryview, version: int,
-                           offset: int = 0) -> Iterator[memoryview]:
+def iter_partition_records(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> Iterator[memoryview]:
     """Every non-null ``records`` field of a Produce ``body`` at ``version``, as zero-copy memoryview slices.
 
     ``offset`` is where the body starts in ``body`` (e.g. ``RequestHeader.body_offset`` of a whole frame). The
@@ -317,9 +342,9 @@ def single_producer_id(data: bytes, start: int, version: int, offset: int, shape
     one); None when it is not like that (then :func:`producer_ids_and_shape`).
 
     On ``bytes`` only, read byte by byte: compiled, every read, slice and compare here is native, where on a
-    memoryview each is a call building an object (≈5k instructions a request before, measured with callgrind).
+    memoryview each is a call building an object.
     Positions, bytes and words are ``i64``: compiled, their arithmetic is the machine's, where a tagged ``int``'s
-    add and shift were each a call (half of this function's 1.2k instructions); in Python they are ints."""
+    add and shift are each a call; in Python they are ints."""
     if version != shape.version or offset != shape.offset:
         return None
     prefix = shape.prefix
@@ -375,8 +400,9 @@ def _u32(data: bytes, pos: i64) -> i64:
     return b0 << 24 | b1 << 16 | b2 << 8 | b3
 
 
-def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
-                           offset: int = 0) -> tuple[set[int], Shape | None]:
+def producer_ids_and_shape(
+    body: bytes | bytearray | memoryview, version: int, offset: int = 0
+) -> tuple[set[int], Shape | None]:
     """:func:`producer_ids`, and the request's :class:`Shape` when it has one non-null records field (None
     otherwise, or when its skeleton exceeds :data:`MAX_SHAPE_BYTES`)."""
     buf = memoryview(body)
@@ -391,9 +417,9 @@ def producer_ids_and_shape(body: bytes | bytearray | memoryview, version: int,
         if flexible:  # where the length starts: only a canonical varint says (a padded one ends in a 0 byte)
             encoded = UnsignedVarInt32.encode(stop - start + 1)
             width = len(encoded)
-            canonical = buf[start - width:start] == encoded
+            canonical = buf[start - width : start] == encoded
         if canonical and start - width - offset + len(buf) - stop <= MAX_SHAPE_BYTES:
-            shape = Shape(version, offset, bytes(buf[offset:start - width]), bytes(buf[stop:]), flexible)
+            shape = Shape(version, offset, bytes(buf[offset : start - width]), bytes(buf[stop:]), flexible)
     return ids, shape
 
 

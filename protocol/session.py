@@ -105,14 +105,26 @@ def _body(frame: Any, header: RequestHeader) -> memoryview:
     """The request's body: a view of ``frame`` after its size prefix and header (read only where a body is)."""
     if header.body_offset is None:
         raise ValueError(f"the body of api {header.api_key} cannot be located")
-    return memoryview(frame)[4 + header.body_offset:]
+    return memoryview(frame)[4 + header.body_offset :]
 
 
 class Session:
     """Ordering state of one client connection (see the module docstring)."""
 
-    __slots__ = ("inflight", "identity", "client_id", "version_caps", "sasl_hold", "_held_requests", "_holds",
-                 "deferred", "held_responses", "_own_corr", "_walk_kv", "_walk")
+    __slots__ = (
+        "inflight",
+        "identity",
+        "client_id",
+        "version_caps",
+        "sasl_hold",
+        "_held_requests",
+        "_holds",
+        "deferred",
+        "held_responses",
+        "_own_corr",
+        "_walk_kv",
+        "_walk",
+    )
 
     def __init__(self, identity: ConnectionIdentity, version_caps: dict[int, int]) -> None:
         self.inflight = InFlight()
@@ -156,11 +168,13 @@ class Session:
             answered = expects_response(frame, header, 4)
             if header.api_key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_request(
-                    decode_handshake_request(_body(frame, header), header.api_version), header.api_version)
+                    decode_handshake_request(_body(frame, header), header.api_version), header.api_version
+                )
                 self.sasl_hold = header.api_version == 0
             elif header.api_key == Api.SASL_AUTHENTICATE:
                 self.identity.on_authenticate_request(
-                    decode_authenticate_request(_body(frame, header), header.api_version))
+                    decode_authenticate_request(_body(frame, header), header.api_version)
+                )
         except (ValueError, struct.error) as exc:
             if isinstance(exc, SaslTokenError):
                 raise
@@ -178,8 +192,7 @@ class Session:
             header = request.header
             if decision is not None and not whole:
                 whole = self._needs_walk(header.api_key, header.api_version)
-            self.inflight.push(Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4),
-                                       whole=whole))
+            self.inflight.push(Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4), whole=whole))
 
     def _needs_walk(self, api_key: int, api_version: int) -> bool:
         """``throttle_field.needs_walk``, remembered for the (api, version) asked last: a client sends the same
@@ -220,7 +233,7 @@ class Session:
             self._holds.add(reason)
         else:
             return None
-        self.hold_rest(frames[i + 1:])
+        self.hold_rest(frames[i + 1 :])
         return reason
 
     def queue(self, frames: Any) -> bool:
@@ -332,7 +345,7 @@ class Session:
         key = header.api_key
         if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE:  # (int compares: native, unlike a set's)
             body = frame[4:]
-            body = body[response_body_offset(body, key, header.api_version):]
+            body = body[response_body_offset(body, key, header.api_version) :]
             if key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_response(decode_handshake_response(body, header.api_version))
                 released, self.sasl_hold = self.sasl_hold, False

@@ -15,44 +15,41 @@ message's range down to 0, which is harmless: brokers never accept v0.
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 from kafka.protocol.api_message import ApiMessage
 
 SCHEMA_PACKAGE = "protocol.share_schemas"
 
 
-class ShareGroupHeartbeatRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
+def _message(name: str) -> Any:
+    """The class ``class <name>(ApiMessage, load_json=SCHEMA_PACKAGE): pass`` would make: kafka-python's metaclass
+    reads ``share_schemas/<name>.json``. (``Any``: kafka-python has no type hints.)"""
+
+    def namespace(ns: dict[str, Any]) -> None:
+        ns["__module__"] = __name__
+        ns["__qualname__"] = name
+
+    return types.new_class(name, (ApiMessage,), {"load_json": SCHEMA_PACKAGE}, namespace)
 
 
-class ShareGroupHeartbeatResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareGroupDescribeRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareGroupDescribeResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareFetchRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareFetchResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareAcknowledgeRequest(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
-
-class ShareAcknowledgeResponse(ApiMessage, load_json=SCHEMA_PACKAGE):
-    pass
-
+ShareGroupHeartbeatRequest = _message("ShareGroupHeartbeatRequest")
+ShareGroupHeartbeatResponse = _message("ShareGroupHeartbeatResponse")
+ShareGroupDescribeRequest = _message("ShareGroupDescribeRequest")
+ShareGroupDescribeResponse = _message("ShareGroupDescribeResponse")
+ShareFetchRequest = _message("ShareFetchRequest")
+ShareFetchResponse = _message("ShareFetchResponse")
+ShareAcknowledgeRequest = _message("ShareAcknowledgeRequest")
+ShareAcknowledgeResponse = _message("ShareAcknowledgeResponse")
 
 SHARE_MESSAGES: tuple[type[ApiMessage], ...] = (
-    ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse, ShareGroupDescribeRequest, ShareGroupDescribeResponse,
-    ShareFetchRequest, ShareFetchResponse, ShareAcknowledgeRequest, ShareAcknowledgeResponse,
+    ShareGroupHeartbeatRequest,
+    ShareGroupHeartbeatResponse,
+    ShareGroupDescribeRequest,
+    ShareGroupDescribeResponse,
+    ShareFetchRequest,
+    ShareFetchResponse,
+    ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse,
 )

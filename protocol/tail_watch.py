@@ -20,7 +20,7 @@ import struct
 from collections.abc import Generator
 from typing import Any
 
-from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, top_level_plan
+from protocol.skim import ARRAY, BYTES, FIXED, NSTRUCT, STR, Ops, top_level_plan
 from protocol.varint import TruncatedError
 
 _I16 = struct.Struct(">h")
@@ -29,7 +29,6 @@ _I32 = struct.Struct(">i")
 # The walker yields an int: n > 0 asks for the next n bytes (sent back as a bytes-like object),
 # n < 0 skips -n bytes (resumed with next(), nothing sent); it returns when the top-level tagged-field section starts.
 _Walk = Generator[int, "bytes | memoryview", None]
-_Ops = tuple[tuple[Any, ...], ...]  # protocol.skim's skip operations
 
 
 def _uvarint() -> Generator[int, bytes | memoryview, int]:
@@ -44,13 +43,13 @@ def _uvarint() -> Generator[int, bytes | memoryview, int]:
             raise TruncatedError("varint longer than 5 bytes")
 
 
-def _walk(ops: _Ops) -> _Walk:
+def _walk(ops: Ops) -> _Walk:
     for op in ops:
-        kind = op[0]
+        kind = op.kind
         if kind == FIXED:
-            yield -op[1]
+            yield -op.size
         elif kind in (STR, BYTES):
-            if op[1]:
+            if op.compact:
                 n = (yield from _uvarint()) - 1
             elif kind == STR:
                 n = _I16.unpack((yield 2))[0]
@@ -59,17 +58,17 @@ def _walk(ops: _Ops) -> _Walk:
             if n > 0:
                 yield -n
         elif kind == ARRAY:
-            count = (yield from _uvarint()) - 1 if op[2] else _I32.unpack((yield 4))[0]
-            inner = op[1]
-            if len(inner) == 1 and inner[0][0] == FIXED:
+            count = (yield from _uvarint()) - 1 if op.compact else _I32.unpack((yield 4))[0]
+            inner = op.inner
+            if len(inner) == 1 and inner[0].kind == FIXED:
                 if count > 0:
-                    yield -count * inner[0][1]
+                    yield -count * inner[0].size
             else:
                 for _ in range(count):
                     yield from _walk(inner)
         elif kind == NSTRUCT:
             if (yield 1)[0] != 0xFF:
-                yield from _walk(op[1])
+                yield from _walk(op.inner)
         else:  # TAGS of a nested struct
             for _ in range((yield from _uvarint())):
                 yield from _uvarint()
@@ -78,7 +77,7 @@ def _walk(ops: _Ops) -> _Walk:
                     yield -size
 
 
-def _top(plan: tuple[tuple[str, _Ops], ...]) -> _Walk:
+def _top(plan: tuple[tuple[str, Ops], ...]) -> _Walk:
     for _name, ops in plan:
         yield from _walk(ops)
 

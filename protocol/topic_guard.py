@@ -81,8 +81,10 @@ _SPECS: Final[dict[int, tuple[_Spec, ...]]] = {
     2: (_Spec("topics", "topics"),),  # ListOffsets
     Api.METADATA: (_Spec("topics", "topics", answer_here=False),),
     8: (_Spec("topics", "topics"),),  # OffsetCommit
-    9: (_Spec("topics", "topics", (0, 7)),  # OffsetFetch
-        _Spec("topics", "topics", (8, 32767), outer=("groups", "groups", "group_id"))),
+    9: (
+        _Spec("topics", "topics", (0, 7)),  # OffsetFetch
+        _Spec("topics", "topics", (8, 32767), outer=("groups", "groups", "group_id")),
+    ),
     Api.CREATE_TOPICS: (_Spec("topics", "topics"),),
     Api.DELETE_TOPICS: (_Spec("topic_names", "responses", (0, 5)), _Spec("topics", "responses", (6, 32767))),
     Api.DELETE_RECORDS: (_Spec("topics", "topics"),),
@@ -313,8 +315,9 @@ def check(guard: ProtectedTopics, api_key: int, version: int, body: bytes | memo
     protected topic and its API has no way to refuse it (see the module docstring)."""
     req_cls, resp_cls = request_class(api_key), response_class(api_key)
     if req_cls is None or resp_cls is None or not req_cls.min_version <= version <= req_cls.max_version:
-        raise ProtectedTopicError(f"{api_name(api_key)} v{version} may name the proxy's own topics and cannot be "
-                                  "decoded to tell")
+        raise ProtectedTopicError(
+            f"{api_name(api_key)} v{version} may name the proxy's own topics and cannot be decoded to tell"
+        )
     msg = decode_body(req_cls, bytes(body), version)
     acks_zero = api_key == Api.PRODUCE and msg.acks == 0
     spec = _spec(api_key, version)
@@ -338,8 +341,9 @@ def check(guard: ProtectedTopics, api_key: int, version: int, body: bytes | memo
             setattr(outer, spec.request, [item for item, _ in keep])
         kept_any = kept_any or bool(keep)
     if api_key == Api.FETCH and getattr(msg, "forgotten_topics_data", None):  # nothing to forget at the broker
-        msg.forgotten_topics_data = [t for t in msg.forgotten_topics_data
-                                     if not _is_protected(guard, _ident(t, api_key), api_key)]
+        msg.forgotten_topics_data = [
+            t for t in msg.forgotten_topics_data if not _is_protected(guard, _ident(t, api_key), api_key)
+        ]
     if not refused:
         return None
     labels = [_label(i) for _, ids in refused for i in ids]

@@ -69,4 +69,3 @@ def read_length(buf: bytes | bytearray | memoryview, pos: int, compact: bool, wi
     if width == 2:
         return _I16_unpack(buf, pos)[0], pos + 2
     return _I32_unpack(buf, pos)[0], pos + 4
-

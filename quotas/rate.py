@@ -72,8 +72,23 @@ class SampledRate:
     entity, and there may be many). Not thread-safe; the proxy runs on one event loop.
     """
 
-    __slots__ = ("_cur_last", "_cur_start", "_cur_value", "_current", "_last", "_min_last", "_oldest", "_samples",
-                 "_size", "_starts", "_total", "_unpadded_from", "_values", "_whole_ms", "_window_ms")
+    __slots__ = (
+        "_cur_last",
+        "_cur_start",
+        "_cur_value",
+        "_current",
+        "_last",
+        "_min_last",
+        "_oldest",
+        "_samples",
+        "_size",
+        "_starts",
+        "_total",
+        "_unpadded_from",
+        "_values",
+        "_whole_ms",
+        "_window_ms",
+    )
 
     def __init__(self, samples: int = 11, window_ms: float = 1000) -> None:
         if samples < 1:
@@ -86,8 +101,8 @@ class SampledRate:
         self._whole_ms = float(window_ms).is_integer()
         self._unpadded_from = (samples - 1) * window_ms * (1 + 1e-9)
         """An elapsed time from which :meth:`_window` pads nothing, with a margin so that the float floor division
-        it stands in for cannot round below ``samples - 1``. Steady traffic is past it, and the division cost a
-        fifth of a charge's instructions."""
+        it stands in for cannot round below ``samples - 1``. Steady traffic is past it, and the division was a
+        large share of a charge's cost."""
         self._values = array("d", bytes(8 * slots))
         self._starts = array("d", bytes(8 * slots))
         self._last = array("d", bytes(8 * slots))
