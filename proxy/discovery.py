@@ -49,13 +49,6 @@ async def ask_once(host: str, port: int, request, response_cls, version: int, ma
 
 
 async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> list[BrokerEndpoint]:
-    resp = await ask_once(
-        host,
-        port,
-        MetadataRequest(topics=[], allow_auto_topic_creation=False),
-        MetadataResponse,
-        _VERSION,
-        max_frame_bytes,
-        ssl,
-    )
+    request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
+    resp = await ask_once(host, port, request, MetadataResponse, _VERSION, max_frame_bytes, ssl)
     return [BrokerEndpoint(b.node_id, b.host, b.port, b.rack) for b in resp.brokers]

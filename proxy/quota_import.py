@@ -33,15 +33,8 @@ async def fetch_cluster_quotas(
 
 
 async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
-    resp = await ask_once(
-        host,
-        port,
-        DescribeClientQuotasRequest(components=[], strict=False),
-        DescribeClientQuotasResponse,
-        _VERSION,
-        max_frame_bytes,
-        ssl,
-    )
+    request = DescribeClientQuotasRequest(components=[], strict=False)
+    resp = await ask_once(host, port, request, DescribeClientQuotasResponse, _VERSION, max_frame_bytes, ssl)
     if resp.error_code != 0:
         raise ConnectionError(f"DescribeClientQuotas error {resp.error_code}: {resp.error_message}")
     out: dict[QuotaEntity, dict[str, float]] = {}
