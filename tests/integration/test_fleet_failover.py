@@ -1,18 +1,20 @@
-"""A fleet member dies mid-run (issue 32, item 1): its clients move to the others, losing and duplicating nothing,
-and the quota still holds across the survivors.
+"""A fleet member dies mid-run (issue 32, item 1): its clients move to the others, losing nothing and writing
+nothing twice, and the quota still holds across the survivors.
 
 Three members of one fleet; every client is given all three in ``bootstrap.servers`` and is otherwise unmodified:
 Kafka's own VerifiableProducer (idempotent, acks=all) and VerifiableConsumer (a group) in Java, and a librdkafka
 producer at full speed under a byte-rate quota. The member holding the most connections is SIGKILLed. Then:
 every acknowledged record is in the topic once, in order (read straight from the cluster); the group consumed
-every record once; the quota'd producer's rate over the 60 s after the kill is within 10 % of its quota (measured
-where the bytes land, the partition's log on disk): the dead member's usage ages out of the survivors' windows.
+every record, a poll's worth at most twice (groups are at-least-once across a failure); the quota'd producer's
+rate over the 60 s after the kill is within 10 % of its quota (measured where the bytes land, the partition's log
+on disk): the dead member's usage ages out of the survivors' windows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +32,8 @@ from tests.support import wait_until
 pytestmark = pytest.mark.cluster
 
 MEMBERS = 3
+MAX_POLL_RECORDS = 500
+"""The consumer's max.poll.records (Kafka's default): what one poll delivers before it is committed."""
 RECORDS = 16_000  # the Java producer's, at 200/s: 80 s
 QUOTA = MIB // 2
 AFTER_KILL_S = 60
@@ -60,6 +64,10 @@ def _java(cluster, workdir: Path, name: str, main: str, *args: str, **config: st
         start_new_session=True,
     )
     return proc, out
+
+
+def _consumed_values(path: Path) -> set[str]:
+    return {e["value"] for e in _events(path) if e.get("name") == "record_data"}
 
 
 def _events(path: Path) -> list[dict]:
@@ -162,8 +170,6 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
         f"g-{fleet}",
         "--bootstrap-server",
         bootstrap,
-        "--max-messages",
-        str(RECORDS),
         "--reset-policy",
         "earliest",
         "--verbose",
@@ -194,7 +200,13 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
             killed_at = time.monotonic()
             quota_thread.join(AFTER_KILL_S + 200)
             assert producer.wait(240) == 0, (tmp_path / "producer.err").read_text()[-2000:]
-            assert consumer.wait(240) == 0, (tmp_path / "consumer.err").read_text()[-2000:]
+            # Not --max-messages: a group is at-least-once across a failure, and a redelivered record would stop it
+            # one record short. It runs until every record has arrived, then is stopped as a user would.
+            wait_until(
+                lambda: len(_consumed_values(consumed)) >= RECORDS, 240, what="the group to consume every record"
+            )
+            os.killpg(consumer.pid, signal.SIGTERM)
+            consumer.wait(60)
     finally:
         for p in (producer, consumer):
             if p.poll() is None:
@@ -208,11 +220,12 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
     assert len(sent) == RECORDS and not errors, (len(sent), errors[:3])
     assert _values_in_topic(cluster.bootstrap, topic, RECORDS) == [str(i) for i in range(RECORDS)]
 
-    # The group: every record once.
+    # The group: every record, none lost. Kafka's groups are at-least-once across a failure: the batch delivered and
+    # not yet committed when the member died comes again (once in CI: record 4757 twice), at most one poll's worth.
     values = [e["value"] for e in _events(consumed) if e.get("name") == "record_data"]
-    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)], (
-        f"{len(values)} records, {len(set(values))} distinct"
-    )
+    assert set(values) == {str(i) for i in range(RECORDS)}, f"{len(values)} records, {len(set(values))} distinct"
+    print(f"group: {len(values) - RECORDS} records redelivered after the failover")
+    assert len(values) - RECORDS <= MAX_POLL_RECORDS, f"{len(values) - RECORDS} records redelivered"
 
     # The quota across the survivors, over the minute after the kill.
     assert not quota_result.get("errors"), quota_result.get("errors", [])[:3]
