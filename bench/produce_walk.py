@@ -21,6 +21,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from protocol.session import Pause
 from tests.harness.connection_rig import ConnectionRig, produce_request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ async def calls_over_quota() -> list[str]:
 
     conn = rig.conn
     conn.mute.cancel()  # the first round trip's throttle: start this one unmuted
-    conn.resume(conn.client, "muted")
+    conn.resume(conn.client, Pause.MUTED)
     sys.setprofile(profile)
     try:
         conn.client.data_received(b"".join(produce_request(corr, 1, 4096) for corr in (2, 3, 4)))

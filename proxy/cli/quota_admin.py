@@ -344,24 +344,16 @@ def _from_properties(path: str) -> dict[str, object]:
     for key, field in (("sasl.username", "username"), ("sasl.password", "password")):  # librdkafka's spelling
         if key in props:
             out[field] = props[key]
-    for store, field, hint in (
-        ("truststore", "cafile", "ssl.truststore.type=PEM, or ssl.ca.location=ca.pem"),
-        ("keystore", "certfile", "certificate and key in one file, ssl.keystore.type=PEM"),
-    ):
-        if f"ssl.{store}.location" in props:  # Java's store files: only their PEM kind is read here
-            location = props[f"ssl.{store}.location"].strip()
-            kind = props.get(f"ssl.{store}.type", "").strip().upper()
-            if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
-                raise UsageError(
-                    f"{where}: ssl.{store}.location {location}: a {kind or 'JKS/PKCS12'} {store}; this "
-                    f"tool reads PEM ({hint})"
-                )
-            out[field] = location
-        if store == "truststore":
-            if "ssl.truststore.certificates" in props:
-                out["cadata"] = props["ssl.truststore.certificates"]
-            if "ssl.ca.location" in props:  # librdkafka's spelling wins over the truststore, as before
-                out["cafile"] = props["ssl.ca.location"].strip()
+    truststore = _pem_store(props, where, "truststore", "ssl.truststore.type=PEM, or ssl.ca.location=ca.pem")
+    if truststore is not None:
+        out["cafile"] = truststore
+    if "ssl.truststore.certificates" in props:
+        out["cadata"] = props["ssl.truststore.certificates"]
+    if "ssl.ca.location" in props:  # librdkafka's spelling wins over the truststore
+        out["cafile"] = props["ssl.ca.location"].strip()
+    keystore = _pem_store(props, where, "keystore", "certificate and key in one file, ssl.keystore.type=PEM")
+    if keystore is not None:
+        out["certfile"] = keystore
     for key, field in (
         ("ssl.certificate.location", "certfile"),
         ("ssl.key.location", "keyfile"),
@@ -372,6 +364,20 @@ def _from_properties(path: str) -> dict[str, object]:
     if props.get("ssl.endpoint.identification.algorithm", "https").strip() == "":
         out["check_hostname"] = False
     return out
+
+
+def _pem_store(props: dict[str, str], where: str, store: str, hint: str) -> str | None:
+    """``ssl.<store>.location`` when it names a PEM file (None when unset): Java's JKS/PKCS12 store files are refused
+    with one line naming the setting and ``hint``, the way to give the same in PEM."""
+    if f"ssl.{store}.location" not in props:
+        return None
+    location = props[f"ssl.{store}.location"].strip()
+    kind = props.get(f"ssl.{store}.type", "").strip().upper()
+    if kind not in ("", "PEM") or (not kind and not _is_pem(location)):
+        raise UsageError(
+            f"{where}: ssl.{store}.location {location}: a {kind or 'JKS/PKCS12'} {store}; this tool reads PEM ({hint})"
+        )
+    return location
 
 
 def _is_pem(path: str) -> bool:
