@@ -15,7 +15,8 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the field(s) and why."""
 
 
-def _describe(exc: ValidationError) -> str:
+def describe_errors(exc: ValidationError) -> str:
+    """A validation failure as one line: each field's dotted name and what is wrong with it."""
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -60,4 +61,4 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     try:
         return ProxyConfig.model_validate(doc)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(describe_errors(exc)) from None

@@ -246,7 +246,8 @@ class MetricsConfig(_Strict):
 
 
 class DecisionLogConfig(_Strict):
-    """Where every quota decision is written for offline analysis (spark_analysis); off unless ``directory``."""
+    """Where every quota decision is written for offline analysis (spark_analysis); off unless ``directory`` or
+    ``topic`` is set."""
 
     directory: str | None = None
     format: Literal["parquet", "jsonl"] = "parquet"

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from config.model import ProxyConfig
+from config.reload import is_reloadable
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -29,6 +30,11 @@ Every setting of the proxy's YAML configuration, generated from the configuratio
 `python -m config.reference --write`; a test fails when this page and the model disagree. A dotted name is a
 nested key: `quotas.scope` is `scope` under `quotas:`. `kafka-throttle-proxy check-config -c FILE` validates a
 file against exactly this; the repository's `examples/` directory holds complete files.
+
+"On reload" says what a reload (SIGHUP, or the file changing) does with a changed setting: `at once` puts it in
+force everywhere; `restart` keeps the running value and logs one line, "config reload: NAME changed; it takes
+effect only after a restart" (`config/reload.py`). `quotas.scope` reloads between `broker` and `cluster`; into
+or out of `fleet` it waits for a restart.
 """
 
 
@@ -84,7 +90,10 @@ def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[Ba
             continue
         if sub is not None:  # a list of entries: described in a section of its own
             sections.append((dotted + "[]", sub))
-        rows.append(f"| `{dotted}` | {_type(field.annotation)} | {_default(field)} | {_text(field.description)} |")
+        reload = "at once" if is_reloadable(dotted) else "restart"
+        rows.append(
+            f"| `{dotted}` | {_type(field.annotation)} | {_default(field)} | {reload} | {_text(field.description)} |"
+        )
     return rows
 
 
@@ -102,7 +111,7 @@ def render() -> str:
         if doc:
             out.append(f"{doc}\n")
         if rows:
-            out.append("| setting | type | default | description |\n|---|---|---|---|")
+            out.append("| setting | type | default | on reload | description |\n|---|---|---|---|---|")
             out.extend(rows)
         pending.extend(sections)
     return "\n".join(out) + "\n"

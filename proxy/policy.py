@@ -319,9 +319,13 @@ class Policy:
         self._epoch_offset_ms = round(time.time() * 1000) - self._now_ms()
         self._pid_holds = KeyedHolds()
         """user -> monotonic time before which that user's Produce/InitProducerId requests wait (KIP-936)."""
-        self.guard: ProtectedTopics | None = None
+        own = frozenset(n for n in (config.decision_log.topic,) if n)
+        self.guard: ProtectedTopics | None = ProtectedTopics(own) if config.fleet.name or own else None
         """The proxy's own topics (the fleet's, the decision log's), refused to every client; None while it keeps
-        none on the cluster, so a request pays one attribute read for it."""
+        none on the cluster, so a request pays one attribute read for it. Fixed at start, like the topics it
+        protects (``decision_log`` and ``fleet`` are restart-only: config.reload)."""
+        if config.quotas.scope == "fleet":  # in or out of fleet is restart-only too: the fleet's sync starts once
+            self.quotas.ledger = FleetLedger()
         self._guard_logged = [0.0, 0]  # [last line (monotonic s), refusals since]: one line per 10 s at most
         self.recent_topics = RecentTopics()
         """Partition counts the cluster answered this proxy's mutations with, newer than brokers' metadata."""
@@ -330,7 +334,8 @@ class Policy:
         self.reload(config)
 
     def reload(self, config: ProxyConfig) -> None:
-        """A new, already validated configuration: take its quotas and enforcement settings."""
+        """A new, already validated configuration: take its quotas and enforcement settings. Its restart-only
+        settings are the running ones (``Server.reload`` keeps them: config.reload)."""
         qc = config.quotas
         self.config = config
         self.sources.set_file({e.quota_entity(): dict(e.quotas) for e in qc.entities})
@@ -339,16 +344,7 @@ class Policy:
         self.describers = frozenset(qc.admins if qc.describers is None else qc.describers)
         self.enforce = qc.enforce
         self.cluster_scope = qc.scope in ("cluster", "fleet")
-        if qc.scope == "fleet" and self.quotas.ledger is None:
-            self.quotas.ledger = FleetLedger()
-        elif qc.scope != "fleet":
-            self.quotas.ledger = None
         self.charge_validate_only = qc.charge_validate_only
-        own = frozenset(n for n in (config.decision_log.topic,) if n)
-        if not (config.fleet.name or own):
-            self.guard = None
-        elif self.guard is None or self.guard.names != own:
-            self.guard = ProtectedTopics(own)
         self.pid_hold_max_ms = qc.producer_id_hold_max_ms
         pid_config = ProducerIdQuotaConfig(
             qc.producer_id_window_num, round(qc.producer_id_window_size_seconds), qc.producer_id_cleanup_interval_ms

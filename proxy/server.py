@@ -11,6 +11,7 @@ from collections.abc import Hashable
 
 from config.load import ConfigError
 from config.model import ProxyConfig
+from config.reload import plan_reload
 from protocol.address_free import offered_caps
 from protocol.api_versions import decode_caps
 from protocol.apis import Api
@@ -326,26 +327,16 @@ class Proxy:
         return gauges
 
     def reload(self, config: ProxyConfig) -> None:
-        """Apply a new configuration's quota settings; listener and upstream changes need a restart."""
-        for field in (
-            "upstream",
-            "listen",
-            "max_frame_bytes",
-            "metrics",
-            "sasl",
-            "queued_max_request_bytes",
-            "request_pool_min_bytes",
-            "request_read_timeout_ms",
-            "connections_max_idle_ms",
-            "upstream_timeout_margin_ms",
-        ):
-            if getattr(config, field) != getattr(self.config, field):
-                log.warning("config reload: %s changed; it takes effect only after a restart", field)
-        for field in ("state_file", "import_interval_seconds"):  # read once, at start
-            if getattr(config.quotas, field) != getattr(self.config.quotas, field):
-                log.warning("config reload: quotas.%s changed; it takes effect only after a restart", field)
-        self.policy.reload(config)
-        self._configure_limits(config)
+        """Put a new, validated configuration in force: its reloadable settings at once, everywhere; each
+        restart-only setting it changed keeps its running value, with one warning line (``config.reload``).
+        Raises ConfigError when the new settings do not fit the restart-only ones kept."""
+        effective, kept = plan_reload(self.config, config)
+        for setting in kept:
+            log.warning("config reload: %s changed; it takes effect only after a restart", setting)
+        self.config = effective
+        logging.getLogger().setLevel(effective.log_level)
+        self.policy.reload(effective)
+        self._configure_limits(effective)
 
     async def _start_broker_listener(self, node_id: int, port: int) -> int:
         loop = asyncio.get_running_loop()

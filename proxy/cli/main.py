@@ -78,11 +78,10 @@ class Reloader:
 
     def reload(self, why: str) -> bool:
         try:
-            config = config_from_args(self.args)
+            self.proxy.reload(config_from_args(self.args))
         except ConfigError as exc:
             log.error("configuration reload (%s) refused, keeping the running configuration: %s", why, exc)
             return False
-        self.proxy.reload(config)
         log.info("configuration reloaded (%s)", why)
         return True
 
