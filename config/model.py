@@ -408,6 +408,10 @@ class ProxyConfig(_Strict):
     and its broker connection are closed with one log line, so the client reconnects."""
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
+    shutdown_unready_ms: int = Field(default=0, ge=0, le=300_000)
+    """On SIGTERM, how long the proxy answers ``/readyz`` with 503 while still serving, before it stops taking
+    connections and drains: the time a load balancer or Kubernetes needs to stop sending it new clients (a few
+    seconds there; 0 where nothing probes it)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     quotas: QuotaConfig = QuotaConfig()
     metrics: MetricsConfig = MetricsConfig()

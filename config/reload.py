@@ -42,6 +42,7 @@ RESTART_ONLY: Final[tuple[str, ...]] = (
 
 RELOADABLE: Final[tuple[str, ...]] = (
     "shutdown_grace_ms",
+    "shutdown_unready_ms",
     "log_level",
     "metrics.max_entity_series",
     "limits",

@@ -11,10 +11,16 @@ Quota metric names follow Kafka's ``<Group>`` / ``<name>`` (``Produce`` ``byte-r
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from proxy.stats import Stats
@@ -152,9 +158,76 @@ def make_registry(
     return registry
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> int:
-    """Start the HTTP endpoint (a daemon thread); returns the port actually bound."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+PROBE_TIMEOUT_S = 2.0
+"""How long /healthz and /readyz wait for the event loop to answer before they say 503: far longer than any
+slice of work may hold it (a loop that has not run a callback in 2 s serves no client either)."""
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, ask: Callable[[], str | None]) -> str | None:
+    """``ask()`` run on the event loop (so it reads the proxy's state between two slices of work, never during
+    one); what is wrong, or None. A loop that does not answer in time is what is wrong."""
+    answer: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            answer.set_result(ask())
+        except Exception as exc:  # noqa: BLE001 - a probe that fails says why, it does not take the server down
+            answer.set_result(f"probe failed: {type(exc).__name__}")
+
+    try:
+        loop.call_soon_threadsafe(run)
+        return answer.result(timeout=PROBE_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        return f"the event loop did not answer within {PROBE_TIMEOUT_S:g} s"
+    except RuntimeError:  # the loop is closed: the process is on its way out
+        return "the event loop is closed"
+
+
+def serve(
+    registry: CollectorRegistry,
+    host: str,
+    port: int,
+    loop: asyncio.AbstractEventLoop | None = None,
+    readiness: Callable[[], str | None] = lambda: None,
+) -> int:
+    """Start the HTTP endpoint (a daemon thread); returns the port actually bound.
+
+    ``/metrics``: Prometheus' text format. ``/healthz``: 200 while ``loop`` runs callbacks (liveness: restart
+    me if not). ``/readyz``: 200 while ``readiness()``, asked on the loop, finds nothing wrong, else 503 and what
+    (a load balancer or Kubernetes sends new clients elsewhere). Any other path: 404."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                return
+            if path in ("/healthz", "/readyz"):
+                if loop is None:
+                    wrong: str | None = None
+                else:
+                    wrong = _on_loop(loop, (lambda: None) if path == "/healthz" else readiness)
+                text = "ok\n" if wrong is None else f"{wrong}\n"
+                self._send(200 if wrong is None else 503, text.encode(), "text/plain; charset=utf-8")
+                return
+            self._send(404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+            """No line per scrape or probe: they come every few seconds for the life of the process."""
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # "::" binds IPv6
+        daemon_threads = True
+
+    server = Server((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     bound = server.server_address[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
-    return bound
+    log.info("metrics on http://%s:%d/metrics (probes: /healthz, /readyz)", host, bound)
+    return int(bound)

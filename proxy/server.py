@@ -173,7 +173,9 @@ class Proxy:
             self._tasks.append(loop.create_task(self._import_quotas()))
         if self.config.metrics.port is not None:
             try:
-                self.metrics_port = metrics.serve(self.registry, self.config.metrics.host, self._metrics_port())
+                self.metrics_port = metrics.serve(
+                    self.registry, self.config.metrics.host, self._metrics_port(), loop, self.readiness
+                )
             except OSError as exc:
                 raise ConfigError(
                     f"metrics.port {self._metrics_port()} on {self.config.metrics.host}: cannot "
@@ -370,12 +372,34 @@ class Proxy:
             conn.drain()
         return conn.client
 
+    def readiness(self) -> str | None:
+        """What keeps this proxy from taking new clients (``/readyz``), or None: it is ready once the bootstrap
+        listener is bound and every broker the cluster named has a listener, and no longer once it drains."""
+        if self._closing:
+            return "draining: shutting down"
+        if None not in self._servers:
+            return "the bootstrap listener is not bound yet"
+        if not self.directory.upstream:
+            return "no broker has answered yet"
+        missing = sorted(set(self.directory.upstream) - set(self.directory.ports))
+        if missing:
+            return f"no listener yet for broker(s) {', '.join(map(str, missing))}"
+        return None
+
     async def shutdown(self) -> None:
-        """Stop accepting, let in-flight requests finish (up to the grace period), close everything."""
+        """Turn unready, give load balancers ``shutdown_unready_ms`` to notice, stop accepting, let in-flight
+        requests finish (up to the grace period), close everything."""
         if self._closing:
             return
         self._closing = True
-        log.info("shutting down: %d connections to drain", len(self.connections))
+        unready_s = self.config.shutdown_unready_ms / 1000
+        log.info(
+            "shutting down: unready now, %d connections to drain%s",
+            len(self.connections),
+            f" after {unready_s:g} s" if unready_s else "",
+        )
+        if unready_s:
+            await asyncio.sleep(unready_s)  # still serving, new clients included: the balancer is catching up
         for task in self._tasks:
             task.cancel()
         for server in self._servers.values():

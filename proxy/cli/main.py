@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import resource
@@ -18,6 +19,7 @@ from proxy.cli import quota_admin, supervisor
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kafka-throttle-proxy", description=__doc__)
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and build, then exit")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (("run", "run the proxy"), ("check-config", "validate the configuration and exit")):
         s = sub.add_parser(name, help=help_)
@@ -36,6 +38,26 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--workers", type=int, help="proxy processes sharing the listener ports (SO_REUSEPORT)")
     quota_admin.add_parser(sub)
     return p
+
+
+def version_line() -> str:
+    """``kafka-throttle-proxy X.Y.Z (Python 3.n; per-request modules: compiled by mypyc …)``: what an operator
+    asks of an installed copy (the wheel's metadata; a checkout not installed says so)."""
+    try:
+        version = importlib.metadata.version("kafka-throttle-proxy")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    py = ".".join(map(str, sys.version_info[:3]))
+    return f"kafka-throttle-proxy {version} (Python {py}; {build_info.describe()})"
+
+
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line (argparse's own action wraps it to the terminal), worked out only when
+    asked (it imports the compiled modules to tell whether they are)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
@@ -157,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s", stream=sys.stderr
     )
     if config.workers > 1 and worker is None:
-        return supervisor.supervise(argv, config.workers, config.shutdown_grace_ms / 1000)
+        return supervisor.supervise(
+            argv, config.workers, (config.shutdown_unready_ms + config.shutdown_grace_ms) / 1000
+        )
     _raise_fd_limit()
     try:
         import uvloop

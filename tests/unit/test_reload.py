@@ -59,6 +59,7 @@ def _leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
 Probe = Callable[[Proxy], Any]
 RELOADS: dict[str, tuple[Any, Probe, Any]] = {
     "shutdown_grace_ms": (1234, lambda p: p.config.shutdown_grace_ms, 1234),  # what shutdown() waits
+    "shutdown_unready_ms": (500, lambda p: p.config.shutdown_unready_ms, 500),  # likewise
     "log_level": ("DEBUG", lambda p: logging.getLogger().level, logging.DEBUG),
     "metrics.max_entity_series": (7, lambda p: p.policy.config.metrics.max_entity_series, 7),
     "limits.max_connections": (5, lambda p: p.connection_quotas.max_connections, 5),
