@@ -1,13 +1,15 @@
 """Optional mypyc build of the per-request modules (everything else is in pyproject.toml).
 
-    pip install .                      # pure Python, as before
-    KTP_MYPYC=1 pip install .          # proxy/build_info.py's COMPILED modules built as C extensions by mypyc
-    KTP_MYPYC=1 pip install -e .       # the same, the .so files built in place next to the .py (tests, benches)
+    python -m build                    # sdist and wheel, the per-request modules compiled by mypyc when it can
+    pip install .                      # the same build, installed
+    KTP_MYPYC=0 pip install .          # pure Python: nothing compiled
+    KTP_MYPYC=1 pip install -e .       # compiled, the .so files built in place next to the .py (tests, benches)
 
 The .py files stay the single source: a compiled module is that file, type-checked and translated. When
-KTP_MYPYC=1 but mypyc or a C compiler is missing, or the build fails, the pure-Python package installs instead
-(with a warning), unless KTP_MYPYC=require, which fails the build (CI's compiled job, so a broken build shows).
-Which build is running: the proxy logs it at startup (``proxy.build_info``, which also holds the module list).
+KTP_MYPYC is 1 (the default) but mypyc or a C compiler is missing, or the build fails, the pure-Python package
+installs instead (with a warning), unless KTP_MYPYC=require, which fails the build (CI, so a broken build shows).
+Which build is running: ``kafka-throttle-proxy --version`` says, and the proxy logs it at startup
+(``proxy.build_info``, which also holds the module list).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _compiled_modules() -> list[str]:
 
 MYPYC_MODULES = _compiled_modules()
 
-MODE = os.environ.get("KTP_MYPYC", "")
+MODE = os.environ.get("KTP_MYPYC", "1")
 
 
 class OptionalBuildExt(build_ext):
@@ -64,6 +66,8 @@ def _remove_inplace_builds() -> None:
 def _ext_modules() -> list:
     if MODE not in ("1", "require"):
         _remove_inplace_builds()
+        return []
+    if "sdist" in sys.argv[1:]:  # a source distribution carries the .py files; its wheel compiles them
         return []
     try:
         from mypyc.build import mypycify

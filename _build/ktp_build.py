@@ -1,5 +1,5 @@
-"""In-tree PEP 517 backend: setuptools', plus mypy as a build requirement only when KTP_MYPYC asks for the
-compiled build (a plain ``pip install .`` downloads nothing more than before)."""
+"""In-tree PEP 517 backend: setuptools', plus mypy as a build requirement when the build compiles the per-request
+modules (KTP_MYPYC 1, the default, or require; KTP_MYPYC=0 downloads nothing more than setuptools)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ _MYPYC = ["mypy==2.4.1"]  # pinned: mypyc's generated C and its runtime library 
 
 
 def _extra() -> list[str]:
-    return _MYPYC if os.environ.get("KTP_MYPYC") in ("1", "require") else []
+    return _MYPYC if os.environ.get("KTP_MYPYC", "1") in ("1", "require") else []
 
 
 def get_requires_for_build_wheel(config_settings=None):
