@@ -5,6 +5,8 @@ the same cases by the million."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import struct
 
 import pytest
@@ -15,6 +17,37 @@ from protocol.headers import encode_request_header, parse_request_header
 from protocol.inflight import produce_acks, requested_wait_ms
 from protocol.skim import STR, Op, skip
 from protocol.varint import TruncatedError, read_length
+from tests.harness.fuzz_frames import FuzzRig, mutations, truncations, valid_cases
+
+
+def _fuzz(cases, smooth: bool) -> FuzzRig:
+    async def go() -> FuzzRig:
+        rig = FuzzRig(smooth)
+        with rig:
+            for case in cases:
+                await rig.run(case)
+            await rig.settle()
+        return rig
+
+    return asyncio.run(go())
+
+
+def test_every_truncation_of_every_request_closes_or_forwards_without_a_traceback():
+    """Cut at every offset (size prefix fixed up), each on a fresh connection (``bench.fuzz_walks`` also sends each
+    after the same request whole)."""
+    cases = [t for case in valid_cases(large=False, warm=False) for t in truncations(case)]
+    rig = _fuzz(cases, smooth=False)
+    assert rig.cases == len(cases) > 15_000
+    assert rig.closed > len(cases) // 4  # most are malformed to something that reads them: the walks ran
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_mutated_requests_close_or_forward_without_a_traceback(smooth):
+    rng = random.Random(35 + smooth)
+    cases = [m for case in valid_cases() for m in mutations(case, rng, 12)]
+    rig = _fuzz(cases, smooth)
+    assert rig.cases == len(cases) > 10_000
+    assert rig.closed > len(cases) // 4
 
 
 def _frame(api_key: int, version: int, body: bytes) -> bytes:
