@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -43,10 +44,12 @@ MiB = 1 << 20
 class Normal:
     """One well-behaved client: sequential produces, each timed; sequence numbers checked when read back."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, auth: dict[str, str] | None = None) -> None:
+        """``auth``: librdkafka settings to authenticate with (SASL), for the producer and the read back."""
         self.bootstrap, self.topic = bootstrap, topic
+        self.auth = dict(auth or {})
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": True}
+            {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": True, **self.auth}
         )
         self.seq = 0
         self.errors: list[str] = []
@@ -55,10 +58,11 @@ class Normal:
         if err:
             self.errors.append(str(err))
 
-    def run(self, seconds: float) -> list[float]:
+    def run(self, seconds: float, until: Callable[[], bool] | None = None) -> list[float]:
+        """Produce for ``seconds``, or until ``until()`` says stop."""
         latencies = []
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (until is not None and until()):
             t0 = time.monotonic()
             self.producer.produce(self.topic, str(self.seq).encode(), on_delivery=self._delivered)
             if self.producer.flush(30):
@@ -75,6 +79,7 @@ class Normal:
                 "group.id": f"attacks-{uuid.uuid4().hex[:6]}",
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
+                **self.auth,
             }
         )
         c.subscribe([self.topic])

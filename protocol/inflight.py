@@ -11,7 +11,7 @@ from typing import Any, Final
 from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
-from protocol.varint import read_length
+from protocol.varint import TruncatedError, read_length
 
 _LONG_WAITS_MS: dict[int, int] = {
     Api.SYNC_GROUP: 300_000,  # waits for the group leader's assignment: up to a rebalance (max.poll.interval.ms)
@@ -183,9 +183,10 @@ def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHead
 
 def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> int:
     """The ``acks`` of a Produce request: after the (nullable) transactional id, from v3 on. ``base``: where the
-    header starts in ``frame``."""
+    header starts in ``frame``. Raises :class:`~protocol.varint.TruncatedError` (a ProtocolError) when the body
+    is too short to hold it."""
     if header.body_offset is None:
-        raise ValueError("Produce request body offset unknown")
+        raise TruncatedError("Produce request body offset unknown")
     pos = header.body_offset + base
     buf = _head(frame, pos)
     try:
@@ -194,8 +195,11 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, b
         if pos + 2 > len(buf):
             raise IndexError
         return _i16(buf, pos)
-    except IndexError:
-        raise ValueError("Produce request too short to hold acks") from None
+    except (IndexError, TruncatedError):  # a ProtocolError naming the request, never an IndexError
+        raise TruncatedError(
+            f"Produce v{header.api_version} too short to hold acks (body of {len(buf) - header.body_offset - base} "
+            "bytes)"
+        ) from None
 
 
 def expects_response(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> bool:

@@ -175,7 +175,7 @@ class Session:
                 self.identity.on_authenticate_request(
                     decode_authenticate_request(_body(frame, header), header.api_version)
                 )
-        except (ValueError, struct.error) as exc:
+        except ValueError as exc:  # the readers raise the protocol's errors (ValueErrors), never struct's (#35)
             if isinstance(exc, SaslTokenError):
                 raise
             api = "?" if header is None else f"{api_name(header.api_key)} v{header.api_version}"

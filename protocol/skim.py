@@ -143,14 +143,17 @@ def merge_ops(ops: Iterable[Op]) -> Ops:
 
 
 def skip(ops: Ops, buf: bytes | memoryview, pos: int, end: int, free: list[int] | None = None) -> int:
-    """Skip the fields ``ops`` describe from ``pos``; the position after them. Raises TruncatedError when a field
-    runs past ``end``; struct.error or IndexError when a length is cut short.
+    """Skip the fields ``ops`` describe from ``pos``; the position after them. Raises TruncatedError (a
+    ProtocolError) when a field, or a length, runs past ``end``.
 
     ``free``, when given, gets the spans (start, stop, flat) of the bytes the walk did not read: fixed-size
     fields, string and byte contents, arrays of fixed-size elements. Every byte outside them (lengths, counts,
     null markers, tag sections) steers the walk, so a body of the same length that agrees on all of those
     walks the same way (:class:`protocol.endpoint_apis.ResponseShape`)."""
-    return _walk(ops, buf, buf if isinstance(buf, bytes) else b"", pos, end, free)
+    try:  # the walk reads lengths unchecked: one that is cut short surfaces here, once, as the protocol's error
+        return _walk(ops, buf, buf if isinstance(buf, bytes) else b"", pos, end, free)
+    except (struct.error, IndexError):
+        raise TruncatedError(f"a length past byte {pos} runs past the end ({end} bytes)") from None
 
 
 def _walk(ops: Ops, buf: bytes | memoryview, native: bytes, pos: i64, end: i64, free: list[int] | None) -> i64:

@@ -59,13 +59,19 @@ _I32_unpack: Final = _I32.unpack_from
 
 def read_length(buf: bytes | bytearray | memoryview, pos: int, compact: bool, width: int = 4) -> tuple[int, int]:
     """A length prefix (string, bytes or array count; -1 is null): compact (flexible versions) a uvarint of
-    length + 1, else a big-endian int16 (``width`` 2: strings) or int32. Returns (length, position after)."""
+    length + 1, else a big-endian int16 (``width`` 2: strings) or int32. Returns (length, position after).
+    Raises :class:`TruncatedError` when the length itself runs past the end of ``buf`` (what it counts is the
+    caller's to check)."""
     if compact:
         n = buf[pos] if pos < len(buf) else 0x80
         if n < 0x80:  # one byte: nearly every length in practice
             return n - 1, pos + 1
         n, pos = read_uvarint(buf, pos)
         return n - 1, pos
-    if width == 2:
-        return _I16_unpack(buf, pos)[0], pos + 2
-    return _I32_unpack(buf, pos)[0], pos + 4
+    try:  # no bounds check of our own: a length cut short is rare, and the unpack checks anyway
+        if width == 2:
+            return _I16_unpack(buf, pos)[0], pos + 2
+        return _I32_unpack(buf, pos)[0], pos + 4
+    except struct.error:
+        # Malformed peer bytes, not a proxy bug: the one error family (protocol.errors), never struct's.
+        raise TruncatedError(f"int{width * 8} length at byte {pos} runs past the end ({len(buf)} bytes)") from None

@@ -604,9 +604,18 @@ class Connection:
             return
         if self.closed:
             return
-        header = parse_request_header(frame, 4)
-        request = Request(header, frame, expects_response(frame, header, 4))
-        item = self._apply(verdict, request, monotonic())
+        # A task: what escapes it is no WARNING and no close but "Task exception was never retrieved", long after.
+        try:
+            header = parse_request_header(frame, 4)
+            request = Request(header, frame, expects_response(frame, header, 4))
+            item = self._apply(verdict, request, monotonic())
+        except ProtocolError as exc:  # the client's bytes: one line, its connection only (as _process_requests)
+            self.close(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: this connection only, never the proxy
+            log.exception("%s via %s: cannot process a request", self.peer, self.label)
+            self.close(f"cannot process a request: {type(exc).__name__}: {exc}")
+            return
         if type(item) is Defer:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:

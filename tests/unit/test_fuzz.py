@@ -1,5 +1,5 @@
-"""No byte string makes the parsers fail other than with the errors the proxy turns into a closed
-connection (ValueError family, struct.error)."""
+"""No byte string makes the parsers fail other than with the error family the proxy turns into a closed connection
+(``protocol.errors.ProtocolError``): a struct.error or IndexError out of a walk is a traceback (issue #35)."""
 
 import contextlib
 import struct
@@ -11,11 +11,12 @@ from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.producer import ProduceResponse
 
 from protocol.addresses import decode_addressed
+from protocol.errors import ProtocolError
 from protocol.headers import parse_request_header
 from protocol.inflight import expects_response
 from protocol.skim import layout, top_level_tags
 
-EXPECTED = (ValueError, struct.error)
+EXPECTED = (ProtocolError,)
 
 
 @settings(max_examples=500)
