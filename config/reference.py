@@ -39,9 +39,12 @@ or out of `fleet` it waits for a restart.
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The model class a field holds (itself, or the items of a list of them), if any."""
+    """The model class a field holds (itself, an optional one, or the items of a list of them), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # ``UpstreamTlsConfig | None``
+        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
     if typing.get_origin(annotation) is list:
         (item,) = typing.get_args(annotation) or (None,)
         if isinstance(item, type) and issubclass(item, BaseModel):

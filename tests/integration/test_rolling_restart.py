@@ -5,9 +5,9 @@ Kafka's own VerifiableProducer (Java, idempotent, acks=all) and VerifiableConsum
 proxies in ``bootstrap.servers``, and a librdkafka producer at full speed under a fleet-wide byte-rate quota. Then:
 every record the producer sent was acknowledged and is in the topic once, in order (read straight from the
 cluster); the group consumed every record (a group is at-least-once across a member leaving: a poll's worth may
-come twice); the quota'd producer landed at most 10 % over its quota over the whole rolling restart, and at least 75 % of it (measured
-where the bytes land, the partition's log on disk). Each proxy drains on SIGTERM (exit 0) and is ready again
-before the next one goes.
+come twice); the quota'd producer landed at most 10 % over its quota over the whole rolling restart, and at least
+75 % of it (measured where the bytes land, the partition's log on disk). Each proxy drains on SIGTERM (exit 0) and
+is ready again before the next one goes.
 """
 
 from __future__ import annotations

@@ -17,3 +17,15 @@ def test_every_setting_is_on_the_page():
         for name in sub or {section: None}:
             dotted = f"{section}.{name}" if sub else section
             assert f"`{dotted}`" in page, dotted
+
+
+def test_the_fields_of_optional_sections_are_named_too():
+    page = render()
+    for dotted in (
+        "upstream.tls.ca_file",
+        "upstream.tls.check_hostname",
+        "listen.tls.client_auth",
+        "listen.tls.principal_mapping_rules",
+        "listen.tls.key_file",
+    ):
+        assert f"`{dotted}`" in page, dotted
