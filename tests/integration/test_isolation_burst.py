@@ -37,9 +37,11 @@ BIG_BATCH_RECORDS = 15  # 15 × 64 KiB = 0.98 MB: under the brokers' message.max
 SECONDS = 10.0
 SETTLE = 1.0
 SLICE_S = 0.025
-"""What one turn of another connection may cost the victim: the per-turn budget (bytes and time, see
-protocol.session) is a few milliseconds of work, and a victim round trip may find several connections' turns ahead
-of it (the flooder's client and broker sides) plus the scheduling noise of a shared 2-core machine."""
+"""What one connection's turns may cost the victim beyond the broker's own cost: a turn of the flooder is at most one
+read (256,000 bytes, uvloop's) or BYTES_PER_TURN of requests held back (protocol.session), about a millisecond of
+the loop's work; a victim round trip may find a few such turns ahead of it on each way (the flooder's client and
+broker sides) and pays two more process wake-ups than straight to the broker, each a few milliseconds on a
+shared 2-core machine. The bound is twice the direct p99, or the direct p99 plus this, whichever is larger."""
 
 
 def _batch(n: int, size: int) -> bytes:
@@ -51,11 +53,11 @@ def _batch(n: int, size: int) -> bytes:
     return bytes(b.buffer())
 
 
-def _produce_frame(topic: str, records: bytes, corr: int, client_id: str) -> bytes:
+def _produce_frame(topic: str, records: bytes, corr: int, client_id: str, acks: int = 1) -> bytes:
     T = ProduceRequest.TopicProduceData
     req = ProduceRequest(
         transactional_id=None,
-        acks=1,
+        acks=acks,
         timeout_ms=30_000,
         topic_data=[T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=records)])],
     )
@@ -78,12 +80,16 @@ def _read_frame(sock: socket.socket) -> bytes:
     return read(size)
 
 
-def _topic_on(admin_bootstrap: str, broker_id: int) -> str:
+def _topic_on(cluster, broker_id: int, replicated: bool = False) -> str:
+    """A one-partition topic led by ``broker_id``: on it alone, or (``replicated``) on every broker."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"burst-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": admin_bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[broker_id]])])[topic].result(30)
+    others = [b.node_id for b in cluster.brokers if b.node_id != broker_id] if replicated else []
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[broker_id, *others]])])[topic].result(
+        30
+    )
     return topic
 
 
@@ -111,7 +117,7 @@ def _leader_address(bootstrap: str, topic: str, broker_id: int) -> str:
 
 
 def _run(
-    address: str, victim_topic: str, flood_topic: str, flood: bool = True, settle: float = SETTLE
+    address: str, victim_topic: str, flood_topic: str, flood: bool = True, settle: float = SETTLE, acks: int = 1
 ) -> tuple[list[float], int]:
     """Flood bursts and victim round trips side by side on two connections to ``address`` for SECONDS (``flood``
     False: the victim alone); the victim's round trips (s) after ``settle`` and the number of bursts sent."""
@@ -125,7 +131,7 @@ def _run(
     def send_bursts() -> None:
         try:
             with socket.create_connection((host, int(port)), timeout=60) as s:
-                burst = b"".join(_produce_frame(flood_topic, big, c, "burst-flooder") for c in range(BURST))
+                burst = b"".join(_produce_frame(flood_topic, big, c, "burst-flooder", acks) for c in range(BURST))
                 s.settimeout(90)  # a flooder held to its quota waits, unread, for its turn
                 while time.monotonic() < stop:
                     s.sendall(burst)  # answered in order, so the same correlation ids serve every burst
@@ -140,7 +146,7 @@ def _run(
     with socket.create_connection((host, int(port)), timeout=60) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for corr in range(1, 21):  # warm the path before the flood starts
-            s.sendall(_produce_frame(victim_topic, small, corr, "burst-victim"))
+            s.sendall(_produce_frame(victim_topic, small, corr, "burst-victim", acks))
             _read_frame(s)
         t0 = time.monotonic()
         if flood:
@@ -148,7 +154,7 @@ def _run(
         corr = 100
         while time.monotonic() < stop:
             corr += 1
-            frame = _produce_frame(victim_topic, small, corr, "burst-victim")
+            frame = _produce_frame(victim_topic, small, corr, "burst-victim", acks)
             sent = time.monotonic()
             s.sendall(frame)
             resp = _read_frame(s)
@@ -164,8 +170,8 @@ def _run(
 def test_a_burst_of_large_produces_does_not_stall_another_connection(cluster, fresh_proxy):
     proxy = fresh_proxy()
     broker_id = cluster.brokers[0].node_id
-    victim_topic = _topic_on(cluster.bootstrap, broker_id)
-    flood_topic = _topic_on(cluster.bootstrap, broker_id)
+    victim_topic = _topic_on(cluster, broker_id)
+    flood_topic = _topic_on(cluster, broker_id)
     direct_addr = _leader_address(cluster.bootstrap, victim_topic, broker_id)
     _leader_address(cluster.bootstrap, flood_topic, broker_id)
     proxy_addr = _leader_address(proxy.bootstrap, victim_topic, broker_id)
@@ -180,37 +186,7 @@ def test_a_burst_of_large_produces_does_not_stall_another_connection(cluster, fr
     )
     print(summary)
     assert proxied_bursts >= 3, summary  # the flood really ran through the proxy
-    # The bound: what the broker costs the victim under the same burst, plus a slice (SLICE_S). Before the fix
-    # the victim waited for whole bursts (each 20 MB read, copied and forwarded ahead of its request).
+    # The bound: what the broker costs the victim under the same burst, plus a slice (SLICE_S). It held on 6959566
+    # too (p99 direct 42 / proxy 59 ms at load 7.7, 57 / 108 ms at load 12): the proxy's loop was not where the
+    # issue's victim waited (docs/performance.md); this keeps it so.
     assert p99 <= max(2 * d99, d99 + SLICE_S), summary
-
-
-QUOTA = 4 * 1024 * 1024
-
-
-def test_a_flooder_at_its_quota_costs_another_tenant_little_with_the_default_enforcement(cluster, fresh_proxy):
-    """The same bursts, from a client id held to producer_byte_rate 4 MiB/s, through a proxy with the default
-    enforcement; the victim (another client id, no quota) is timed alone through the proxy, then beside the flood,
-    from the flood's first request (its first burst is the one that matters). With Kafka's windowed enforcement
-    the proxy let a whole window's worth through at once (quota × 10 s: 40 MB, two bursts) and the brokers' append
-    of it held the victim's requests; paced (smooth), the brokers see 4 MiB/s and the victim barely notices.
-    The bound: 2 × the victim alone, or alone + SLICE_S, whichever is larger (a 2-core machine's scheduling)."""
-    proxy = fresh_proxy(
-        **{"quotas.entities": [{"entity": {"client-id": "burst-flooder"}, "quotas": {"producer_byte_rate": QUOTA}}]}
-    )
-    broker_id = cluster.brokers[1].node_id
-    victim_topic = _topic_on(cluster.bootstrap, broker_id)
-    flood_topic = _topic_on(cluster.bootstrap, broker_id)
-    _leader_address(cluster.bootstrap, flood_topic, broker_id)
-    addr = _leader_address(proxy.bootstrap, victim_topic, broker_id)
-    alone, _ = _run(addr, victim_topic, flood_topic, flood=False)
-    flooded, bursts = _run(addr, victim_topic, flood_topic, settle=0.0)
-    a99, f99 = percentile(alone, 99), percentile(flooded, 99)
-    summary = (
-        f"victim alone through the proxy p99 {a99 * 1000:.1f} ms; beside the flooder at its quota p50 "
-        f"{percentile(flooded, 50) * 1000:.1f} p99 {f99 * 1000:.1f} max {max(flooded) * 1000:.1f} ms; flooder "
-        f"{bursts} bursts of {BURST} MB in {SECONDS:.0f} s (quota: {QUOTA * SECONDS / 1e6 / BURST:.1f})"
-    )
-    print(summary)
-    assert bursts >= 1, summary
-    assert f99 <= max(2 * a99, a99 + SLICE_S), summary
