@@ -240,7 +240,7 @@ class Session:
             reason = Pause.MUTED
         elif self.sasl_hold:
             reason = Pause.SASL_HANDSHAKE
-        elif i + 1 < len(frames) and (i + 1 == FRAMES_PER_TURN or done >= BYTES_PER_TURN):
+        elif (done >= BYTES_PER_TURN or i + 1 == FRAMES_PER_TURN) and i + 1 < len(frames):  # (cheap tests first)
             reason = Pause.TURN
             self._holds.add(reason)
         else:

@@ -111,8 +111,8 @@ class _Collector:
             lag = self.loop_lag
             yield HistogramMetricFamily(
                 "ktp_event_loop_lag_seconds",
-                "How late the event loop ran a timer due every 10 ms: the longest slice of work that held every "
-                "connection of this worker waiting",
+                "How late the event loop ran a timer due every 100 ms: the wait a request arriving at that moment "
+                "saw for whatever held the loop (every connection of this worker)",
                 buckets=lag.buckets(),
                 sum_value=lag.sum_s,
             )
