@@ -167,7 +167,8 @@ class Proxy:
                 ",".join(self.config.upstream.bootstrap_servers),
             )
         self._tasks.append(loop.create_task(self._upkeep()))
-        self.loop_lag.start(loop)
+        if self.config.metrics.port is not None or self.loop_lag.timeline is not None:
+            self.loop_lag.start(loop)  # nobody could read it otherwise: no wake-ups for nothing
         if self.config.quotas.scope == "fleet":
             self.fleet = FleetSync(
                 self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources, self.policy.guard, self.worker
