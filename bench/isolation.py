@@ -78,6 +78,9 @@ from tests.harness.measure import (
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 VICTIM_ID = "victim"
+CONSUMER_ID = "victim-consumer"
+CONSUMER_FILL = 96 * MIB  # the consumer victim's topic: read over and over, from the page cache
+WINDOW_S = 5.0  # the victim's p99 is also read per window of this many seconds (a stall hides in a phase's p99)
 FLOOD_ID = "flooder"
 VICTIM_RATE = 200  # records/s
 VICTIM_RECORD = 1024
@@ -176,6 +179,76 @@ def victim_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
         )
     )
     return 0
+
+
+def consumer_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
+    """The second victim: one consumer (client id CONSUMER_ID, no quota) re-reading a pre-filled topic at full
+    speed, from the start again at its end. Its stall measure: the gap between two consecutive batches that
+    returned records (``consume(500)``), stamped when each returned; and its bytes per second."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": CONSUMER_ID,
+            "group.id": f"iso-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)]
+    c.assign(parts)
+    rows: list[tuple[float, float, int]] = []  # (returned at, gap since the previous batch, bytes)
+    start = time.monotonic()
+    last = start
+    eof: set[int] = set()
+    while (now := time.monotonic()) < start + seconds:
+        msgs = c.consume(500, 0.5)
+        got = 0
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                got += len(m.value() or b"")
+            elif err.code() == KafkaError._PARTITION_EOF:
+                eof.add(m.partition() or 0)
+        now = time.monotonic()
+        if got:
+            rows.append((now, now - last, got))
+            last = now
+        if len(eof) == 3:  # read it all: from the start again
+            c.assign(parts)
+            eof.clear()
+    c.close()
+    out.write_text(json.dumps({"start": start, "end": time.monotonic(), "rows": rows}))
+    return 0
+
+
+def fill_main(bootstrap: str, topic: str, nbytes: int) -> int:
+    """Write ``nbytes`` of FLOOD_RECORD records over the three partitions (the consumer victim's topic)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": FLOOD_BATCH, "acks": 1})
+    value = os.urandom(FLOOD_RECORD)
+    for i in range(nbytes // FLOOD_RECORD):
+        while True:
+            try:
+                p.produce(topic, value, partition=i % 3)
+                break
+            except BufferError:
+                p.poll(0.05)
+    return 0 if p.flush(120) == 0 else 1
+
+
+def windows(rows: Sequence[Sequence[float]], lo: float, hi: float, width: float = WINDOW_S) -> list[list[float]]:
+    """Column 1 of ``rows`` (column 0: when), cut into consecutive ``width``-second windows of [lo, hi)."""
+    n = max(1, int((hi - lo) // width))
+    out: list[list[float]] = [[] for _ in range(n)]
+    for r in rows:
+        k = int((r[0] - lo) // width)
+        if lo <= r[0] < hi and 0 <= k < n:
+            out[k].append(r[1])
+    return out
 
 
 def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict) -> None:
@@ -300,6 +373,20 @@ class Result:
     load_before: float = 0.0
     load_after: float = 0.0
     notes: list[str] = field(default_factory=list)
+    round: int = 1
+    window_lo: float = 0.0  # the settled window's start (the victim's clock: time.monotonic)
+    window_p99_ms: list[float] = field(default_factory=list)  # the victim's p99 per WINDOW_S window, settled
+    consumer_mib_s: float | None = None  # the consumer victim, settled window
+    consumer_gap_p99_ms: float | None = None  # its p99 gap between batches with records
+    consumer_window_gap_p99_ms: list[float] = field(default_factory=list)
+    lag_max_ms: float | None = None  # the proxy's event-loop lag (timeline on), settled window
+    lag_over_10ms: int | None = None  # lag samples ≥ 10 ms in the settled window
+    victim_in_proxy_p99_ms: float | None = None  # timeline: frame read → forwarded + answer read → handed on
+
+    @property
+    def flood_ratio(self) -> float | None:
+        """The flooder's bytes over all three brokers against its quota (2 MiB/s per broker, three brokers)."""
+        return None if self.flood_mib_s is None else self.flood_mib_s * MIB / (3 * BYTE_QUOTA)
 
     @property
     def p50(self) -> float:
@@ -443,6 +530,8 @@ def run_phase(
     flood: bool,
     bootstrap: str,
     parts: str = "producers,mutations",
+    consumer_topic: str | None = None,
+    timeline: Path | None = None,
 ) -> Result:
     tag = uuid.uuid4().hex[:6]
     prefix = f"iso-{phase}-{tag}"
@@ -464,8 +553,16 @@ def run_phase(
             if flood
             else None
         )
+        consumer_out = workdir / f"{prefix}-consumer.json"
+        consumer = (
+            _spawn("consumer", bootstrap, consumer_topic, str(seconds), str(consumer_out))
+            if consumer_topic is not None
+            else None
+        )
         victim = _spawn("victim", bootstrap, victim_topic, str(seconds), str(victim_out))
         _wait(victim, seconds + 90, "victim")
+        if consumer is not None:
+            _wait(consumer, seconds + 90, "consumer")
         if flooder is not None:
             _wait(flooder, seconds + 90, "flooder")
     res.load_after = os.getloadavg()[0]
@@ -473,6 +570,17 @@ def run_phase(
     lo, hi = v["start"] + settle, v["start"] + seconds - TAIL_S
     res.latencies_ms = [x * 1000 for x in settled_latencies(v["rows"], lo, hi)]
     res.rdk_latencies_ms = [r[2] * 1000 for r in v["rows"] if lo <= r[0] < hi and r[2] == r[2]]
+    res.window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], lo, hi) if w]
+    res.window_lo = lo
+    if consumer_topic is not None:
+        c = json.loads(consumer_out.read_text())
+        rows = [r for r in c["rows"] if lo <= r[0] < hi]
+        res.consumer_mib_s = sum(r[2] for r in rows) / (hi - lo) / MIB
+        if rows:
+            res.consumer_gap_p99_ms = percentile([r[1] for r in rows], 99) * 1000
+        res.consumer_window_gap_p99_ms = [percentile(w, 99) * 1000 for w in windows(c["rows"], lo, hi) if w]
+    if timeline is not None and timeline.exists():
+        _read_timeline(res, timeline, lo, hi)
     if v["error_count"] or v["undelivered"]:
         res.notes.append(f"victim: {v['error_count']} errors {v['errors'][:2]}, {v['undelivered']} undelivered")
     if flood:
@@ -502,6 +610,28 @@ def run_phase(
         )
     _delete_topics(cluster, prefix)
     return res
+
+
+def _read_timeline(res: Result, path: Path, lo: float, hi: float) -> None:
+    """The proxy's timeline (proxy/loop_lag.py; one clock: both are time.monotonic on one machine): the loop's
+    lag in the settled window, and the victim's time inside the proxy per request (read → forwarded, plus the
+    answer's read → handed to the client), to put beside the flooder's bursts."""
+    lags: list[float] = []
+    reqs: dict[tuple[str, int], tuple[float, float]] = {}
+    inside: list[float] = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec[0] == "lag" and lo <= rec[1] < hi:
+            lags.append(rec[2])
+        elif rec[0] == "req" and rec[2] == VICTIM_ID and lo <= rec[6] < hi:
+            reqs[(rec[1], rec[4])] = (rec[6], rec[7])
+        elif rec[0] == "resp" and (rec[1], rec[2]) in reqs:
+            read, fwd = reqs.pop((rec[1], rec[2]))
+            inside.append((fwd - read) + (rec[5] - rec[4]))
+    res.lag_max_ms = max(lags, default=0.0) * 1000
+    res.lag_over_10ms = sum(1 for x in lags if x >= 0.010)
+    if inside:
+        res.victim_in_proxy_p99_ms = percentile(inside, 99) * 1000
 
 
 def _dir_bytes(d: Path) -> int:
@@ -560,6 +690,42 @@ def format_table(results: list[Result]) -> list[str]:
     return lines
 
 
+def _mr(values: Sequence[float], fmt: str = ".1f") -> str:
+    """Median and range: ``median (min–max)``."""
+    if not values:
+        return "–"
+    a, b, c = spread(values)
+    return f"{b:{fmt}} ({a:{fmt}}–{c:{fmt}})"
+
+
+def summary_table(results: list[Result]) -> list[str]:
+    """Per phase over its rounds: the median and range of the victim's settled p99, of its worst 5-s window, of the
+    flooder's total against its quota, the consumer victim's figures, and the loop's lag (with --timeline)."""
+    lines = [
+        "| phase | rounds | victim p99 ms: median (range) | worst 5-s window p99 ms | p99 / alone via proxy, same "
+        "round | flooder total / quota | consumer MiB/s | consumer gap p99 ms | loop lag max ms | victim inside "
+        "proxy p99 ms | load avg 1 min |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    alone = {r.round: r.p99 for r in results if r.phase == "alone-proxy" and r.latencies_ms}
+    for phase in PHASES:
+        rs = [r for r in results if r.phase == phase and r.latencies_ms]
+        if not rs:
+            continue
+        ratios = [r.p99 / alone[r.round] for r in rs if r.round in alone]
+        lines.append(
+            f"| {LABELS[phase]} | {len(rs)} | {_mr([r.p99 for r in rs])} | "
+            f"{_mr([max(r.window_p99_ms) for r in rs if r.window_p99_ms])} | {_mr(ratios, '.2f')} | "
+            f"{_mr([r.flood_ratio for r in rs if r.flood_ratio is not None], '.2f')} | "
+            f"{_mr([r.consumer_mib_s for r in rs if r.consumer_mib_s is not None], '.0f')} | "
+            f"{_mr([r.consumer_gap_p99_ms for r in rs if r.consumer_gap_p99_ms is not None], '.0f')} | "
+            f"{_mr([r.lag_max_ms for r in rs if r.lag_max_ms is not None], '.0f')} | "
+            f"{_mr([r.victim_in_proxy_p99_ms for r in rs if r.victim_in_proxy_p99_ms is not None], '.2f')} | "
+            f"{_mr([r.load_after for r in rs])} |"
+        )
+    return lines
+
+
 def target_lines(results: list[Result]) -> list[str]:
     """Issue 30's target, read off the table: smooth ≤ 1.5 × alone; kafka and the brokers' quotas for comparison."""
     by = {r.phase: r for r in results if r.latencies_ms}
@@ -607,6 +773,10 @@ def main(argv: list[str] | None = None) -> int:
         return victim_main(argv[1], argv[2], float(argv[3]), Path(argv[4]))
     if argv and argv[0] == "flood":
         return flood_main(argv[1], argv[2], float(argv[3]), Path(argv[4]), argv[5], argv[6])
+    if argv and argv[0] == "consumer":
+        return consumer_main(argv[1], argv[2], float(argv[3]), Path(argv[4]))
+    if argv and argv[0] == "fill":
+        return fill_main(argv[1], argv[2], int(argv[3]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="length of each phase (default 40)")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds at the start of a phase not counted")
@@ -630,6 +800,25 @@ def main(argv: list[str] | None = None) -> int:
         "costs the victim what)",
     )
     ap.add_argument("--output", type=Path, help="also write the table (markdown) here")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="every phase this many times, interleaved (round 1 runs each phase once, then round 2...): the "
+        "summary gives each phase's median and range over the rounds (default 3)",
+    )
+    ap.add_argument(
+        "--consumer",
+        action="store_true",
+        help="a second victim: one consumer re-reading a pre-filled topic at full speed in every phase",
+    )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="the proxy records its per-request timeline and loop lag (KTP_TIMELINE): the loop's lag and the "
+        "victim's time inside the proxy per phase; kept in the workdir with --keep",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the workdir (timelines, victims' records)")
     args = ap.parse_args(argv)
     phases = parse_phases(args.phases)
     if args.settle >= args.seconds - 5:
@@ -669,15 +858,31 @@ def main(argv: list[str] | None = None) -> int:
                 else "warm-up: victim alone through the proxy: no records",
                 flush=True,
             )
-        for phase in phases:
+        consumer_topic = None
+        if args.consumer:
+            consumer_topic = "iso-consumer-victim"
+            nodes = [b.node_id for b in cluster.brokers]
+            _create_topic(cluster, consumer_topic, [nodes[i:] + nodes[:i] for i in range(3)])
+            _wait(_spawn("fill", cluster.bootstrap, consumer_topic, str(CONSUMER_FILL)), 300, "fill")
+            print(f"consumer victim's topic filled: {CONSUMER_FILL // MIB} MiB", flush=True)
+        for rnd, phase in ((r, p) for r in range(1, args.rounds + 1) for p in phases):
             flood = phase.startswith("flood")
             cfg = proxy_config(phase)
             proxy = None
             if phase == "flood-broker":
                 _set_broker_quotas(cluster, add=True)
                 time.sleep(2)  # the brokers apply client quota changes asynchronously
+            timeline = workdir / f"timeline-{phase}-{rnd}.jsonl" if args.timeline and cfg is not None else None
             if cfg is not None:
-                proxy = ProxyProcess(workdir, cluster.bootstrap, cfg, name=f"proxy-{phase}").start()
+                saved = os.environ.get("KTP_TIMELINE")
+                if timeline is not None:
+                    os.environ["KTP_TIMELINE"] = str(timeline)
+                try:
+                    proxy = ProxyProcess(workdir, cluster.bootstrap, cfg, name=f"proxy-{phase}-{rnd}").start()
+                finally:
+                    os.environ.pop("KTP_TIMELINE", None)
+                    if saved is not None:
+                        os.environ["KTP_TIMELINE"] = saved
             try:
                 res = run_phase(
                     cluster,
@@ -688,22 +893,40 @@ def main(argv: list[str] | None = None) -> int:
                     flood,
                     proxy.bootstrap if proxy else cluster.bootstrap,
                     args.flood,
+                    consumer_topic,
+                    None,
                 )
             finally:
                 if proxy is not None:
-                    proxy.terminate()
+                    proxy.terminate()  # the timeline's last second is written at shutdown
                     warnings += sum(1 for ln in proxy.log().splitlines() if " WARNING " in ln or " ERROR " in ln)
                 if phase == "flood-broker":
                     _set_broker_quotas(cluster, add=False)
+            if timeline is not None and timeline.exists():
+                v_lo = res.window_lo
+                _read_timeline(res, timeline, v_lo, v_lo + args.seconds - args.settle - TAIL_S)
             if flood:
                 res.notes.append(f"cool-down after it {_cool_down(args.cooldown):.0f} s")
+            res.round = rnd
             results.append(res)
             print(
-                f"{phase}: "
+                f"round {rnd} {phase}: "
                 + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else "no victim records")
                 + (
                     f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota {spread(res.flood_slices)}"
                     if res.flood_slices
+                    else ""
+                )
+                + f"; windows p99 {' '.join(f'{x:.0f}' for x in res.window_p99_ms)}"
+                + (
+                    f"; consumer {res.consumer_mib_s:.0f} MiB/s gap p99 {res.consumer_gap_p99_ms:.0f} ms"
+                    if res.consumer_gap_p99_ms is not None
+                    else ""
+                )
+                + (
+                    f"; loop lag max {res.lag_max_ms:.0f} ms, {res.lag_over_10ms} ≥ 10 ms, victim inside the proxy "
+                    f"p99 {res.victim_in_proxy_p99_ms or 0:.2f} ms"
+                    if res.lag_max_ms is not None
                     else ""
                 )
                 + f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}",
@@ -712,6 +935,8 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.monotonic() - t_start) / 60
     table = format_table(results)
     targets = target_lines(results)
+    if args.rounds > 1:
+        table = [*summary_table(results), "", "Every phase of every round:", "", *table]
     head = [
         f"- Command: `{command}` ({minutes:.1f} min in total); date {started:%Y-%m-%d %H:%M %Z}; "
         f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
@@ -723,7 +948,10 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text("\n".join([*head, "", *table, "", *targets]) + "\n")
     import shutil
 
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.keep:
+        print(f"workdir kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

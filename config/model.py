@@ -185,7 +185,7 @@ class QuotaConfig(_Strict):
 
     enforce: bool = True
     """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""
-    enforcement: Literal["kafka", "smooth"] = "kafka"
+    enforcement: Literal["kafka", "smooth"] = "smooth"
     """``kafka``: Kafka's own semantics, byte for byte: windowed rates (a tenant may take about quota × window at
     once, then waits most of a window), the request forwarded and the connection muted afterwards. ``smooth``:
     byte rates and the request quota are paced by a token bucket holding ``smooth_burst_seconds`` of quota; a

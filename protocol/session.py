@@ -61,6 +61,11 @@ FRAMES_PER_TURN: Final = 64
 turn, :attr:`Pause.TURN`). One read holds up to 256 KiB: a client pipelining tiny requests could otherwise keep
 the loop for thousands of them (issue 30: no connection monopolises the loop); 64 keep a turn near a
 millisecond, and a client sending fewer never notices."""
+BYTES_PER_TURN: Final = 1 << 20
+"""Request bytes handled from one read (or from the requests that stopped waiting) before the event loop serves
+the other connections (issue 37): frames alone do not bound a turn, 64 frames of 1 MB are 64 MB to copy and write.
+A megabyte is about a millisecond of the loop's work (copied, checked, written to the broker's socket), so a frame
+larger than that still goes through whole, but nothing follows it in the same turn."""
 _SIZE: Final = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
@@ -124,6 +129,7 @@ class Session:
         "_own_corr",
         "_walk_kv",
         "_walk",
+        "_turn_bytes",
     )
 
     def __init__(self, identity: ConnectionIdentity, version_caps: dict[int, int]) -> None:
@@ -143,6 +149,8 @@ class Session:
         self._own_corr = -1
         self._walk_kv = -1  # (api, version) of the last _needs_walk, and its answer
         self._walk = False
+        self._turn_bytes = 0
+        """Bytes of the frames handled so far in this turn (see :meth:`after`)."""
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -215,12 +223,16 @@ class Session:
         return out
 
     def after(self, frames: Any, i: int, deferred: bool, muted: bool) -> str | None:
-        """``frames[i]`` was handled (forwarded, answered, or ``deferred`` for a decision; ``muted``: the mute
-        holds, a request over quota). None: go on with ``frames[i + 1]``. Otherwise the :class:`Pause` reason the
-        frames behind it wait for (kept here, in order), until :meth:`end_hold` or :meth:`unmuted` says nothing
-        holds them any more. The order of the checks is the order of the reasons' strength: a request being
-        decided is not forwarded yet, so nothing behind it may be; a mute stops reading like a broker's; a
-        SaslHandshake v0 decides what the next frames are; a turn only yields to the other connections."""
+        """``frames[i]`` was handled (forwarded, answered, or ``deferred`` for a decision; ``muted``: the mute holds, a
+        request over quota). ``frames`` are one turn's (a read, or the requests that stopped waiting): a turn ends
+        after ``FRAMES_PER_TURN`` of them or ``BYTES_PER_TURN`` bytes. None: go on with ``frames[i + 1]``. Otherwise
+        the :class:`Pause` reason the frames behind it wait for (kept here, in order), until :meth:`end_hold` or
+        :meth:`unmuted` says nothing holds them any more. The order of the checks is the order of the reasons'
+        strength: a request being decided is not forwarded yet, so nothing behind it may be; a mute stops reading
+        like a broker's; a SaslHandshake v0 decides what the next frames are; a turn only yields to the other
+        connections."""
+        done = len(frames[i]) + (self._turn_bytes if i else 0)
+        self._turn_bytes = done
         if deferred:
             reason: str = Pause.DECIDING
             self._holds.add(reason)
@@ -228,7 +240,7 @@ class Session:
             reason = Pause.MUTED
         elif self.sasl_hold:
             reason = Pause.SASL_HANDSHAKE
-        elif i + 1 == FRAMES_PER_TURN and i + 1 < len(frames):
+        elif (done >= BYTES_PER_TURN or i + 1 == FRAMES_PER_TURN) and i + 1 < len(frames):  # (cheap tests first)
             reason = Pause.TURN
             self._holds.add(reason)
         else:

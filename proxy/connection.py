@@ -103,6 +103,8 @@ class Services:
     """Its first bytes arrived: None when a broker connection (a second fd) may be made, else why not."""
     principal_mapper: PrincipalMapper | None = None
     upstream_ssl: ssl.SSLContext | None = None
+    timeline: list[Any] | None = None
+    """Where the per-request timeline's records go (``proxy.loop_lag``), None when it is off (the default)."""
 
 
 class _Side(asyncio.BaseProtocol):
@@ -227,6 +229,7 @@ class Connection:
         self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
+        self._timeline: list[Any] | None = services.timeline  # None unless diagnosing (proxy.loop_lag)
         self.draining = False
         self.closed = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -460,6 +463,8 @@ class Connection:
         self.services.stats.bytes_from_clients += len(data)
         self.traffic.bytes_in += len(data)
         self.last_active = now = monotonic()  # bound at import: time.monotonic is a lookup each call
+        if self._timeline is not None:
+            self._timeline.append(("in", self.id, self.session.client_id, len(data), now))
         if self.upstream.transport is None:
             # Kept (one chunk, and at most one more that raced the pause) and replayed once the broker
             # connection is up.
@@ -567,7 +572,21 @@ class Connection:
         self.traffic.requests += 1
         self._api_counters(header.api_key).requests += 1
         verdict = services.policy.on_request(self, header, request.frame, now)
-        return self._apply(verdict, request, now)
+        item = self._apply(verdict, request, now)
+        if self._timeline is not None:
+            self._note_request(request, now, item)
+        return item
+
+    def _note_request(self, request: Request, now: float, item: Any) -> None:
+        """Timeline: the request was read (or stopped waiting) at ``now`` and is forwarded now, answered here, or
+        deferred (its forwarding is noted when it is decided)."""
+        assert self._timeline is not None
+        header = request.header
+        what = "defer" if type(item) is Defer else "fwd" if item is not None else "local"
+        self._timeline.append(
+            ("req", self.id, header.client_id, header.api_key, header.correlation_id, len(request.frame), now,
+             monotonic(), what)
+        )  # fmt: skip
 
     def _apply(self, verdict: Verdict, request: Request, now: float):
         """Carry out the policy's verdict: what to write to the broker (the frame), None (answered here) or the
@@ -620,6 +639,8 @@ class Connection:
             raise AssertionError("a deferred decision must not defer again")
         if item is not None:
             self.upstream.transport.write(item)
+        if self._timeline is not None:
+            self._timeline.append(("decided", self.id, header.correlation_id, monotonic()))
         self.resume(self.client, Pause.DECIDING)
         if self.session.end_hold(Pause.DECIDING, self.mute.held):
             self._release_deferred()
@@ -788,6 +809,8 @@ class Connection:
     def _finish(self, pending: Pending, frame, out: list, now: float, total: int | None = None) -> None:
         """Last stop of every response, whole or the head of a streamed one (``total``: its full length): the
         policy may raise throttle_time_ms and mute the client."""
+        if self._timeline is not None:
+            self._timeline.append(("resp", self.id, pending.header.correlation_id, pending.sent_at, now, monotonic()))
         if pending.decision is not None:
             pieces = self.services.policy.on_response(self, pending, frame, now, total)
             if pieces is not None:

@@ -21,8 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 
+from proxy.loop_lag import LoopLag
 from proxy.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,9 @@ class _Collector:
         quota_samples: Callable[[], Iterable[QuotaSample]],
         log_stats: Callable[[], dict[str, int]],
         gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
+        loop_lag: LoopLag | None = None,
     ) -> None:
+        self.loop_lag = loop_lag
         self.log_stats = log_stats
         self.gauges = gauges
         self.stats = stats
@@ -104,6 +113,18 @@ class _Collector:
         )
         for name, (doc, value) in self.gauges().items():
             yield GaugeMetricFamily(name, doc, value=value)
+        if self.loop_lag is not None:
+            lag = self.loop_lag
+            yield HistogramMetricFamily(
+                "ktp_event_loop_lag_seconds",
+                "How late the event loop ran a timer due every 100 ms: the wait a request arriving at that moment "
+                "saw for whatever held the loop (every connection of this worker)",
+                buckets=lag.buckets(),
+                sum_value=lag.sum_s,
+            )
+            yield GaugeMetricFamily(
+                "ktp_event_loop_lag_max_seconds", "The longest event-loop lag seen since start", value=lag.max_s
+            )
         d = CounterMetricFamily(
             "ktp_quota_decisions", "Quota decisions, by quota kind and action", labels=["quota", "action", "shadow"]
         )
@@ -151,10 +172,11 @@ def make_registry(
     quota_samples: Callable[[], Iterable[QuotaSample]],
     log_stats: Callable[[], dict[str, int]] = dict,
     gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
+    loop_lag: LoopLag | None = None,
 ) -> CollectorRegistry:
-    """``gauges()``: more gauges read at scrape time, name -> (help, value)."""
+    """``gauges()``: more gauges read at scrape time, name -> (help, value); ``loop_lag``: the event-loop lag."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges))
+    registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges, loop_lag))
     return registry
 
 

@@ -24,6 +24,7 @@ from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
 from proxy.discovery import discover_brokers
 from proxy.fleet_member import FleetSync
+from proxy.loop_lag import LoopLag
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
@@ -99,6 +100,7 @@ class Proxy:
         self.upstream_ssl = client_context(config.upstream.tls) if config.upstream.tls else None
         self.connection_quotas = ConnectionQuotas()
         self._configure_limits(config)
+        self.loop_lag = LoopLag.from_env(worker)
         self.services = Services(
             config,
             self.stats,
@@ -112,6 +114,7 @@ class Proxy:
             self.connection_spoke,
             self.principal_mapper,
             self.upstream_ssl,
+            self.loop_lag.timeline,
         )
         self._refusals: dict[str, list[float]] = {}  # reason -> [last logged (monotonic s), refused since]
         self._sheds: dict[str, list[float]] = {}  # kind -> [last logged (monotonic s), shed since]
@@ -121,6 +124,7 @@ class Proxy:
             self.policy.quota_samples,
             self.policy.decision_log_stats,
             self._gauges,
+            self.loop_lag,
         )
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
@@ -164,6 +168,8 @@ class Proxy:
                 ",".join(self.config.upstream.bootstrap_servers),
             )
         self._tasks.append(loop.create_task(self._upkeep()))
+        if self.config.metrics.port is not None or self.loop_lag.timeline is not None:
+            self.loop_lag.start(loop)  # nobody could read it otherwise: no wake-ups for nothing
         if self.config.quotas.scope == "fleet":
             self.fleet = FleetSync(
                 self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources, self.policy.guard, self.worker
@@ -418,4 +424,5 @@ class Proxy:
         if self.fleet is not None:
             await self.fleet.stop()
         self.policy.close()
+        self.loop_lag.stop()
         log.info("shut down")

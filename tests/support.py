@@ -42,6 +42,9 @@ class ProxyProcess:
             "listen": {"host": "127.0.0.1", "bootstrap_port": 0, "broker_ports": "ephemeral"},
             "shutdown_grace_ms": 5000,
             "log_level": "INFO",
+            # Kafka's semantics (throttle_time_ms, the windowed saw-tooth) are what the tests written before smooth
+            # became the default check; a test of smooth, or of the default, says so in ``extra``.
+            "quotas": {"enforcement": "kafka"},
         }
         for key, value in (extra or {}).items():
             node = doc

@@ -87,6 +87,7 @@ def _policy(clock: Clock, enforce: bool = True, keep_values: bool = True, **quot
                 "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
                 "quotas": {
                     "enforce": enforce,
+                    "enforcement": "kafka",  # Kafka's semantics are what these tests check (smooth: the default)
                     "window_num": 2,
                     "window_size_seconds": 1,
                     "controller_window_num": 2,
@@ -436,10 +437,11 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
             {
                 "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
                 "quotas": {
+                    "enforcement": "kafka",
                     "entities": [
                         {"entity": {"client-id": "<default>"}, "quotas": {"producer_byte_rate": 10**9}},
                         {"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}},
-                    ]
+                    ],
                 },
             }
         ),
@@ -462,7 +464,10 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
         ProxyConfig.model_validate(
             {
                 "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-                "quotas": {"entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}]},
+                "quotas": {
+                    "enforcement": "kafka",
+                    "entities": [{"entity": {"client-id": "slow"}, "quotas": {"producer_byte_rate": 100}}],
+                },
             }
         ),
         Stats(),

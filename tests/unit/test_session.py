@@ -18,7 +18,7 @@ from protocol.apis import Api
 from protocol.errors import ProtocolError, ProtocolViolation
 from protocol.headers import encode_response_header
 from protocol.principal import ConnectionIdentity
-from protocol.session import FRAMES_PER_TURN, RAW, Pause, Request, Session
+from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Request, Session
 
 _SIZE = struct.Struct(">i")
 CAPS = {Api.API_VERSIONS: 3, Api.PRODUCE: 11, Api.FETCH: 17, Api.SASL_HANDSHAKE: 1}
@@ -173,6 +173,24 @@ def test_a_turn_ends_after_frames_per_turn_requests_of_one_read_and_only_if_more
     assert len(s.take_held_requests()) == 2
     exactly = frames[:FRAMES_PER_TURN]
     assert s.after(exactly, FRAMES_PER_TURN - 1, False, False) is None  # nothing left for a later turn
+
+
+def test_a_turn_ends_after_bytes_per_turn_however_few_the_frames():
+    """Issue 37: 64 frames of 1 MB are 64 MB; a turn is bounded in bytes too, and a frame larger than the budget
+    still goes through whole (nothing follows it in its turn)."""
+    s = _session()
+    big = bytearray(BYTES_PER_TURN // 2 + 1)
+    frames = [big, big, big, metadata(1)]
+    assert s.after(frames, 0, False, False) is None
+    assert s.after(frames, 1, False, False) == Pause.TURN  # a megabyte handled, more follows
+    assert len(s.take_held_requests()) == 2
+    s._holds.clear()
+    huge = [bytearray(2 * BYTES_PER_TURN), metadata(2)]
+    assert s.after(huge, 0, False, False) == Pause.TURN
+    s.take_held_requests()
+    s._holds.clear()
+    assert s.after([metadata(3), metadata(4)], 0, False, False) is None  # a new turn starts counting afresh
+    assert s.after(frames[2:], 0, False, False) is None  # (half the budget, counted from this turn's first frame)
 
 
 def test_every_hold_must_end_before_the_held_requests_go_on():
