@@ -308,6 +308,7 @@ def rdkafka_request_flood(bootstrap: str, topic: str, client_id: str, warm: floa
             "bootstrap.servers": bootstrap,
             "client.id": client_id,
             "linger.ms": 0,
+            "batch.num.messages": 1,  # one record a request, pipelined: request-heavy
             "acks": 1,
             "statistics.interval.ms": 1000,
             "stats_cb": request_stats("Produce", samples),
