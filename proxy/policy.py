@@ -74,6 +74,7 @@ from quotas.kinds import (
     basis,
     charged_at,
     keys_of,
+    thread_percent,
 )
 from quotas.manager import Bound, QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
@@ -189,7 +190,6 @@ class _ConnState:
         "last",
         "last_client_id",
         "last_key",
-        "last_response_at",
         "pid_memo",
         "produce_shape",
         "scope",
@@ -201,9 +201,6 @@ class _ConnState:
         self.identity = identity
         """The connection's identity (one object for its life): its principal is read from here, one lookup
         where ``conn.identity.principal`` was two."""
-        self.last_response_at = 0.0
-        """When (policy clock) the connection's last decided response arrived: service time starts there when
-        the request was sent earlier (the broker answers a connection's requests in order)."""
         self.stamp = -1
         self.user = ""
         self.scope = ""
@@ -909,21 +906,17 @@ class Policy:
         now_ms = _ms(now)
         size = (total if total is not None else len(frame)) - 4
         if d.later:
-            # Service time runs from when the broker could start on it: forwarded, and the previous one answered.
-            sent_at, last = pending.sent_at, d.state.last_response_at
-            started = sent_at if sent_at > last else last
             quotas = self.quotas
             for kind, h, how in d.later:
                 a: float  # typed: see _decide
                 if how == "response_bytes":
                     a = float(size)
-                elif how == "nothing":
-                    a = 0.0
+                elif how == "thread_time":  # request_percentage: estimated broker thread time, never upstream time
+                    a = thread_percent(d.api_key, d.bytes_in, size)
                 else:
-                    a = amount_from(how, response_bytes=size, service_ms=max(now - started, 0.0) * 1000)
+                    a = amount_from(how, d.bytes_in, size, d.api_key)
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
             d.noted |= d.later_kinds
-        d.state.last_response_at = now
         upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response
         if self.decision_log is not None and pending.local is None:
             upstream_ms = (now - pending.sent_at) * 1000
@@ -956,7 +949,14 @@ class Policy:
         return pieces
 
     def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:
-        """Produce acks=0: no response will come, so the mute starts now."""
+        """Produce acks=0: no response will come, so the mute starts now. A broker spends thread time on it all
+        the same: ``request_percentage`` is charged for it here, with no response bytes."""
+        if d.later:
+            quotas = self.quotas
+            for kind, h, how in d.later:
+                a = 0.0 if how == "response_bytes" else amount_from(how, d.bytes_in, 0, d.api_key)
+                d.note(kind.key, a, h.limit, quotas.charge(h, a, d.charged_ms))
+            d.noted |= d.later_kinds
         if d.holds:
             conn.mute.served(d.throttle_ms / 1000 if self.enforce else 0)
         elif d.throttle_ms > 0 and self.enforce:

@@ -13,7 +13,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from quotas.decision_events import COLUMNS, QUOTA_KINDS, SCHEMA_VERSION
-from quotas.kinds import BY_NAME, MUTATION_APIS, NEVER_CHARGED_APIS, WAITING_APIS
+from quotas.kinds import (
+    BY_NAME,
+    DEFAULT_THREAD_COST_MS,
+    MUTATION_APIS,
+    NEVER_CHARGED_APIS,
+    THREAD_COST_MS,
+    WAITING_APIS,
+)
 
 __all__ = [
     "MUTATION_APIS",
@@ -101,15 +108,25 @@ def read_events(spark: SparkSession, path: str, fmt: str = "auto") -> DataFrame:
     return df.where(F.col("schema").isNull() | (F.col("schema") == SCHEMA_VERSION))
 
 
+def _thread_percent(api: Column) -> Column:
+    """quotas.kinds.thread_ms of each event's API and logged sizes, / 10 (percent-seconds of one thread)."""
+    base, per_in, per_out = (F.lit(x) for x in DEFAULT_THREAD_COST_MS)
+    for key, (b, i, o) in THREAD_COST_MS.items():
+        base = F.when(api == key, F.lit(b)).otherwise(base)
+        per_in = F.when(api == key, F.lit(i)).otherwise(per_in)
+        per_out = F.when(api == key, F.lit(o)).otherwise(per_out)
+    bytes_in = F.coalesce(F.col("bytes_in"), F.lit(0)).cast("double")
+    bytes_out = F.coalesce(F.col("bytes_out"), F.lit(0)).cast("double")
+    return (base + (per_in * bytes_in + per_out * bytes_out) / 1024.0) / 10.0
+
+
 def amount_column(kind: str) -> Column:
     """Amount charged (or chargeable) to ``kind`` by an event: the logged ``{kind}_value``, else what the proxy
     would record for it (so usage is known even for traffic no quota applied to)."""
     spec = BY_NAME[kind]  # the catalogue says which APIs it charges and which logged column holds the amount
     api = F.col("api_key")
     applies = api.isin(*spec.apis) if spec.apis else ~api.isin(*NEVER_CHARGED_APIS)
-    if spec.measure == "service_time":  # waits the client asked for are charged 0 (quotas.kinds.amount)
-        value = F.when(api.isin(*WAITING_APIS), F.lit(0.0)).otherwise(F.col(spec.logged) / 10.0)
-    else:
-        value = F.col(spec.logged).cast("double")
+    # request_percentage: quotas.kinds.thread_ms from the logged sizes, in percent-seconds
+    value = _thread_percent(api) if spec.measure == "thread_time" else F.col(spec.logged).cast("double")
     fallback = F.when(applies, value)
     return F.coalesce(F.col(f"{kind}_value"), fallback)

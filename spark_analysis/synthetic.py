@@ -294,7 +294,7 @@ class ProxySimulator:
             for kind in charged_at(api, "response", self.keys):
                 charge(
                     kind.key,
-                    amount(kind, api, response_bytes=e.get("bytes_out", 0), service_ms=e.get("upstream_ms") or 0.0),
+                    amount(kind, api, e.get("bytes_in", 0), e.get("bytes_out", 0)),
                     e["ts_ms"],
                 )
         e["throttle_ms"] = throttle

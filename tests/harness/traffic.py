@@ -7,8 +7,10 @@ a check that what landed is every record, in order. What they achieved is measur
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import statistics
 import struct
 import subprocess
 import time
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from tests.harness.cluster import KafkaCluster
 
 RECORD = 1024
+SMALL_RECORD = b"0123456789abcdef"
+"""16 B: the record of a request-heavy, byte-light client."""
 PERF_JVM = ("-Xmx512m",)
 FETCH_PARTITION_BYTES = 512 * 1024
 """max.partition.fetch.bytes for both consumers: half the default, so a committed-offset curve has finer steps."""
@@ -259,3 +263,69 @@ def check_sequence(bootstrap: str, topic: str, start: int, n: int, timeout: floa
     if want != n:
         problems.append(f"read up to record {want}, expected {n}")
     return problems
+
+
+def request_stats(api: str, samples: list, node: int = 1):
+    """A librdkafka stats_cb appending (monotonic s, requests of ``api`` sent to broker ``node``, throttle window)."""
+
+    def cb(text: str) -> None:
+        st = json.loads(text)
+        for b in st.get("brokers", {}).values():
+            if b.get("nodeid") == node:
+                samples.append((time.monotonic(), b.get("req", {}).get(api, 0), b.get("throttle", {})))
+
+    return cb
+
+
+def request_rate(samples: list, start: float, end: float) -> dict:
+    """Requests/s between ``start`` and ``end`` from cumulative counts, and the throttle windows within."""
+    inside = [s for s in samples if start <= s[0] <= end]
+    if len(inside) < 2:
+        return {"rate": 0.0, "throttled": 0, "p50": 0, "p99": 0, "max": 0, "seconds": 0.0}
+    (t0, n0, _), (t1, n1, _) = inside[0], inside[-1]
+    wins = [w for _, _, w in inside[1:] if w.get("cnt", 0) > 0]
+    cnt = sum(w["cnt"] for w in wins)
+    return {
+        "rate": (n1 - n0) / (t1 - t0),
+        "seconds": t1 - t0,
+        "throttled": cnt,
+        # librdkafka gives percentiles per 1-s window: the median window's p50, the worst window's p99 and max
+        "p50": statistics.median(w["p50"] for w in wins) if wins else 0,
+        "p99": max((w["p99"] for w in wins), default=0),
+        "max": max((w["max"] for w in wins), default=0),
+    }
+
+
+def rdkafka_request_flood(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, **conf) -> dict:
+    """librdkafka producing 16-B records to partition 0 as fast as it may (linger 0, acks 1 unless ``conf`` says
+    otherwise): one small batch per request, what ``request_percentage`` (KIP-124) exists for. Returns
+    :func:`request_rate` of its Produce requests to broker 1 after ``warm`` seconds, over ``seconds``."""
+    from confluent_kafka import Producer
+
+    samples: list = []
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": client_id,
+            "linger.ms": 0,
+            "batch.num.messages": 1,  # one record a request, pipelined: request-heavy
+            "acks": 1,
+            "statistics.interval.ms": 1000,
+            "stats_cb": request_stats("Produce", samples),
+            "queue.buffering.max.messages": 20_000,
+            **conf,
+        }
+    )
+    start = time.monotonic()
+    end = start + warm + seconds
+    while time.monotonic() < end:
+        try:
+            p.produce(topic, SMALL_RECORD, partition=0)
+        except BufferError:
+            p.poll(0.001)
+            continue
+        p.poll(0)
+    p.poll(1.5)  # the last statistics
+    p.purge()
+    p.flush(5)
+    return request_rate(samples, start + warm, end + 0.5)

@@ -29,10 +29,16 @@ from quotas.kinds import (
     BIT,
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
+    DEFAULT_THREAD_COST_MS,
+    FETCH,
     KINDS,
+    LIST_OFFSETS,
+    PRODUCE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
+    THREAD_COST_MS,
     keys_of,
+    thread_ms,
 )
 
 _SIZE = struct.Struct(">i")
@@ -208,22 +214,100 @@ def test_replica_fetches_are_never_charged():
     assert policy.on_request(FakeConn(), header, request, clock()) is None
 
 
-def test_request_percentage_charges_service_time_except_waits_the_client_asked_for():
+def _round_trip(policy, conn, clock, header, request, body: bytes, upstream_s: float) -> float:
+    """One round trip taking ``upstream_s`` of the injected clock: what request_percentage was charged."""
+    d = policy.on_request(conn, header, request, clock())
+    sent = clock()
+    clock.now += upstream_s
+    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, body), clock())
+    return d.values[REQUEST_PERCENTAGE][0]
+
+
+def _expected(header, request, body: bytes) -> float:
+    """quotas.kinds.thread_ms for that round trip, in percent-seconds of one thread."""
+    response = len(_response_frame(header, body)) - 4
+    return thread_ms(header.api_key, len(request) - 4, response) / 10
+
+
+@pytest.mark.parametrize("upstream_s", [0.0001, 0.2, 5.0])
+def test_request_percentage_charges_estimated_thread_time_not_upstream_time(upstream_s):
+    """KIP-124 as a broker counts it: the same Metadata costs the same whether the broker took 0.1 ms or 5 s
+    to answer (queues, a slow link: no thread time of its own)."""
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1000)
+    header, request = _request(MetadataRequest(topics=None, version=1))
+    body = bytes(16)
+    charged = _round_trip(policy, FakeConn(), clock, header, request, body, upstream_s)
+    assert charged == pytest.approx(_expected(header, request, body))
+    assert 0.0015 < charged < 0.004  # 15-40 microseconds of a thread, never the 200 ms the clock moved
+
+
+@pytest.mark.parametrize("upstream_s", [0.0001, 0.5])
+def test_fetch_is_charged_its_work_whether_it_returns_at_once_or_waits_out_max_wait(upstream_s):
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1000)
+    header, request = _fetch()
+    body = _SIZE.pack(0) + bytes(4)
+    charged = _round_trip(policy, FakeConn(), clock, header, request, body, upstream_s)
+    assert charged == pytest.approx(_expected(header, request, body)) and charged > 0
+
+
+def test_produce_with_acks_all_is_charged_its_work_not_the_replication_wait():
     clock = Clock()
     policy = _policy(clock, request_percentage=1000)
     conn = FakeConn()
+    small_h, small_r = _produce(10)
+    body = bytes(4) + _SIZE.pack(0)
+    quick = _round_trip(policy, conn, clock, small_h, small_r, body, 0.0002)
+    waited = _round_trip(policy, conn, clock, small_h, small_r, body, 0.3)  # acks=-1: the followers' fetch
+    assert quick == waited == pytest.approx(_expected(small_h, small_r, body)) and quick > 0
+    big_h, big_r = _produce(100_000)  # more bytes to copy and check: more thread time
+    big = _round_trip(policy, conn, clock, big_h, big_r, body, 0.0002)
+    assert big > quick and big == pytest.approx(_expected(big_h, big_r, body))
+
+
+def test_thread_time_per_api_base_and_byte_terms():
+    """The estimate's shape: a fixed cost per API, then linear in request and response KiB; unlisted APIs use
+    the default row; no term is negative and none depends on time."""
+    for key, (base, per_in, per_out) in {**THREAD_COST_MS, 999: DEFAULT_THREAD_COST_MS}.items():
+        assert thread_ms(key, 0, 0) == pytest.approx(base)
+        assert thread_ms(key, 1024, 0) == pytest.approx(base + per_in)
+        assert thread_ms(key, 0, 2048) == pytest.approx(base + 2 * per_out)
+        assert 0 < base < 0.1 and per_in >= 0 and per_out >= 0
+    # What the issue's flooders send: a few hundred bytes, each charged within the 0.02-0.045 ms their brokers did.
+    for key in (PRODUCE, FETCH, LIST_OFFSETS):
+        assert 0.018 < thread_ms(key, 200, 100) < 0.045
+
+
+def test_acks_0_produce_is_charged_thread_time_with_no_response():
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1000)
+    conn = FakeConn()
+    header, request = _produce(10)
+    d = policy.on_request(conn, header, request, clock())
+    policy.on_unanswered(conn, d)
+    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(thread_ms(PRODUCE, len(request) - 4, 0) / 10)
+
+
+def test_request_percentage_binds_at_the_rate_its_estimate_allows():
+    """P = 1 % is 10 ms of thread a second: with ~0.025 ms a request a Metadata loop is held near 400/s, not the
+    ~100/s that a 0.1 ms upstream round trip charged as wall time allowed."""
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1)
+    conn = FakeConn()
     header, request = _request(MetadataRequest(topics=None, version=1))
-    d = policy.on_request(conn, header, request, clock())
-    sent = clock()
-    clock.now += 0.2  # the broker took 200 ms
-    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, bytes(16)), clock())
-    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(200 / 10)  # percent-seconds of one thread
-    header, request = _fetch()
-    d = policy.on_request(conn, header, request, clock())
-    sent = clock()
-    clock.now += 0.5  # Fetch max_wait: a wait the client asked for
-    policy.on_response(conn, Pending(header, sent, d), _response_frame(header, _SIZE.pack(0) + bytes(4)), clock())
-    assert d.values[REQUEST_PERCENTAGE][0] == 0.0
+    body = bytes(16)
+    per = _expected(header, request, body)  # percent-seconds
+    served, end = 0, clock.now + 10
+    while clock.now < end:  # back to back, 0.1 ms upstream each, honouring every throttle_time_ms
+        d = policy.on_request(conn, header, request, clock())
+        sent = clock()
+        clock.now += 0.0001
+        policy.on_response(conn, Pending(header, sent, d), _response_frame(header, body), clock())
+        served += 1
+        clock.now += d.throttle_ms / 1000
+    allowed = 10 * 1 / per  # requests in 10 s at exactly 1 % (the first window's allowance on top)
+    assert allowed * 0.9 < served < allowed * 1.3
 
 
 def test_api_versions_and_sasl_are_never_charged():

@@ -1,0 +1,465 @@
+"""KIP-124 fidelity: the request rate a binding ``request_percentage`` allows a request-heavy, byte-light client,
+with the brokers enforcing it (no proxy) and with the proxy enforcing it (brokers without quota), side by side.
+
+    flock /work/cluster.lock .venv/bin/python -m bench.request_quota [--warmup 15] [--seconds 40]
+        [--workloads rdk-produce,consumers-nowait,...] [--brokers 2] [--output PATH]
+
+Per workload, four phases, each a fresh client id (so no phase inherits another's window): unthrottled straight
+to the cluster, unthrottled through a proxy with no quota, ``request_percentage = P`` set on the brokers
+(``kafka-configs --alter --entity-type clients``), and P set in the proxy's ``quotas.entities`` (brokers: none).
+P is chosen from the unthrottled rates so that the brokers' quota binds: about a quarter of the direct rate at
+:data:`NOMINAL_MS` a request, and at most 40 % of the rate through the proxy. Every workload's topic is led by
+broker 1, so one broker's request quota (Kafka's, and the proxy's ``broker`` scope) is what binds.
+
+Rates come from the clients: librdkafka's statistics (``brokers[].req``, sampled each second: the requests of the
+workload's API sent to broker 1 between the end of the warm-up and the end of the phase, over that time); the raw
+ListOffsets loop counts its own; Kafka's producer-perf-test reports ``request-total`` at its end (its whole run,
+warm-up included: it has no per-second counter). throttle_time_ms: librdkafka records only non-zero values, so
+its ``throttle`` window gives the count of throttled answers and their p50/p99/max; the raw loop keeps every
+value; Java gives its average and maximum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.harness.traffic import SMALL_RECORD, rdkafka_request_flood, request_rate, request_stats
+
+REPO = Path(__file__).resolve().parent.parent
+NOMINAL_MS = 0.025
+"""Thread time per request assumed when choosing P: the brokers' own charge on the calibration machine."""
+TARGET_OF_DIRECT = 0.25
+MAX_OF_PROXY = 0.4
+
+
+# ------------------------------------------------------------------------------------------ client side
+def rdk_consumers(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, **conf) -> dict:
+    """Two librdkafka consumers of one group (same client id), each polling in its own thread."""
+    from confluent_kafka import Consumer
+
+    group = f"{client_id}-{uuid.uuid4().hex[:6]}"
+    lists: list[list] = [[], []]
+    start = time.monotonic()
+    end = start + warm + seconds
+    stop_at = end + 1.5
+
+    def run(i: int) -> None:
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "client.id": client_id,
+                "group.id": group,
+                "auto.offset.reset": "latest",
+                "enable.auto.commit": False,
+                "statistics.interval.ms": 1000,
+                "stats_cb": request_stats("Fetch", lists[i]),
+                **conf,
+            }
+        )
+        c.subscribe([topic])
+        while time.monotonic() < stop_at:
+            c.poll(0.1)
+        c.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a = request_rate(lists[0], start + warm, end + 0.5)
+    b = request_rate(lists[1], start + warm, end + 0.5)
+    return {
+        "rate": a["rate"] + b["rate"],
+        "seconds": min(a["seconds"], b["seconds"]),
+        "throttled": a["throttled"] + b["throttled"],
+        "p50": statistics.median([x["p50"] for x in (a, b)]),
+        "p99": max(a["p99"], b["p99"]),
+        "max": max(a["max"], b["max"]),
+    }
+
+
+def rdk_tail(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float) -> dict:
+    """One librdkafka consumer with the default fetch.wait.max.ms (500) tailing a topic a feeder keeps writing:
+    each Fetch returns as soon as a few records land, so it is request-heavy and byte-light too."""
+    from confluent_kafka import Consumer, Producer
+
+    stop = threading.Event()
+
+    def feed() -> None:
+        p = Producer({"bootstrap.servers": bootstrap.split("|")[-1], "client.id": "rq-feeder", "linger.ms": 0.25})
+        while not stop.is_set():
+            try:
+                p.produce(topic, SMALL_RECORD, partition=0)
+            except BufferError:
+                p.poll(0.001)
+                continue
+            p.poll(0)
+            time.sleep(0)
+        p.flush(5)
+
+    samples: list = []
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap.split("|")[0],
+            "client.id": client_id,
+            "group.id": f"{client_id}-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "latest",
+            "enable.auto.commit": False,
+            "statistics.interval.ms": 1000,
+            "stats_cb": request_stats("Fetch", samples),
+        }
+    )
+    c.subscribe([topic])
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    start = time.monotonic()
+    end = start + warm + seconds
+    try:
+        while time.monotonic() < end + 1.5:
+            c.consume(1000, 0.1)
+    finally:
+        stop.set()
+        feeder.join()
+        c.close()
+    return request_rate(samples, start + warm, end + 0.5)
+
+
+def list_offsets_loop(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float) -> dict:
+    """ListOffsets (latest, partition 0) back to back on one raw connection to partition 0's leader, ignoring
+    throttle_time_ms as a careless client does: the broker's (or the proxy's) mute is what holds it."""
+    from kafka.protocol.consumer import ListOffsetsRequest
+
+    from tests.support import KafkaWire
+
+    T = ListOffsetsRequest.ListOffsetsTopic
+    req = ListOffsetsRequest(
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            T(name=topic, partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)])
+        ],
+    )
+    wire = KafkaWire(bootstrap)
+    times: list[float] = []
+    throttles: list[int] = []
+    start = time.monotonic()
+    end = start + warm + seconds
+    try:
+        while (now := time.monotonic()) < end:
+            wire.send(req, 7, client_id=client_id)
+            _, resp = wire.recv()
+            if now >= start + warm:
+                times.append(now)
+                throttles.append(resp.throttle_time_ms)
+    finally:
+        wire.close()
+    nz = sorted(t for t in throttles if t > 0)
+    return {
+        "rate": len(times) / seconds,
+        "seconds": seconds,
+        "throttled": len(nz),
+        "p50": nz[len(nz) // 2] if nz else 0,
+        "p99": nz[int(len(nz) * 0.99)] if nz else 0,
+        "max": nz[-1] if nz else 0,
+    }
+
+
+def java_produce(kafka_bin: str, bootstrap: str, topic: str, client_id: str, warm: float, seconds: float) -> dict:
+    """Kafka's producer-perf-test, linger 0, ``batch.size=0`` (one record, one request), acks 1, 16-B records.
+    It has no run time, only a record count: the orchestrator passes the rate it expects (``RQ_JAVA_RATE``) so the
+    run lasts about the phase; its 5-s report lines give the rate after the warm-up (records = requests here), its
+    final metrics the throttle average and maximum."""
+    expected = os.environ.get("RQ_JAVA_RATE")  # unset: unthrottled, cut off after the phase (no final metrics)
+    n = int(float(expected) * (warm + seconds)) if expected else 10**9
+    cmd = json.loads(kafka_bin) + [
+        "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(n), "--record-size", "16",
+        "--throughput", "-1", "--print-metrics", "--command-property", "acks=1", "linger.ms=0", "batch.size=0",
+        f"client.id={client_id}",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    lines: list[tuple[float, int]] = []  # (seconds since start, records in that report)
+    out: list[str] = []
+    killer = threading.Timer((warm + seconds) * (3 if expected else 1) + 6, lambda: os.killpg(proc.pid, 9))
+    killer.start()
+    for line in proc.stdout:
+        out.append(line)
+        m = re.match(r"^(\d+) records sent, ([\d.]+) records/sec", line)
+        if m and "50th" not in line:  # a 5-s report, not the final summary (which has percentiles)
+            lines.append((time.monotonic() - t0, int(m.group(1))))
+    proc.wait()
+    killer.cancel()
+    from tests.harness.traffic import java_metrics
+
+    metrics = java_metrics("".join(out))
+    after = [(t, k) for t, k in lines if t >= warm + 5]  # each line covers the 5 s before it
+    span = after[-1][0] - after[0][0] + 5 if after else 0.0
+    return {
+        "rate": sum(k for _, k in after) / span if span else 0.0,
+        "seconds": span,
+        "throttled": None,
+        "p50": None,
+        "avg": metrics.get("producer-metrics:produce-throttle-time-avg", 0.0),
+        "p99": None,
+        "max": metrics.get("producer-metrics:produce-throttle-time-max", 0.0),
+        "rc": proc.returncode,
+    }
+
+
+WORKERS = {
+    "rdk-produce": lambda a: rdkafka_request_flood(a.bootstrap, a.topic, a.client_id, a.warm, a.seconds),
+    "rdk-produce-all": lambda a: rdkafka_request_flood(
+        a.bootstrap, a.topic, a.client_id, a.warm, a.seconds, acks="all"
+    ),
+    "consumers-nowait": lambda a: rdk_consumers(
+        a.bootstrap, a.topic, a.client_id, a.warm, a.seconds, **{"fetch.wait.max.ms": 0}
+    ),
+    "consumer-tail": lambda a: rdk_tail(a.bootstrap, a.topic, a.client_id, a.warm, a.seconds),
+    "list-offsets": lambda a: list_offsets_loop(a.bootstrap, a.topic, a.client_id, a.warm, a.seconds),
+    "java-produce": lambda a: java_produce(a.kafka_bin, a.bootstrap, a.topic, a.client_id, a.warm, a.seconds),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    label: str
+    partitions: int = 1
+    replicas: int = 1
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload("rdk-produce", "librdkafka producer, linger 0, acks 1, 16-B records"),
+        Workload("consumers-nowait", "two librdkafka consumers, fetch.wait.max.ms 0, empty partitions", partitions=2),
+        Workload("java-produce", "Java producer-perf-test, linger 0, acks 1, 16-B records"),
+        Workload("list-offsets", "ListOffsets loop (raw, one connection)"),
+        Workload("consumer-tail", "librdkafka consumer, default fetch.wait.max.ms, tailing a busy topic"),
+        Workload("rdk-produce-all", "librdkafka producer, linger 0, acks=all (RF 2), 16-B records", replicas=2),
+    )
+}
+
+
+# ------------------------------------------------------------------------------------------ orchestration
+@dataclass
+class Result:
+    workload: str
+    phase: str
+    p: float | None
+    stats: dict
+    load: float
+    notes: list[str] = field(default_factory=list)
+
+
+def run_worker(name: str, bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, kafka_bin: str):
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        cmd = [sys.executable, "-m", "bench.request_quota", "worker", name, bootstrap, topic, client_id]
+        cmd += [str(warm), str(seconds), out.name, kafka_bin]
+        subprocess.run(cmd, cwd=REPO, check=True, timeout=(warm + seconds) * 4 + 120, stdin=subprocess.DEVNULL)
+        return json.loads(Path(out.name).read_text())
+
+
+def choose_p(direct: float, proxied: float) -> float:
+    """P (%) such that a broker charging :data:`NOMINAL_MS` a request allows a quarter of the direct rate, and at
+    most 40 % of the rate through the proxy."""
+    target = min(direct * TARGET_OF_DIRECT, proxied * MAX_OF_PROXY)
+    return max(round(target * NOMINAL_MS / 10, 2), 0.01)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "worker":
+        ns = argparse.Namespace(
+            **dict(zip(["name", "bootstrap", "topic", "client_id"], argv[1:5], strict=True)),
+            warm=float(argv[5]),
+            seconds=float(argv[6]),
+            kafka_bin=argv[8],
+        )
+        Path(argv[7]).write_text(json.dumps(WORKERS[ns.name](ns)))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--warmup", type=float, default=15)
+    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--phases", default="direct,proxy,broker,proxy-p")
+    ap.add_argument("--brokers", type=int, default=2)
+    ap.add_argument("--p", action="append", default=[], help="name=P: fix P for a workload")
+    ap.add_argument("--output", default=str(REPO / "bench" / "REQUEST_QUOTA.md"))
+    args = ap.parse_args(argv)
+    fixed = {k: float(v) for k, v in (x.split("=") for x in args.p)}
+    names = [n for n in args.workloads.split(",") if n]
+    phases = args.phases.split(",")
+    from tests.harness import KafkaCluster
+    from tests.support import ProxyProcess
+
+    started = datetime.datetime.now(datetime.UTC)
+    command = "python -m bench.request_quota " + shlex.join(argv)
+    code = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    workdir = Path(tempfile.mkdtemp(prefix="ktp-rq-"))
+    results: list[Result] = []
+    t_start = time.monotonic()
+    with KafkaCluster(args.brokers, workdir=workdir / "kafka") as cluster:
+        kafka_bin = json.dumps(cluster.tool_cmd("producer_perf", jvm_opts=("-Xmx512m",)))
+        free = ProxyProcess(workdir, cluster.bootstrap, name="proxy-free").start()
+        try:
+            for name in names:
+                w = WORKLOADS[name]
+                rates: dict[str, float] = {}
+                p = fixed.get(name)
+                for phase in phases:
+                    tag = uuid.uuid4().hex[:6]
+                    topic = f"rq-{name}-{phase}-{tag}"
+                    _create_topic(cluster.bootstrap, topic, w, args.brokers)
+                    time.sleep(1)
+                    client_id = f"rq-{name}-{phase}-{tag}"
+                    if phase in ("broker", "proxy-p") and p is None:
+                        p = choose_p(rates.get("direct", 0) or 4000, rates.get("proxy", 0) or 4000)
+                    proxy = None
+                    bootstrap = cluster.bootstrap
+                    if phase == "broker":
+                        cluster.tool(
+                            "configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
+                            "--entity-name", client_id, "--add-config", f"request_percentage={p}", check=True,
+                        )  # fmt: skip
+                        time.sleep(1)
+                    elif phase == "proxy":
+                        bootstrap = free.bootstrap
+                    elif phase == "proxy-p":
+                        ents = [{"entity": {"client-id": client_id}, "quotas": {"request_percentage": p}}]
+                        proxy = ProxyProcess(
+                            workdir, cluster.bootstrap, {"quotas.entities": ents}, name=f"proxy-{name}"
+                        ).start()
+                        bootstrap = proxy.bootstrap
+                    if name == "consumer-tail":
+                        bootstrap = f"{bootstrap}|{cluster.bootstrap}"  # the feeder always writes straight to it
+                    if name == "list-offsets":  # a raw connection: the leader's own listener, or its proxy port
+                        bootstrap = _leader_address(bootstrap, topic)
+                    os.environ.pop("RQ_JAVA_RATE", None)
+                    if phase in ("broker", "proxy-p") and p is not None:  # the rate P allows at NOMINAL_MS
+                        os.environ["RQ_JAVA_RATE"] = f"{max(p * 10 / NOMINAL_MS, 50):.0f}"
+                    load = os.getloadavg()[0]
+                    stats = run_worker(name, bootstrap, topic, client_id, args.warmup, args.seconds, kafka_bin)
+                    if proxy is not None:
+                        proxy.terminate()
+                    rates[phase] = stats["rate"]
+                    r = Result(name, phase, p if phase in ("broker", "proxy-p") else None, stats, load)
+                    results.append(r)
+                    print(f"{name:18} {phase:8} P={r.p} {json.dumps(stats)} load {load:.1f}", flush=True)
+        finally:
+            free.terminate()
+        info = [
+            f"- Kafka {cluster.version}, {args.brokers} combined KRaft nodes (tests.harness); every workload's "
+            "topic led by broker 1; machine: "
+            f"{os.cpu_count()} CPUs shared with the brokers, the clients and the proxy (and other work).",
+        ]
+    shutil.rmtree(workdir, ignore_errors=True)
+    minutes = (time.monotonic() - t_start) / 60
+    table = format_table(results, phases)
+    print("\n".join(table))
+    doc = [
+        "# KIP-124 request_percentage: the brokers' enforcement vs the proxy's",
+        "",
+        f"- Command: `{command}` ({minutes:.0f} min); date {started:%Y-%m-%d %H:%M} UTC; code {code.stdout.strip()}.",
+        *info,
+        f"- Each phase: {args.warmup:g} s warm-up, then {args.seconds:g} s measured; load average (1 min) read "
+        "before each phase.",
+        "",
+        *table,
+        "",
+    ]
+    Path(args.output).write_text("\n".join(doc))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _create_topic(bootstrap: str, topic: str, w: Workload, brokers: int) -> None:
+    """``w.partitions`` partitions led by broker 1 (followers on the next brokers when ``w.replicas`` > 1)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    assignment = [[1 + j % brokers for j in range(w.replicas)] for _ in range(w.partitions)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=w.partitions, replica_assignment=assignment)])[topic].result(30)
+
+
+def _leader_address(bootstrap: str, topic: str) -> str:
+    """The listener (the broker's, or the proxy's port for it) of partition 0's leader, from Metadata."""
+    from kafka.protocol.metadata import MetadataRequest
+
+    from tests.support import KafkaWire
+
+    wire = KafkaWire(bootstrap.split(",")[0])
+    try:
+        for _ in range(50):
+            req = MetadataRequest(
+                topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False
+            )
+            wire.send(req, 12, client_id="rq-probe")
+            _, md = wire.recv()
+            if md.topics and md.topics[0].partitions and md.topics[0].partitions[0].leader_id >= 0:
+                leader = md.topics[0].partitions[0].leader_id
+                b = next(b for b in md.brokers if b.node_id == leader)
+                return f"{b.host}:{b.port}"
+            time.sleep(0.2)
+    finally:
+        wire.close()
+    raise RuntimeError(f"no leader for {topic}")
+
+
+def _cell(s: dict) -> str:
+    return f"{s['rate']:,.0f}"
+
+
+def _throttle_cell(s: dict) -> str:
+    if s.get("throttled") is None:  # Java: average and maximum only
+        return f"avg {s.get('avg', 0):.0f}, max {s.get('max', 0):.0f}"
+    if not s["throttled"]:
+        return "none"
+    return f"{s['throttled']:,} answers; p50 {s['p50']:.0f}, p99 {s['p99']:.0f}, max {s['max']:.0f}"
+
+
+def format_table(results: list[Result], phases: list[str]) -> list[str]:
+    by: dict[str, dict[str, Result]] = {}
+    for r in results:
+        by.setdefault(r.workload, {})[r.phase] = r
+    out = [
+        "| workload | P % | unthrottled req/s direct / via proxy | brokers enforce P: req/s | its throttle_time_ms "
+        "(ms) | proxy enforces P: req/s | its throttle_time_ms (ms) | proxy ÷ broker | proxy ÷ unthrottled via "
+        "proxy | load |",
+        "|---|---:|---:|---:|---|---:|---|---:|---:|---|",
+    ]
+    for name, ph in by.items():
+        d, px, b, pp = (ph.get(k) for k in ("direct", "proxy", "broker", "proxy-p"))
+        either = b or pp
+        p = either.p if either is not None else None
+        ratio = f"{pp.stats['rate'] / b.stats['rate']:.2f}" if b and pp and b.stats["rate"] else "–"
+        under = f"{pp.stats['rate'] / px.stats['rate']:.2f}" if pp and px and px.stats["rate"] else "–"
+        loads = "/".join(f"{r.load:.1f}" for r in ph.values())
+        out.append(
+            f"| {WORKLOADS[name].label} | {p if p is not None else '–'} | "
+            f"{_cell(d.stats) if d else '–'} / {_cell(px.stats) if px else '–'} | {_cell(b.stats) if b else '–'} | "
+            f"{_throttle_cell(b.stats) if b else '–'} | {_cell(pp.stats) if pp else '–'} | "
+            f"{_throttle_cell(pp.stats) if pp else '–'} | {ratio} | {under} | {loads} |"
+        )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
