@@ -9,7 +9,7 @@ import time
 from prometheus_client import generate_latest
 
 from proxy import metrics
-from proxy.loop_lag import BUCKETS_S, LoopLag
+from proxy.loop_lag import BUCKETS_S, TIMELINE_INTERVAL_S, LoopLag
 from proxy.stats import Stats
 
 
@@ -42,10 +42,11 @@ def test_a_loop_held_by_synchronous_work_shows_as_lag_and_in_the_timeline(tmp_pa
         lag.stop()
 
     asyncio.run(main())
-    assert lag.max_s >= 0.1
+    # The timer due next may have been armed up to one interval before the loop was held: it is that much less late.
+    assert lag.max_s >= 0.1 - TIMELINE_INTERVAL_S
     records = [json.loads(line) for line in path.read_text().splitlines()]
     worst = max((r for r in records if r[0] == "lag"), key=lambda r: r[2])
-    assert worst[2] >= 0.1 and worst[3] >= 0.1  # the loop's thread was busy for it
+    assert worst[2] >= 0.1 - TIMELINE_INTERVAL_S and worst[3] >= 0.1  # the loop's thread was busy for all of it
 
 
 def test_the_histogram_is_exported():
