@@ -80,7 +80,7 @@ def _serves_a_client(bin_dir: Path, cluster, workdir: Path) -> None:
         topic = f"wheel-{uuid.uuid4().hex[:8]}"
         p = Producer({"bootstrap.servers": bootstrap})
         for i in range(10):
-            p.produce(topic, str(i).encode())
+            p.produce(topic, str(i).encode(), partition=0)  # one partition: its order is the test's
         assert p.flush(30) == 0
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest"})
         c.subscribe([topic])
