@@ -22,6 +22,12 @@ from tests.support import REPO
 pytestmark = pytest.mark.cluster
 
 
+def _outside_env(**extra: str) -> dict[str, str]:
+    """This environment without PYTHONPATH: a local-master SparkSession earlier in the run sets it to the checkout,
+    whose egg-info then tells pip the package is installed already (it installed only the dependencies)."""
+    return {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}, **extra}
+
+
 def _source_copy(dest: Path) -> Path:
     """The files git tracks (no compiled modules an editable install left beside the sources)."""
     dest.mkdir()
@@ -36,7 +42,7 @@ def _install(tmp: Path, name: str, env: dict[str, str]) -> Path:
     built = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist)],
         cwd=src,
-        env={**os.environ, **env},
+        env=_outside_env(**env),
         capture_output=True,
         text=True,
         timeout=900,
@@ -44,11 +50,16 @@ def _install(tmp: Path, name: str, env: dict[str, str]) -> Path:
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (wheel,) = dist.glob("*.whl")
     venv = tmp / f"venv-{name}"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_outside_env())
     pip = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True, timeout=600
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_outside_env(),
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
+    assert (venv / "bin" / "kafka-throttle-proxy").exists(), pip.stdout[-3000:] + pip.stderr[-3000:]
     return venv / "bin"
 
 
@@ -67,7 +78,7 @@ def _serves_a_client(bin_dir: Path, cluster, workdir: Path) -> None:
             "ephemeral",
         ],
         cwd=workdir,  # not the checkout: only the installed package can be imported
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        env=_outside_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -101,7 +112,12 @@ def _serves_a_client(bin_dir: Path, cluster, workdir: Path) -> None:
 def test_the_wheel_installs_compiled_and_serves_a_client(cluster, tmp_path):
     bin_dir = _install(tmp_path, "compiled", {"KTP_MYPYC": "1"})
     version = subprocess.run(
-        [str(bin_dir / "kafka-throttle-proxy"), "--version"], cwd=tmp_path, capture_output=True, text=True, check=True
+        [str(bin_dir / "kafka-throttle-proxy"), "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_outside_env(),
     ).stdout
     assert version.startswith("kafka-throttle-proxy 0."), version
     assert f"compiled by mypyc ({len(COMPILED)} modules)" in version, version
@@ -111,7 +127,12 @@ def test_the_wheel_installs_compiled_and_serves_a_client(cluster, tmp_path):
 def test_without_a_compiler_the_same_build_installs_pure_python(cluster, tmp_path):
     bin_dir = _install(tmp_path, "pure", {"KTP_MYPYC": "1", "CC": "/bin/false"})
     version = subprocess.run(
-        [str(bin_dir / "kafka-throttle-proxy"), "--version"], cwd=tmp_path, capture_output=True, text=True, check=True
+        [str(bin_dir / "kafka-throttle-proxy"), "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_outside_env(),
     ).stdout
     assert "pure Python" in version, version
     _serves_a_client(bin_dir, cluster, tmp_path)
