@@ -109,16 +109,21 @@ def _serves_a_client(bin_dir: Path, cluster, workdir: Path) -> None:
         assert proc.wait(30) == 0
 
 
-def test_the_wheel_installs_compiled_and_serves_a_client(cluster, tmp_path):
-    bin_dir = _install(tmp_path, "compiled", {"KTP_MYPYC": "1"})
-    version = subprocess.run(
+def _version(bin_dir: Path, cwd: Path) -> str:
+    """What the installed command's ``--version`` prints, run from outside the checkout."""
+    return subprocess.run(
         [str(bin_dir / "kafka-throttle-proxy"), "--version"],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         check=True,
         env=_outside_env(),
     ).stdout
+
+
+def test_the_wheel_installs_compiled_and_serves_a_client(cluster, tmp_path):
+    bin_dir = _install(tmp_path, "compiled", {"KTP_MYPYC": "1"})
+    version = _version(bin_dir, tmp_path)
     assert version.startswith("kafka-throttle-proxy 0."), version
     assert f"compiled by mypyc ({len(COMPILED)} modules)" in version, version
     _serves_a_client(bin_dir, cluster, tmp_path)
@@ -126,13 +131,6 @@ def test_the_wheel_installs_compiled_and_serves_a_client(cluster, tmp_path):
 
 def test_without_a_compiler_the_same_build_installs_pure_python(cluster, tmp_path):
     bin_dir = _install(tmp_path, "pure", {"KTP_MYPYC": "1", "CC": "/bin/false"})
-    version = subprocess.run(
-        [str(bin_dir / "kafka-throttle-proxy"), "--version"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
-        env=_outside_env(),
-    ).stdout
+    version = _version(bin_dir, tmp_path)
     assert "pure Python" in version, version
     _serves_a_client(bin_dir, cluster, tmp_path)
