@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,18 @@ class ConnectionWatcher:
         self._stop.set()
         self._thread.join()
         self.poll()
+
+
+def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, str]:
+    """GET ``path`` from 127.0.0.1:``port`` (a proxy's metrics port: /metrics, /healthz, /readyz): the status and
+    the body; an error status is an answer too, and nothing listening is (0, "")."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 import yaml
 
 from tests.harness import free_port
-from tests.support import REPO, wait_until
+from tests.support import REPO, http_get, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -46,16 +44,6 @@ def _podman(*args: str, **kw) -> subprocess.CompletedProcess[str]:
         text=True,
         **kw,
     )
-
-
-def _status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 def test_the_image_serves_a_client_enforces_a_quota_and_drains(cluster, image, tmp_path):
@@ -85,8 +73,8 @@ def test_the_image_serves_a_client_enforces_a_quota_and_drains(cluster, image, t
     run = _podman("run", "-d", "--name", name, "--network", "host", "-v", f"{etc}:/etc/kafka-throttle-proxy:ro", image)
     assert run.returncode == 0, run.stderr
     try:
-        wait_until(lambda: _status(metrics_port, "/readyz") == 200, 60, what="the container's proxy to be ready")
-        assert _status(metrics_port, "/healthz") == 200
+        wait_until(lambda: http_get(metrics_port, "/readyz")[0] == 200, 60, what="the container's proxy to be ready")
+        assert http_get(metrics_port, "/healthz")[0] == 200
         who = _podman("exec", name, "id", "-u")
         assert who.stdout.strip() == "10001"
 

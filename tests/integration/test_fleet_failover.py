@@ -66,6 +66,55 @@ def _java(cluster, workdir: Path, name: str, main: str, *args: str, **config: st
     return proc, out
 
 
+def verifiable_clients(
+    cluster, workdir: Path, topic: str, bootstrap: str, records: int, rate: int, tag: str
+) -> tuple[subprocess.Popen, Path, subprocess.Popen, Path]:
+    """Kafka's own VerifiableProducer (idempotent, acks=all, ``records`` at ``rate``/s) and VerifiableConsumer (group
+    ``g-TAG``) on ``topic``, both rebootstrapping: (producer, its output, consumer, its output)."""
+    common = {"metadata.recovery.strategy": "rebootstrap"}
+    producer, produced = _java(
+        cluster,
+        workdir,
+        "producer",
+        "org.apache.kafka.tools.VerifiableProducer",
+        "--topic",
+        topic,
+        "--bootstrap-server",
+        bootstrap,
+        "--max-messages",
+        str(records),
+        "--throughput",
+        str(rate),
+        "--acks",
+        "-1",
+        **common,
+        **{
+            "enable.idempotence": "true",
+            "delivery.timeout.ms": "180000",
+            "retries": "2147483647",  # the tool sets 0; idempotence needs retries
+            "client.id": f"vp-{tag}",
+        },
+    )
+    consumer, consumed = _java(
+        cluster,
+        workdir,
+        "consumer",
+        "org.apache.kafka.tools.VerifiableConsumer",
+        "--topic",
+        topic,
+        "--group-id",
+        f"g-{tag}",
+        "--bootstrap-server",
+        bootstrap,
+        "--reset-policy",
+        "earliest",
+        "--verbose",
+        **common,
+        **{"client.id": f"vc-{tag}"},
+    )
+    return producer, produced, consumer, consumed
+
+
 def _consumed_values(path: Path) -> set[str]:
     return {e["value"] for e in _events(path) if e.get("name") == "record_data"}
 
@@ -136,45 +185,8 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
     create_topic(cluster, quota_topic, [2])
     dirs = topic_dirs(cluster, quota_topic)
     common = {"metadata.recovery.strategy": "rebootstrap"}
-    producer, produced = _java(
-        cluster,
-        tmp_path,
-        "producer",
-        "org.apache.kafka.tools.VerifiableProducer",
-        "--topic",
-        topic,
-        "--bootstrap-server",
-        bootstrap,
-        "--max-messages",
-        str(RECORDS),
-        "--throughput",
-        "200",
-        "--acks",
-        "-1",
-        **common,
-        **{
-            "enable.idempotence": "true",
-            "delivery.timeout.ms": "180000",
-            "retries": "2147483647",  # the tool sets 0; idempotence needs retries
-            "client.id": f"vp-{fleet}",
-        },
-    )
-    consumer, consumed = _java(
-        cluster,
-        tmp_path,
-        "consumer",
-        "org.apache.kafka.tools.VerifiableConsumer",
-        "--topic",
-        topic,
-        "--group-id",
-        f"g-{fleet}",
-        "--bootstrap-server",
-        bootstrap,
-        "--reset-policy",
-        "earliest",
-        "--verbose",
-        **common,
-        **{"client.id": f"vc-{fleet}"},
+    producer, produced, consumer, consumed = verifiable_clients(
+        cluster, tmp_path, topic, bootstrap, RECORDS, 200, fleet
     )
     quota_result: dict = {}
     quota_thread = threading.Thread(

@@ -16,8 +16,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
@@ -25,8 +23,14 @@ import pytest
 from tests.harness.cluster import free_port
 from tests.harness.measure import MIB, Sampler, create_topic, log_bytes, topic_dirs
 from tests.harness.traffic import rdkafka_produce
-from tests.integration.test_fleet_failover import MAX_POLL_RECORDS, _consumed_values, _events, _java, _values_in_topic
-from tests.support import wait_until
+from tests.integration.test_fleet_failover import (
+    MAX_POLL_RECORDS,
+    _consumed_values,
+    _events,
+    _values_in_topic,
+    verifiable_clients,
+)
+from tests.support import http_get, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -36,14 +40,6 @@ RATE = 200  # the Java producer's records/s
 QUOTA = MIB // 2
 SETTLE_S = 8  # between restarts: clients back on the restarted member, the fleet synced
 os.environ.setdefault("KTP_TEST_FLEET_SECRET", "fleet-test-secret-" + uuid.uuid4().hex)
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.HTTPError, OSError):
-        return False
 
 
 def test_two_rolling_restarts_lose_duplicate_and_reorder_nothing_and_hold_the_quota(cluster, fresh_proxy, tmp_path):
@@ -74,7 +70,7 @@ def test_two_rolling_restarts_lose_duplicate_and_reorder_nothing_and_hold_the_qu
                 }
             )
         )
-    wait_until(lambda: all(_ready(p) for p in metrics), 60, what="both members ready")
+    wait_until(lambda: all(http_get(p, "/readyz", 2)[0] == 200 for p in metrics), 60, what="both members ready")
     bootstrap = ",".join(m.bootstrap for m in members)
     topic, quota_topic = f"rr-{fleet}", f"rrq-{fleet}"
     create_topic(cluster, topic, [1])
@@ -83,45 +79,8 @@ def test_two_rolling_restarts_lose_duplicate_and_reorder_nothing_and_hold_the_qu
     restarts_s = 10 + MEMBERS * ROUNDS * (SETTLE_S + 6)
     records = RATE * (restarts_s + 10)
     common = {"metadata.recovery.strategy": "rebootstrap"}
-    producer, produced = _java(
-        cluster,
-        tmp_path,
-        "producer",
-        "org.apache.kafka.tools.VerifiableProducer",
-        "--topic",
-        topic,
-        "--bootstrap-server",
-        bootstrap,
-        "--max-messages",
-        str(records),
-        "--throughput",
-        str(RATE),
-        "--acks",
-        "-1",
-        **common,
-        **{
-            "enable.idempotence": "true",
-            "delivery.timeout.ms": "180000",
-            "retries": "2147483647",  # the tool sets 0; idempotence needs retries
-            "client.id": f"vp-{fleet}",
-        },
-    )
-    consumer, consumed = _java(
-        cluster,
-        tmp_path,
-        "consumer",
-        "org.apache.kafka.tools.VerifiableConsumer",
-        "--topic",
-        topic,
-        "--group-id",
-        f"g-{fleet}",
-        "--bootstrap-server",
-        bootstrap,
-        "--reset-policy",
-        "earliest",
-        "--verbose",
-        **common,
-        **{"client.id": f"vc-{fleet}"},
+    producer, produced, consumer, consumed = verifiable_clients(
+        cluster, tmp_path, topic, bootstrap, records, RATE, fleet
     )
     quota_result: dict = {}
     quota_thread = threading.Thread(
@@ -146,7 +105,7 @@ def test_two_rolling_restarts_lose_duplicate_and_reorder_nothing_and_hold_the_qu
                 for i, member in enumerate(members):
                     exits.append(member.terminate(timeout=60))  # SIGTERM: unready, then drained
                     member.start()
-                    wait_until(lambda i=i: _ready(metrics[i]), 30, what=f"m{i} ready again")
+                    wait_until(lambda i=i: http_get(metrics[i], "/readyz", 2)[0] == 200, 30, what=f"m{i} ready again")
                     time.sleep(SETTLE_S)
             ended = time.monotonic()
             quota_thread.join(restarts_s + 200)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +13,7 @@ from config.model import ProxyConfig
 from proxy import metrics
 from proxy.server import Proxy
 from proxy.stats import Stats
+from tests.support import http_get
 
 
 @pytest.fixture
@@ -28,14 +27,6 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _serve(loop, readiness) -> int:
     registry = metrics.make_registry(Stats(), lambda: 0, list)
     return metrics.serve(registry, "127.0.0.1", 0, loop, readiness)
@@ -44,24 +35,24 @@ def _serve(loop, readiness) -> int:
 def test_probes_answer_from_the_loop_and_say_what_is_wrong(loop):
     why: list[str | None] = [None]
     port = _serve(loop, lambda: why[0])
-    assert _get(port, "/healthz") == (200, "ok\n")
-    assert _get(port, "/readyz") == (200, "ok\n")
+    assert http_get(port, "/healthz") == (200, "ok\n")
+    assert http_get(port, "/readyz") == (200, "ok\n")
     why[0] = "draining: shutting down"
-    assert _get(port, "/readyz") == (503, "draining: shutting down\n")
-    assert _get(port, "/healthz")[0] == 200  # draining is not dead
-    status, text = _get(port, "/metrics")
+    assert http_get(port, "/readyz") == (503, "draining: shutting down\n")
+    assert http_get(port, "/healthz")[0] == 200  # draining is not dead
+    status, text = http_get(port, "/metrics")
     assert status == 200 and "ktp_connections" in text
-    assert _get(port, "/")[0] == 404 and _get(port, "/metrics/../readyz")[0] == 404
+    assert http_get(port, "/")[0] == 404 and http_get(port, "/metrics/../readyz")[0] == 404
 
 
 def test_a_stuck_loop_fails_both_probes_but_not_the_scrape(loop):
     port = _serve(loop, lambda: None)
     loop.call_soon_threadsafe(time.sleep, 3 * metrics.PROBE_TIMEOUT_S)  # one callback that holds the loop
     time.sleep(0.1)
-    status, text = _get(port, "/healthz")
+    status, text = http_get(port, "/healthz")
     assert status == 503 and "did not answer" in text
-    assert _get(port, "/readyz")[0] == 503
-    assert _get(port, "/metrics")[0] == 200
+    assert http_get(port, "/readyz")[0] == 503
+    assert http_get(port, "/metrics")[0] == 200
 
 
 def test_a_proxy_is_unready_until_its_listeners_are_bound_and_once_it_drains():
