@@ -69,19 +69,20 @@ RELOADABLE: Final[tuple[str, ...]] = (
 only: a change into or out of ``fleet`` starts or ends the fleet's sync, so it waits for a restart."""
 
 
-def _get(config: BaseModel, dotted: str) -> Any:
+def setting(config: BaseModel, dotted: str) -> Any:
+    """The value of the setting ``dotted`` (``quotas.scope``) in ``config``."""
     value: Any = config
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
 
 
-def _with(config: BaseModel, dotted: str, value: Any) -> Any:
+def with_setting(config: BaseModel, dotted: str, value: Any) -> Any:
     """``config`` with the setting ``dotted`` replaced (models are frozen: copies down the path)."""
     head, _, rest = dotted.partition(".")
     if not rest:
         return config.model_copy(update={head: value})
-    return config.model_copy(update={head: _with(getattr(config, head), rest, value)})
+    return config.model_copy(update={head: with_setting(getattr(config, head), rest, value)})
 
 
 def is_reloadable(dotted: str) -> bool:
@@ -95,13 +96,13 @@ def plan_reload(running: ProxyConfig, new: ProxyConfig) -> tuple[ProxyConfig, li
     kept: list[str] = []
     effective = new
     for dotted in RESTART_ONLY:
-        old = _get(running, dotted)
-        if _get(new, dotted) != old:
-            effective = _with(effective, dotted, old)
+        old = setting(running, dotted)
+        if setting(new, dotted) != old:
+            effective = with_setting(effective, dotted, old)
             kept.append(dotted)
     old_scope, new_scope = running.quotas.scope, new.quotas.scope
     if old_scope != new_scope and "fleet" in (old_scope, new_scope):
-        effective = _with(effective, "quotas.scope", old_scope)
+        effective = with_setting(effective, "quotas.scope", old_scope)
         kept.append(f"quotas.scope ({old_scope} → {new_scope})")
     if kept:  # the new settings were validated beside the new restart-only ones: check them beside the kept ones
         try:

@@ -19,9 +19,8 @@ from pydantic import BaseModel
 
 from config.load import ConfigError
 from config.model import ProxyConfig
-from config.reload import RELOADABLE, RESTART_ONLY, is_reloadable, plan_reload
-from config.reload import _get as get_setting
-from config.reload import _with as with_setting
+from config.reload import RELOADABLE, RESTART_ONLY, is_reloadable, plan_reload, with_setting
+from config.reload import setting as get_setting
 from proxy.server import Proxy
 
 SECRET = "s" * 32
