@@ -8,7 +8,9 @@ the key is the member's id, so each member's events stay in order within a parti
 The writer thread must never block on the cluster: kafka-python's producer sends on its own thread, and at most
 :data:`MAX_OUTSTANDING` events wait for the cluster's answer; beyond that they are dropped and counted, never
 waited for and never piled up in memory.
-The topic is created on first use when missing (Kafka's defaults for partitions and replication).
+The topic is created on first use when missing (Kafka's defaults for partitions and replication), and the
+producer is not used before it knows the topic's partitions: with ``max_block_ms=0`` a send before that raises at
+once, so the first batch after every opening was lost whole (:data:`METADATA_WAIT_S`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ log = logging.getLogger(__name__)
 
 #: Events handed to the producer and not yet answered, at most: what the proxy holds for an unreachable cluster.
 MAX_OUTSTANDING = 50_000
+
+#: How long opening the sink waits, on the writer thread, for the producer to learn the topic's partitions. It
+#: waits there once per opening, beside the admin client's own bootstrap wait; events meanwhile wait in the
+#: writer's bounded queue. A topic whose leaders are not elected by then costs what arrives before they are.
+METADATA_WAIT_S = 15.0
 
 
 class TopicSink:
@@ -78,8 +85,30 @@ class TopicSink:
             max_block_ms=0,
             **self.client,
         )
+        self._await_partitions(self._producer)
         log.info("decision log: also writing to topic %s", self.topic)
         return self._producer
+
+    def _await_partitions(self, producer: KafkaProducer) -> None:
+        """Until ``producer`` knows the topic's partitions, at most :data:`METADATA_WAIT_S`. ``partitions_for``
+        with ``max_block_ms=0`` never waits: it asks for the topic's metadata and raises until it is there."""
+        from kafka.errors import KafkaTimeoutError
+
+        deadline = time.monotonic() + METADATA_WAIT_S
+        while True:
+            try:
+                producer.partitions_for(self.topic)
+                return
+            except KafkaTimeoutError:
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "decision log: topic %s has no partitions known after %.0f s; events sent before it has "
+                        "are lost",
+                        self.topic,
+                        METADATA_WAIT_S,
+                    )
+                    return
+                time.sleep(0.05)
 
     def send(self, batch: Sequence[Mapping[str, Any]], first_seq: int) -> int:
         """Hand ``batch`` to the producer; returns how many could not be (counted in ``failed``). Raises only
