@@ -127,7 +127,7 @@ def _fetch_error(proxy, topic: str) -> list[int]:
         wire.close()
 
 
-def test_a_reload_that_renames_the_decision_logs_topic_keeps_the_old_one_protected(cluster, fresh_proxy):
+def test_a_reload_that_renames_the_decision_logs_topic_keeps_the_old_one_written_and_protected(cluster, fresh_proxy):
     run = uuid.uuid4().hex[:8]
     t1, t2, traffic = f"ktp-decisions-{run}-a", f"ktp-decisions-{run}-b", f"reload-traffic-{run}"
     proxy = fresh_proxy(
@@ -138,14 +138,16 @@ def test_a_reload_that_renames_the_decision_logs_topic_keeps_the_old_one_protect
         }
     )
     _produce(proxy.bootstrap, traffic, "tenant", 20)
-    wait_until(lambda: "also writing to topic" in proxy.log(), 30, what="the decision log to open its topic")
+    wait_until(lambda: _records(cluster.bootstrap, t1) > 0, 30, what="decision records on the first topic")
     assert _fetch_error(proxy, t1) == [TOPIC_AUTHORIZATION_FAILED] * 2
 
     _edit(proxy, **{"decision_log.topic": t2})
     _reloaded(proxy)
     # What the log writes stays the proxy's: a plain client is refused it, as before the reload.
     assert _fetch_error(proxy, t1) == [TOPIC_AUTHORIZATION_FAILED] * 2
+    before = _records(cluster.bootstrap, t1)
     _produce(proxy.bootstrap, traffic, "tenant", 20)
+    wait_until(lambda: _records(cluster.bootstrap, t1) > before, 30, what="the log to go on writing the first topic")
     assert _records(cluster.bootstrap, t2) == 0  # the log did not move either
     assert f"config reload: decision_log changed; {RESTART}" in proxy.log()
 
