@@ -47,6 +47,7 @@ import psutil
 
 from bench.peers import PEER_ENV, PEER_NAMES, PEER_SIDES, PeerProcess, start_peers
 from tests.harness import KafkaCluster
+from tests.harness.measure import percentile
 from tests.harness.process_tree import cpu_between, cpu_reading, tree_peak_rss
 from tests.support import REPO, ProxyProcess
 
@@ -150,8 +151,7 @@ def probe_latency(bootstrap: str, n: int) -> Metrics:
             raise RuntimeError("probe record not delivered within 10 s")
         if i >= warmup:
             lat.append((time.perf_counter() - t0) * 1000)
-    q = statistics.quantiles(lat, n=100)
-    return {"p50": statistics.median(lat), "p99": q[98], "_active_s": sum(lat) / 1000}
+    return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "_active_s": sum(lat) / 1000}
 
 
 @dataclass
