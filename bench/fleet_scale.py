@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import statistics
 import time
 import uuid
@@ -92,9 +91,6 @@ class BenchLedger(FleetLedger):
         return reports
 
 
-_TS = re.compile(rb'"t":(\d+)')
-
-
 class BenchSync(FleetSync):
     """A member whose fold is timed; with ``listen`` False it only publishes (its read side waits forever)."""
 
@@ -102,7 +98,6 @@ class BenchSync(FleetSync):
         super().__init__(*args, **kwargs)
         self.listen = listen
         self.fold_cpu = 0.0
-        self.delay_ms: list[int] = []
         self.peers: frozenset[str] = frozenset()
         self._peer_ts: list[int] = []
         self.peer_delays: list[int] = []
@@ -118,10 +113,6 @@ class BenchSync(FleetSync):
         t0 = time.thread_time()
         super().take(topic, key, value, headers)
         self.fold_cpu += time.thread_time() - t0
-        if not hasattr(self, "delays") and value:  # the JSON design folds as it reads: the delay ends here
-            m = _TS.search(value[:200])
-            if m:
-                self.delay_ms.append(self.now_ms() - int(m.group(1)))
 
     def _fold(self, value) -> None:
         """Also note the reports of the other observers (same process, so the same loop lag): their delay is
@@ -135,9 +126,9 @@ class BenchSync(FleetSync):
             if value[_HEAD.size : _HEAD.size + length].decode() in self.peers:
                 self._peer_ts.append(ts)
 
-    def _apply_pending(self) -> None:  # the binary design: reports are folded in batches, later
+    def _apply_pending(self) -> None:  # reports are folded in batches, after they are read
         t0 = time.thread_time()
-        super()._apply_pending()  # type: ignore[misc]
+        super()._apply_pending()
         self.fold_cpu += time.thread_time() - t0
         now = self.now_ms()
         self.peer_delays.extend(now - ts for ts in self._peer_ts)
@@ -178,10 +169,8 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
     await asyncio.sleep(max(0.0, t0 - time.time()))
     for s in syncs:
         s.fold_cpu = 0.0
-        s.delay_ms.clear()
         s.peer_delays.clear()
-        if hasattr(s, "delays"):
-            s.delays.clear()
+        s.delays.clear()
     CPU.update(publish=0.0, bytes=0, reports=0)
     received0 = [s.received for s in syncs]
     lags: list[float] = []
@@ -209,7 +198,7 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
         "lag_p99": percentile(lags, 99, empty=NAN) * 1000,
         "fold": [s.fold_cpu / wall for s, _ in listening],
         "received": [(s.received - r0) / wall for s, r0 in listening],
-        "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)],
+        "delays": [d for s, _ in listening for d in s.delays],
         "peer_delays": [d for s, _ in listening for d in s.peer_delays],
     }
 
