@@ -36,21 +36,21 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
 
 from config.model import ProxyConfig
 from proxy.fleet_member import FleetSync
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
 from quotas.fleet_reports import FleetLedger, UsageReport
 from quotas.manager import QuotaManager
+from tests.harness.measure import percentile
 
 KEY = "producer_byte_rate"
 SECRET_ENV = "KTP_BENCH_FLEET_SECRET"
 WINDOW_S = 11.0
+NAN = float("nan")
 CPU = {"publish": 0.0, "bytes": 0, "reports": 0}
 """Totals over every member of the process: encode is a method of the report, not of a member."""
 
@@ -91,9 +91,6 @@ class BenchLedger(FleetLedger):
         return reports
 
 
-_TS = re.compile(rb'"t":(\d+)')
-
-
 class BenchSync(FleetSync):
     """A member whose fold is timed; with ``listen`` False it only publishes (its read side waits forever)."""
 
@@ -101,7 +98,6 @@ class BenchSync(FleetSync):
         super().__init__(*args, **kwargs)
         self.listen = listen
         self.fold_cpu = 0.0
-        self.delay_ms: list[int] = []
         self.peers: frozenset[str] = frozenset()
         self._peer_ts: list[int] = []
         self.peer_delays: list[int] = []
@@ -117,10 +113,6 @@ class BenchSync(FleetSync):
         t0 = time.thread_time()
         super().take(topic, key, value, headers)
         self.fold_cpu += time.thread_time() - t0
-        if not hasattr(self, "delays") and value:  # the JSON design folds as it reads: the delay ends here
-            m = _TS.search(value[:200])
-            if m:
-                self.delay_ms.append(self.now_ms() - int(m.group(1)))
 
     def _fold(self, value) -> None:
         """Also note the reports of the other observers (same process, so the same loop lag): their delay is
@@ -134,9 +126,9 @@ class BenchSync(FleetSync):
             if value[_HEAD.size : _HEAD.size + length].decode() in self.peers:
                 self._peer_ts.append(ts)
 
-    def _apply_pending(self) -> None:  # the binary design: reports are folded in batches, later
+    def _apply_pending(self) -> None:  # reports are folded in batches, after they are read
         t0 = time.thread_time()
-        super()._apply_pending()  # type: ignore[misc]
+        super()._apply_pending()
         self.fold_cpu += time.thread_time() - t0
         now = self.now_ms()
         self.peer_delays.extend(now - ts for ts in self._peer_ts)
@@ -177,10 +169,8 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
     await asyncio.sleep(max(0.0, t0 - time.time()))
     for s in syncs:
         s.fold_cpu = 0.0
-        s.delay_ms.clear()
         s.peer_delays.clear()
-        if hasattr(s, "delays"):
-            s.delays.clear()
+        s.delays.clear()
     CPU.update(publish=0.0, bytes=0, reports=0)
     received0 = [s.received for s in syncs]
     lags: list[float] = []
@@ -205,10 +195,10 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
         "reports": CPU["reports"],
         "process": proc,
         "members": len(syncs),
-        "lag_p99": _pct(sorted(lags), 0.99) * 1000,
+        "lag_p99": percentile(lags, 99, empty=NAN) * 1000,
         "fold": [s.fold_cpu / wall for s, _ in listening],
         "received": [(s.received - r0) / wall for s, r0 in listening],
-        "delays": [d for s, _ in listening for d in (list(s.delays) if hasattr(s, "delays") else s.delay_ms)],
+        "delays": [d for s, _ in listening for d in s.delays],
         "peer_delays": [d for s, _ in listening for d in s.peer_delays],
     }
 
@@ -287,20 +277,16 @@ async def _run(
         "topic_mb_s": published["bytes"] / wall / 1e6,
         "reports_s": published["reports"] / wall,
         "bytes_per_entry": published["bytes"] / max(1, published["reports"] * entities),
-        "delay_p50": _pct(delays, 0.50),
-        "delay_p99": _pct(delays, 0.99),
+        "delay_p50": percentile(delays, 50, empty=NAN),
+        "delay_p99": percentile(delays, 99, empty=NAN),
         "received_s": statistics.median(mine["received"]),
         "process_cpu": mine["process"] / wall,
         "lag_p99": max(p["lag_p99"] for p in parts),
         "observer_lag_p99": mine["lag_p99"],
-        "peer_p99": _pct(sorted(mine["peer_delays"]), 0.99),
+        "peer_p99": percentile(mine["peer_delays"], 99, empty=NAN),
         "workers_cpu": sum(p["process"] for p in theirs) / wall,
         "delays": delays,
     }
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    return float(xs[min(len(xs) - 1, int(q * len(xs)))]) if xs else float("nan")
 
 
 async def _wait(cond, timeout: float) -> None:

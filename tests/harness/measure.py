@@ -263,9 +263,12 @@ def produce_rate(samples, quota: float | None, index_dir: Path | None = None, **
 
 
 # ------------------------------------------------------------------------------------------ samples and latencies
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default)."""
+def percentile(values: Sequence[float], q: float, *, empty: float | None = None) -> float:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default): the one
+    percentile of the tests and benchmarks. No values give ``empty``, or a ValueError when that is None."""
     if not values:
+        if empty is not None:
+            return empty
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile {q} outside 0-100")

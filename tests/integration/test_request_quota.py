@@ -15,9 +15,9 @@ import time
 import uuid
 
 import pytest
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
+from tests.harness.request_bodies import fetch_request
 from tests.support import KafkaWire
 
 pytestmark = pytest.mark.cluster
@@ -115,35 +115,10 @@ def test_fetch_long_poll_is_not_charged(cluster, fresh_proxy):
     broker = next(b for b in md.brokers if b.node_id == leader)
     wire.close()
     fetch = KafkaWire(f"{broker.host}:{broker.port}")  # the proxy's listener for the leader
-    T = FetchRequest.FetchTopic
     rtts, throttles = [], []
     try:
         for _ in range(8):
-            req = FetchRequest(
-                replica_id=-1,
-                max_wait_ms=500,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                forgotten_topics_data=[],
-                rack_id="",
-                topics=[
-                    T(
-                        topic=topic,
-                        partitions=[
-                            T.FetchPartition(
-                                partition=0,
-                                current_leader_epoch=-1,
-                                fetch_offset=0,
-                                log_start_offset=-1,
-                                partition_max_bytes=1 << 20,
-                            )
-                        ],
-                    )
-                ],
-            )
+            req = fetch_request(topic, max_wait_ms=500)
             t0 = time.perf_counter()
             fetch.send(req, 12, client_id="poller")
             _, resp = fetch.recv()

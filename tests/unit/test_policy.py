@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -40,6 +39,7 @@ from quotas.kinds import (
     keys_of,
     thread_ms,
 )
+from tests.harness.request_bodies import fetch_request
 
 _SIZE = struct.Struct(">i")
 
@@ -134,17 +134,7 @@ def _produce(n_bytes: int = 2000, pid: int = -1):
 
 
 def _fetch(replica_id: int = -1):
-    return _request(
-        FetchRequest(
-            replica_id=replica_id,
-            max_wait_ms=500,
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            topics=[],
-            version=4,
-        )
-    )
+    return _request(fetch_request(replica_id=replica_id, version=4))
 
 
 def _response_frame(header, body: bytes, flexible: bool = False) -> memoryview:
