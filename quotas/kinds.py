@@ -152,9 +152,9 @@ HEARTBEAT: Final = 12
 # P% x 1 s / the rate a broker allowed under P); the per-KiB terms are not calibrated (docs/quotas.md says how
 # far they can be off). Fetch's response bytes are mostly record data sent by sendfile: cheap per KiB.
 THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
-    PRODUCE:          (0.036, 0.003, 0.0),
+    PRODUCE:          (0.013, 0.003, 0.0),
     FETCH:            (0.020, 0.002, 0.0005),
-    LIST_OFFSETS:     (0.040, 0.002, 0.002),
+    LIST_OFFSETS:     (0.031, 0.002, 0.002),
     METADATA:         (0.025, 0.002, 0.005),
     OFFSET_COMMIT:    (0.030, 0.002, 0.002),
     OFFSET_FETCH:     (0.025, 0.002, 0.002),
