@@ -45,9 +45,19 @@ def _hammer(wire: KafkaWire, client_id: str, seconds: float) -> list[tuple[float
 
 
 def test_tight_request_percentage_throttles_the_hammer_not_the_neighbour(fresh_proxy):
+    """P = 0.05 %: 0.5 ms of broker thread a second, about 20 Metadata/s at the estimate's ~0.025 ms. (It was 1 %,
+    written when the proxy charged wall time: at the thread-time estimate that allows ~400/s, more than this
+    machine's hammer sends, and its 11-s padded window let the whole 8 s through unthrottled.)"""
+    from quotas.kinds import METADATA, thread_ms
+
+    p = 0.05
+    allowed = p * 10 / thread_ms(METADATA, 40, 200)
     proxy = fresh_proxy(
-        **{"quotas.entities": [{"entity": {"client-id": "hammer"}, "quotas": {"request_percentage": 1}}]}
-    )  # 10 ms of service per s
+        **{
+            "quotas.window_num": 2,  # the padded window's allowance is spent within the first second
+            "quotas.entities": [{"entity": {"client-id": "hammer"}, "quotas": {"request_percentage": p}}],
+        }
+    )
     calm, hammer = KafkaWire(proxy.bootstrap), KafkaWire(proxy.bootstrap)
     try:
         # Baselines, each client alone: the unthrottled request rate and the neighbour's latency.
@@ -76,7 +86,8 @@ def test_tight_request_percentage_throttles_the_hammer_not_the_neighbour(fresh_p
         )
         assert max(throttles) > 0, "the hammer was never told to back off"
         assert max(throttles) <= 1000, "request throttles are capped at one window"
-        assert late_rate < 0.1 * base_rate, "the hammer's request rate did not drop"
+        assert late_rate < 0.3 * base_rate, "the hammer's request rate did not drop"
+        assert late_rate < 1.5 * allowed, f"held above what the estimate allows ({allowed:.0f}/s)"
         # Muted while it ignored throttle_time_ms: its round trips grew to the throttle.
         assert max(lat for _, lat, _ in result) >= 0.5
         # The neighbour: never throttled, latency still low (a generous bound: this machine is shared and small).
