@@ -42,7 +42,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.traffic import SMALL_RECORD, request_rate, request_stats
+from tests.harness.traffic import SMALL_RECORD, rdkafka_request_flood, request_rate, request_stats
 
 REPO = Path(__file__).resolve().parent.parent
 NOMINAL_MS = 0.015
@@ -230,53 +230,8 @@ def java_produce(kafka_bin: str, bootstrap: str, topic: str, client_id: str, war
 
 def rdk_produce_served(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, **conf) -> dict:
     """tests.harness.traffic.rdkafka_request_flood's producer (linger 0, one 16-B record a request, pipelined),
-    its rate counted as requests *answered* (delivery reports: one record, one request), not requests sent.
-
-    Why: librdkafka's ``req`` counts what it has written to the socket. Held by a broker (or now by the proxy),
-    which reads one request at a time, its 20,000 queued records were all written in the first second and it
-    wrote nothing more while they were served, so "sent" read 0/s under a quota (the acks=all row of #36, whose
-    brokers seemed to let nothing through) and, unthrottled, counted what sat in the proxy's buffers."""
-    from confluent_kafka import Producer
-
-    samples: list = []
-    delivered = [0]
-
-    def on_stats(text: str) -> None:
-        inner: list = []
-        request_stats("Produce", inner)(text)
-        for t, _sent, window in inner:
-            samples.append((t, delivered[0], window))
-
-    def on_delivery(err, _msg) -> None:
-        if err is None:
-            delivered[0] += 1
-
-    p = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "client.id": client_id,
-            "linger.ms": 0,
-            "batch.num.messages": 1,
-            "acks": 1,
-            "statistics.interval.ms": 1000,
-            "stats_cb": on_stats,
-            "queue.buffering.max.messages": 20_000,
-            **conf,
-        }
-    )
-    start = time.monotonic()
-    end = start + warm + seconds
-    while time.monotonic() < end:
-        try:
-            p.produce(topic, SMALL_RECORD, partition=0, on_delivery=on_delivery)
-        except BufferError:
-            p.poll(0.001)
-            continue
-        p.poll(0)
-    p.poll(1.5)  # the last statistics
-    p.purge()
-    p.flush(5)
-    return request_rate(samples, start + warm, end + 0.5)
+    its rate counted as requests *answered*, not requests sent (its docstring says why)."""
+    return rdkafka_request_flood(bootstrap, topic, client_id, warm, seconds, served=True, **conf)
 
 
 WORKERS = {
