@@ -196,13 +196,6 @@ def thread_percent(api_key: int, request_bytes: int, response_bytes: int) -> flo
     return c[0] + c[1] * request_bytes + c[2] * response_bytes
 
 
-def thread_percent_response(api_key: int, response_bytes: int) -> float:
-    """The response-size term of :func:`thread_percent` alone (the part of the estimate the proxy learns only
-    from the response: charged with the next request of that API on the connection)."""
-    c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
-    return c[2] * response_bytes
-
-
 def has_response_term(api_key: int) -> bool:
     """Whether :func:`thread_percent` of this API grows with the response (Produce's does not: its response is a
     few bytes an acknowledged partition, so nothing is charged at its response)."""
