@@ -267,10 +267,11 @@ PACED_RATE = BYTE_QUOTA * 3 / FLOOD_PRODUCERS  # bytes/s per producer: the three
 LUMP_RECORDS = 60  # 60 × 16 KiB ≈ 0.98 MB: one batch under batch.size with its overhead
 
 
-def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pace: str = "") -> None:
+def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pace: str = "", k: int = 0) -> None:
     """One full-speed flooder, or with ``pace`` ("lumps" or "even") one that holds itself to PACED_RATE: lumps of
     LUMP_RECORDS to one partition at a time (one ~1 MB batch each, the shape smooth pacing forwards), or single
-    records evenly spaced (16-KiB batches)."""
+    records evenly spaced (16-KiB batches). Producer ``k`` of the flood starts at partition ``k``, a third of a
+    lump's period after producer k - 1: each broker then gets one lump at a time, evenly spaced, not three in step."""
     from confluent_kafka import KafkaError, Producer
 
     p = Producer(
@@ -294,15 +295,15 @@ def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pac
 
     value = os.urandom(FLOOD_RECORD)
     i = 0
-    started = time.monotonic()
     lump = LUMP_RECORDS if pace == "lumps" else 1
+    started = time.monotonic() + k * lump * FLOOD_RECORD / PACED_RATE / FLOOD_PRODUCERS
     while i < FLOOD_MAX_RECORDS and time.monotonic() < stop_at:
         if pace and i % lump == 0:  # ahead of the rate: wait until the bytes sent so far are due
             due = started + i * FLOOD_RECORD / PACED_RATE
             while (now := time.monotonic()) < due and now < stop_at:
                 p.poll(min(due - now, 0.05))
         try:
-            p.produce(topic, value, partition=(i // lump) % 3, on_delivery=delivered)
+            p.produce(topic, value, partition=(i // lump + k) % 3, on_delivery=delivered)
         except BufferError:  # the queue is full (a throttled client): wait for acknowledgements, not spin
             p.poll(0.05)
             continue
@@ -375,8 +376,8 @@ def flood_main(
     ]
     mutations: dict = {"events": [], "throttled": 0, "errors": 0}
     threads = [
-        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s, pace), daemon=True)
-        for s in producers
+        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s, pace, k), daemon=True)
+        for k, s in enumerate(producers)
     ]
     if "mutations" in parts:
         threads.append(
