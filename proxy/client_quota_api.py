@@ -13,6 +13,8 @@ alter; the proxy has no ACLs of its own, so lists of principals stand for them):
 
 from __future__ import annotations
 
+import logging
+
 from kafka.protocol.admin import (
     AlterClientQuotasRequest,
     AlterClientQuotasResponse,
@@ -21,7 +23,11 @@ from kafka.protocol.admin import (
 )
 
 from config.quota_sources import QuotaSources
-from protocol.apis import DecodeError, decode_body
+from protocol.apis import Api, DecodeError, decode_body
+from protocol.headers import RequestHeader
+from protocol.text import printable
+from proxy.decisions import local_frame
+from proxy.verdicts import Answer, PolicyConnection
 from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
     ENTITY_IP,
@@ -34,6 +40,8 @@ from quotas.entities import (
     UnsupportedEntityTypeError,
     validate_quota,
 )
+
+log = logging.getLogger(__name__)
 
 NONE = 0
 CLUSTER_AUTHORIZATION_FAILED = 31
@@ -175,3 +183,24 @@ def alter(
                 code, message = INVALID_REQUEST, str(exc)
         results.append(entry_cls(error_code=code, error_message=message, entity=wire_entity))
     return bytes(AlterClientQuotasResponse(throttle_time_ms=0, entries=results).encode(version=version))
+
+
+def answer(
+    conn: PolicyConnection,
+    header: RequestHeader,
+    body: memoryview,
+    sources: QuotaSources,
+    admins: frozenset[str],
+    describers: frozenset[str],
+    ip_quotas: IpQuotas,
+) -> Answer:
+    """The proxy's answer to a DescribeClientQuotas or AlterClientQuotas request (``body``: the frame after its size
+    prefix); an alteration is logged with who made it."""
+    version = header.api_version
+    principal = conn.identity.principal
+    if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
+        reply = describe(sources, body[header.body_offset :], version, principal, describers, ip_quotas)
+    else:
+        reply = alter(sources, body[header.body_offset :], version, principal, admins, ip_quotas)
+        log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, printable(principal))
+    return Answer(None, local_frame(header, reply))
