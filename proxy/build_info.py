@@ -45,6 +45,8 @@ COMPILED = (
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
     "proxy.connection",
+    "proxy.connection_life",  # the connection's base class: its pauses and resumes run per request
+    "proxy.sockets",  # the loop's callbacks: every read
     "proxy.stats",  # counters bumped per request
     "proxy.responses",  # inspect_response: every response
     # Not quotas/entities.py: it validates configuration from files and the wire, and relies on wrong types

@@ -22,6 +22,7 @@ from protocol.topic_guard import GUARDED_APIS
 from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
+from proxy.connection_life import ConnectionLife
 from proxy.discovery import discover_brokers
 from proxy.fleet_member import FleetSync
 from proxy.loop_lag import LoopLag
@@ -270,7 +271,7 @@ class Proxy:
         q.max_creation_rate = lim.max_connection_creation_rate
         q.ip_rate = self.policy.ip_quotas.rate
 
-    def admit_connection(self, conn: Connection, ip: str) -> Refusal | None:
+    def admit_connection(self, conn: ConnectionLife, ip: str) -> Refusal | None:
         """A new client connection from ``ip``: None to serve it (closing what was shed to make room), else why
         not (counted, and logged at most once per reason every 10 s with the number refused meanwhile, so a
         flood cannot flood the log)."""
@@ -280,7 +281,7 @@ class Proxy:
             self._refused(ip, refusal)
         return refusal
 
-    def connection_spoke(self, conn: Connection) -> Refusal | None:
+    def connection_spoke(self, conn: ConnectionLife) -> Refusal | None:
         """``conn`` sent its first bytes: None if its broker connection may take a file descriptor."""
         refusal = self.connection_quotas.spoke(conn, round(time.monotonic() * 1000))
         self._close_shed()
@@ -299,7 +300,7 @@ class Proxy:
         """Close the connections the limits shed to make room: counted by kind, logged at most once per kind
         every 10 s with the number shed meanwhile."""
         for shed in self.connection_quotas.take_shed():
-            if isinstance(shed.key, Connection):  # always, here: the keys are the connections admitted
+            if isinstance(shed.key, ConnectionLife):  # always, here: the keys are the connections admitted
                 shed.key.shed()
             self.stats.connections_shed[shed.kind] += 1
             since = _line_due(self._sheds, shed.kind)
