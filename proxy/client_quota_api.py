@@ -14,6 +14,7 @@ alter; the proxy has no ACLs of its own, so lists of principals stand for them):
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from kafka.protocol.admin import (
     AlterClientQuotasRequest,
@@ -49,14 +50,14 @@ INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
 
 
-def _array(items, what: str):
+def _array(items: Any, what: str) -> Any:
     """A non-nullable array of the schema; kafka-python decodes a -1 length as None, which Kafka refuses."""
     if items is None:
         raise DecodeError(f"{what} is a null array")
     return items
 
 
-def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool):
+def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool) -> Any:
     """(name or None, rate) of the ip entities the filter selects: a filter naming ip picks from them alone; an
     empty non-strict filter takes them too; any user or client-id component excludes them."""
     if ip_quotas is None:
@@ -77,7 +78,7 @@ def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], s
 
 def describe(
     sources: QuotaSources,
-    body,
+    body: bytes | memoryview,
     version: int,
     principal: str,
     describers: frozenset[str],
@@ -131,7 +132,7 @@ def describe(
     )
 
 
-def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
+def _alter_ip(ip_quotas: IpQuotas | None, entry: Any, validate_only: bool) -> None:
     """An entry on an ``ips`` entity (Kafka: it may not be combined with user or client-id)."""
     if ip_quotas is None:
         raise IpQuotaError("ip entities are not handled here")
@@ -149,7 +150,12 @@ def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
 
 
 def alter(
-    sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str], ip_quotas: IpQuotas | None = None
+    sources: QuotaSources,
+    body: bytes | memoryview,
+    version: int,
+    principal: str,
+    admins: frozenset[str],
+    ip_quotas: IpQuotas | None = None,
 ) -> bytes:
     """The response body for an AlterClientQuotas request body, applying the valid entries (unless
     validate-only) when ``principal`` is an admin. Each entry stands or falls on its own, as in Kafka."""

@@ -107,10 +107,10 @@ class Connection(ConnectionLife):
         if not self.session.holding_requests and Pause.BACKPRESSURE not in self.client.pauses:
             self._requests.release_forwarded()
 
-    def _process_requests(self, frames, now: float) -> None:
+    def _process_requests(self, frames: Any, now: float) -> None:
         """Handle the requests of one read (or those that stopped waiting), in order, until the session says the
         rest wait: then carry that out. ``now``: the clock when the frames were read, or stopped waiting."""
-        out: list = []
+        out: list[Any] = []
         session = self.session
         try:
             for i, frame in enumerate(frames):
@@ -149,7 +149,7 @@ class Connection(ConnectionLife):
         if self.session.end_hold(Pause.TURN, self.mute.held):
             self._release_deferred()
 
-    def _on_request(self, frame: bytes | bytearray | memoryview, now: float):
+    def _on_request(self, frame: bytes | bytearray | memoryview, now: float) -> Any:
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
         request = self.session.receive(frame, now)
         if type(request) is not Request:
@@ -181,7 +181,7 @@ class Connection(ConnectionLife):
              monotonic(), what)
         )  # fmt: skip
 
-    def _apply(self, verdict: Verdict, request: Request, now: float):
+    def _apply(self, verdict: Verdict, request: Request, now: float) -> Any:
         """Carry out the policy's verdict: what to write to the broker (the frame), None (answered here) or the
         Defer to start."""
         session = self.session
@@ -203,12 +203,12 @@ class Connection(ConnectionLife):
         raise TypeError(f"the policy returned a {type(verdict).__name__}, which is no verdict")
 
     def _flush_answers(self, now: float) -> None:
-        out: list = []
+        out: list[Any] = []
         self._release_local(out, now)
         if out:
             self.client.transport.writelines(out)
 
-    async def _decide(self, defer: Defer, frame) -> None:
+    async def _decide(self, defer: Defer, frame: bytes) -> None:
         try:
             verdict = cast(Verdict, await defer.decide())
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
@@ -272,11 +272,11 @@ class Connection(ConnectionLife):
         if self.session.end_hold(Pause.SASL_HANDSHAKE, self.mute.held):
             self._release_deferred()
 
-    def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
+    def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future[bytes]:
         """Send a request of the proxy's own on this connection's broker link; the future gets the response
         body (after its header). It is answered in order, like the client's requests, so it sees the cluster
         as the client's next request will."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, monotonic(), fut))
         return fut
 
@@ -349,10 +349,10 @@ class Connection(ConnectionLife):
         self.traffic.bytes_out += nbytes
         return now
 
-    def _deliver(self, held: list | None, now: float) -> None:
+    def _deliver(self, held: list[Any] | None, now: float) -> None:
         """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order.
         ``now``: the clock when they were read, or when they stopped waiting."""
-        out: list = []
+        out: list[Any] = []
         session = self.session
         responses = self._responses
         i = 0
@@ -394,12 +394,12 @@ class Connection(ConnectionLife):
         if self.draining and not self.inflight and session.held_responses is None and not self._responses.streaming:
             self.close()
 
-    def _release_local(self, out: list, now: float) -> None:
+    def _release_local(self, out: list[Any], now: float) -> None:
         """Release the proxy's own answers that have reached the head of the queue."""
         for pending in self.session.ready_answers():
             self._finish(pending, pending.local, out, now)
 
-    def _finish(self, pending: Pending, frame, out: list, now: float, total: int | None = None) -> None:
+    def _finish(self, pending: Pending, frame: Any, out: list[Any], now: float, total: int | None = None) -> None:
         """Last stop of every response, whole or the head of a streamed one (``total``: its full length): the
         policy may raise throttle_time_ms and mute the client."""
         if self._timeline is not None:
@@ -424,7 +424,7 @@ class Connection(ConnectionLife):
         counters.latency_sum += now - pending.sent_at
         counters.latency_count += 1
 
-    def _on_response(self, frame, out: list, now: float) -> None:
+    def _on_response(self, frame: Any, out: list[Any], now: float) -> None:
         self._release_local(out, now)
         session = self.session
         if type(frame) is StreamHead:
@@ -434,7 +434,7 @@ class Connection(ConnectionLife):
             self._count_latency(pending, now)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
-                pieces: list = []
+                pieces: list[Any] = []
                 self._finish(pending, frame.data, pieces, now, frame.total)
                 body_start = 4 + response_body_offset(frame.data[4:], key, version)
                 self._tail = StreamedTail(key, version, body_start, self.services.directory)
@@ -497,7 +497,7 @@ class Connection(ConnectionLife):
         if missing:
             self._spawn(self._learn(missing))
 
-    async def _learn(self, endpoints) -> None:
+    async def _learn(self, endpoints: Any) -> None:
         try:
             await self.services.directory.learn(endpoints)
         except Exception as exc:  # noqa: BLE001 - e.g. no free port; the next Metadata tries again
@@ -512,7 +512,7 @@ class Connection(ConnectionLife):
             return
         if self.closed:
             return
-        out: list = []
+        out: list[Any] = []
         now = monotonic()
         self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out, now)
         self._release_local(out, now)

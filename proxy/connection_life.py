@@ -14,7 +14,7 @@ import logging
 import ssl
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any
@@ -110,7 +110,7 @@ class ConnectionLife(SideOwner):
         self._requests = FrameReader(max_frame, services.request_pool, config.request_pool_min_bytes)
         self._responses = FrameReceiver(max_frame, self._may_stream, initial=INITIAL_RECEIVE_BYTES)
         self._pool_waiter: _PoolWaiter | None = None  # queued for the request pool (protocol.frames.RequestBytesPool)
-        self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
+        self._tasks: set[asyncio.Task[None]] = set()  # cancelled on close: none outlives its connection
         self._connecting = False
         self._admitted = False  # counted by the connection limits until closed (or shed)
         self._refused_timer: Any = None  # the loop's TimerHandle (uvloop's is its own class)
@@ -165,7 +165,7 @@ class ConnectionLife(SideOwner):
         if reason == Pause.BACKPRESSURE and side is self.client:
             self._release_requests()
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` on the loop, owned by this connection (kept referenced, cancelled when it closes)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)

@@ -8,6 +8,7 @@ import logging
 import resource
 import time
 from collections.abc import Hashable
+from typing import Any
 
 from config.load import ConfigError
 from config.model import ProxyConfig
@@ -29,6 +30,7 @@ from proxy.loop_lag import LoopLag
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
+from proxy.sockets import ClientSide
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
@@ -132,7 +134,7 @@ class Proxy:
         self._servers: dict[int | None, asyncio.Server] = {}
         self._bootstrap_rr = itertools.count()
         self._closing = False
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self.fleet: FleetSync | None = None
 
     def _metrics_port(self) -> int:
@@ -142,7 +144,7 @@ class Proxy:
 
     @property
     def bootstrap_port(self) -> int:
-        return self._servers[None].sockets[0].getsockname()[1]
+        return int(self._servers[None].sockets[0].getsockname()[1])
 
     @property
     def bootstrap_address(self) -> str:
@@ -358,9 +360,9 @@ class Proxy:
             ssl=self.listen_ssl,
         )
         self._servers[node_id] = server
-        return server.sockets[0].getsockname()[1]
+        return int(server.sockets[0].getsockname()[1])
 
-    def _accept(self, node_id: int | None):
+    def _accept(self, node_id: int | None) -> ClientSide:
         """A new client socket: pair it with an upstream connection (made by the Connection)."""
         if node_id is None:
             addrs = self.config.upstream.addresses()
