@@ -27,7 +27,7 @@ from config.quota_sources import QuotaSources
 from protocol.apis import Api, DecodeError, decode_body
 from protocol.headers import RequestHeader
 from protocol.text import printable
-from proxy.decisions import local_frame
+from proxy.decisions import Decision, local_frame
 from proxy.verdicts import Answer, PolicyConnection
 from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
@@ -199,7 +199,7 @@ def answer(
     admins: frozenset[str],
     describers: frozenset[str],
     ip_quotas: IpQuotas,
-) -> Answer:
+) -> Answer[Decision]:
     """The proxy's answer to a DescribeClientQuotas or AlterClientQuotas request (``body``: the frame after its size
     prefix); an alteration is logged with who made it."""
     version = header.api_version

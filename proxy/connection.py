@@ -18,7 +18,7 @@ import asyncio
 import logging
 import struct
 from time import monotonic
-from typing import Any, cast
+from typing import Any
 
 from protocol.apis import Api, api_label, api_name
 from protocol.endpoint_apis import carries_endpoints_tail
@@ -208,9 +208,9 @@ class Connection(ConnectionLife):
         if out:
             self.client.transport.writelines(out)
 
-    async def _decide(self, defer: Defer, frame: bytes) -> None:
+    async def _decide(self, defer: Defer[Verdict], frame: bytes) -> None:
         try:
-            verdict = cast(Verdict, await defer.decide())
+            verdict = await defer.decide()
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
             self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}")
             return
@@ -245,7 +245,7 @@ class Connection(ConnectionLife):
         else:
             self._release_requests()
 
-    def _start_decision(self, defer: Defer, frame: bytes) -> None:
+    def _start_decision(self, defer: Defer[Verdict], frame: bytes) -> None:
         """Decide a deferred request now, or once the mute it asks for (a KIP-936 hold) has run out."""
         if defer.wait_s > 0:
             self.mute.mute_for(defer.wait_s)

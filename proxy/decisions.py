@@ -171,7 +171,7 @@ class Decision:
             self.throttle_ms = throttle_ms if throttle_ms < MAX_THROTTLE_MS else MAX_THROTTLE_MS
 
 
-Verdict: TypeAlias = Decision | Replace | Answer | Defer | None
+Verdict: TypeAlias = Decision | Replace[Decision] | Answer[Decision] | Defer["Verdict"] | None
 """Everything :meth:`Policy.on_request` may return (``proxy.verdicts``): the one type the connection executes."""
 
 

@@ -118,11 +118,9 @@ def merged(
 async def _merged_later(
     conn: PolicyConnection,
     header: RequestHeader,
-    inner: Callable[[], Awaitable[object]],
+    inner: Callable[[], Awaitable[Verdict]],
     frame: bytes,
     merge: ResponseMerge,
     keep_values: bool,
 ) -> Verdict:
-    verdict = await inner()
-    assert verdict is None or isinstance(verdict, (Decision, Replace, Answer, Defer))
-    return merged(conn, header, verdict, frame, merge, keep_values)
+    return merged(conn, header, await inner(), frame, merge, keep_values)

@@ -195,7 +195,7 @@ class Policy:
                 return self._hold(conn, header, frame, wait)
         return self._decide(conn, header, frame, now)
 
-    def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer:
+    def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer[Verdict]:
         """A method of its own: compiled, a lambda in :meth:`on_request` allocated its closure on every request."""
         held = bytes(frame)  # the client's chunk may be reused before the hold ends
         return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
