@@ -59,7 +59,13 @@ async def walk(quotas: dict) -> list[str]:
     return sorted(files)
 
 
-TRACED = ("proxy/connection.py", "protocol/session.py", "mute/channel.py")
+TRACED = (
+    "proxy/connection.py",
+    "proxy/connection_life.py",
+    "proxy/sockets.py",
+    "protocol/session.py",
+    "mute/channel.py",
+)
 
 
 async def calls_over_quota() -> list[str]:

@@ -47,6 +47,7 @@ class UpstreamTlsConfig(_Strict):
     cert_file: str | None = None
     """PEM certificate (chain) of the proxy, for a cluster listener with ``ssl.client.auth=required``."""
     key_file: str | None = None
+    """PEM private key of ``cert_file`` (unencrypted); set with it or not at all."""
     check_hostname: bool = True
     """Like ``ssl.endpoint.identification.algorithm=https``: the broker's certificate must name its host."""
 
@@ -65,6 +66,7 @@ class ListenTlsConfig(_Strict):
     cert_file: str
     """PEM certificate (chain) the proxy presents to clients."""
     key_file: str
+    """PEM private key of ``cert_file`` (unencrypted)."""
     ca_file: str | None = None
     """PEM CA certificates client certificates are verified against; required unless client_auth is none."""
     client_auth: Literal["none", "requested", "required"] = "none"

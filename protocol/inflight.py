@@ -11,6 +11,7 @@ from typing import Any, Final
 from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.request_fields import ProduceFields
 from protocol.varint import TruncatedError, read_length
 
 _LONG_WAITS_MS: dict[int, int] = {
@@ -190,8 +191,8 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, b
     pos = header.body_offset + base
     buf = _head(frame, pos)
     try:
-        if header.api_version >= 3:  # after the (nullable) transactional id, compact from v9
-            pos = _skip_leading_string(buf, pos, header.api_version >= 9)
+        if header.api_version >= ProduceFields.TRANSACTIONAL_ID_SINCE:  # after the (nullable) transactional id
+            pos = _skip_leading_string(buf, pos, header.api_version >= ProduceFields.COMPACT_SINCE)
         if pos + 2 > len(buf):
             raise IndexError
         return _i16(buf, pos)

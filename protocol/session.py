@@ -90,6 +90,15 @@ class Pause:
     """``FRAMES_PER_TURN`` requests of one read were handled: the rest waits for the loop's next turn."""
     NEW_LISTENER: Final = "new-listener"
     """A response names a broker the proxy has no listener for yet: the broker side waits until it has one."""
+    REFUSED: Final = "refused"
+    """Over a connection limit: never served, closed when the refusal's throttle has run out."""
+    DRAINING: Final = "draining"
+    """The proxy is shutting down: no more requests are read; the connection closes once every one is answered."""
+
+
+QUIET_S: Final = 5.0
+"""Seconds without traffic after which a connection gives its grown response buffer back (docs/how-it-works.md,
+Memory): a connection that fetched a burst should not keep the buffer that burst grew while it idles."""
 
 
 class Request:
@@ -366,6 +375,52 @@ class Session:
         elif self.identity.attempt is not None:
             self.identity.on_other_response()
         return pending, released
+
+    def expiry(
+        self,
+        now: float,
+        frame_since: float | None,
+        reading: bool,
+        held_bytes: int,
+        last_active: float,
+        idle: bool,
+        broker: tuple[str, int] | None,
+        request_read_timeout_ms: int,
+        upstream_timeout_margin_ms: int,
+        connections_max_idle_ms: int,
+    ) -> str | None:
+        """Whether the connection is to close on a timeout (checked about once a second): the WARNING reason, ``""``
+        for an idle connection (closed without one), or None. A request frame still incomplete after
+        ``request_read_timeout_ms`` of being read (``frame_since``, ``reading``: the time unread is not the
+        client's); the broker sitting on the oldest request past the wait the request asked for plus the margin;
+        no traffic for ``connections_max_idle_ms`` while nothing is in flight, arriving or streaming (``idle``)."""
+        if frame_since is not None and reading and now - frame_since > request_read_timeout_ms / 1000:
+            return (
+                f"request timeout: a request frame was still incomplete after {request_read_timeout_ms} "
+                f"ms ({held_bytes} bytes received)"
+            )
+        head = self.inflight.head()
+        if (
+            head is not None
+            and head.local is None
+            and now - head.sent_at > (head.wait_ms + upstream_timeout_margin_ms) / 1000
+        ):
+            host, port = broker or ("?", 0)
+            header = head.header
+            what = "raw SASL token" if header is RAW else f"{api_name(header.api_key)} v{header.api_version}"
+            return (
+                f"broker timeout: broker {host}:{port} did not answer {what} within "
+                f"{head.wait_ms + upstream_timeout_margin_ms} ms (its own wait "
+                f"{head.wait_ms} ms + upstream_timeout_margin_ms)"
+            )
+        if now - last_active > connections_max_idle_ms / 1000 and idle and not self.inflight:
+            return ""
+        return None
+
+    def quiet(self, now: float, last_active: float) -> bool:
+        """Quiet for :data:`QUIET_S`, and no response is held: the receive buffer may shrink (when the client's
+        write buffer is empty too, which the glue knows)."""
+        return now - last_active > QUIET_S and self.held_responses is None
 
     def hold_responses(self) -> str:
         """A response waits for a new broker listener: later ones queue behind it, in order, and the broker side

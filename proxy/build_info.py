@@ -29,16 +29,24 @@ COMPILED = (
     "protocol.session",
     "protocol.record_batches",
     "protocol.endpoint_apis",  # every Produce v10+ / Fetch v16+ response is checked for node_endpoints
+    "protocol.request_fields",  # Fetch's replica id and max_bytes, read by the policy
     "quotas.rate",
     "quotas.manager",
     "quotas.throttle",
     "quotas.token_bucket",
     "quotas.kinds",
+    "quotas.plans",  # the bound plan whose handles every charged request reads
     "proxy.policy",
+    "proxy.decisions",  # the Decision every charged request fills, read natively by the modules below
+    "proxy.decision_recording",  # every decision counted at its response
+    "proxy.producer_id_charge",  # every Produce under producer_ids_rate
+    "proxy.pacing",  # smooth enforcement: every paced Fetch
     "mute.holds",  # the policy asks it about KIP-936 holds on every Produce
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
     "proxy.connection",
+    "proxy.connection_life",  # the connection's base class: its pauses and resumes run per request
+    "proxy.sockets",  # the loop's callbacks: every read
     "proxy.stats",  # counters bumped per request
     "proxy.responses",  # inspect_response: every response
     # Not quotas/entities.py: it validates configuration from files and the wire, and relies on wrong types

@@ -13,6 +13,9 @@ alter; the proxy has no ACLs of its own, so lists of principals stand for them):
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from kafka.protocol.admin import (
     AlterClientQuotasRequest,
     AlterClientQuotasResponse,
@@ -21,7 +24,11 @@ from kafka.protocol.admin import (
 )
 
 from config.quota_sources import QuotaSources
-from protocol.apis import DecodeError, decode_body
+from protocol.apis import Api, DecodeError, decode_body
+from protocol.headers import RequestHeader
+from protocol.text import printable
+from proxy.decisions import Decision, local_frame
+from proxy.verdicts import Answer, PolicyConnection
 from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
     ENTITY_IP,
@@ -35,20 +42,22 @@ from quotas.entities import (
     validate_quota,
 )
 
+log = logging.getLogger(__name__)
+
 NONE = 0
 CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
 
 
-def _array(items, what: str):
+def _array(items: Any, what: str) -> Any:
     """A non-nullable array of the schema; kafka-python decodes a -1 length as None, which Kafka refuses."""
     if items is None:
         raise DecodeError(f"{what} is a null array")
     return items
 
 
-def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool):
+def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], strict: bool) -> Any:
     """(name or None, rate) of the ip entities the filter selects: a filter naming ip picks from them alone; an
     empty non-strict filter takes them too; any user or client-id component excludes them."""
     if ip_quotas is None:
@@ -69,7 +78,7 @@ def _ip_entries(ip_quotas: IpQuotas | None, components: list[FilterComponent], s
 
 def describe(
     sources: QuotaSources,
-    body,
+    body: bytes | memoryview,
     version: int,
     principal: str,
     describers: frozenset[str],
@@ -123,7 +132,7 @@ def describe(
     )
 
 
-def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
+def _alter_ip(ip_quotas: IpQuotas | None, entry: Any, validate_only: bool) -> None:
     """An entry on an ``ips`` entity (Kafka: it may not be combined with user or client-id)."""
     if ip_quotas is None:
         raise IpQuotaError("ip entities are not handled here")
@@ -141,7 +150,12 @@ def _alter_ip(ip_quotas: IpQuotas | None, entry, validate_only: bool) -> None:
 
 
 def alter(
-    sources: QuotaSources, body, version: int, principal: str, admins: frozenset[str], ip_quotas: IpQuotas | None = None
+    sources: QuotaSources,
+    body: bytes | memoryview,
+    version: int,
+    principal: str,
+    admins: frozenset[str],
+    ip_quotas: IpQuotas | None = None,
 ) -> bytes:
     """The response body for an AlterClientQuotas request body, applying the valid entries (unless
     validate-only) when ``principal`` is an admin. Each entry stands or falls on its own, as in Kafka."""
@@ -175,3 +189,24 @@ def alter(
                 code, message = INVALID_REQUEST, str(exc)
         results.append(entry_cls(error_code=code, error_message=message, entity=wire_entity))
     return bytes(AlterClientQuotasResponse(throttle_time_ms=0, entries=results).encode(version=version))
+
+
+def answer(
+    conn: PolicyConnection,
+    header: RequestHeader,
+    body: memoryview,
+    sources: QuotaSources,
+    admins: frozenset[str],
+    describers: frozenset[str],
+    ip_quotas: IpQuotas,
+) -> Answer[Decision]:
+    """The proxy's answer to a DescribeClientQuotas or AlterClientQuotas request (``body``: the frame after its size
+    prefix); an alteration is logged with who made it."""
+    version = header.api_version
+    principal = conn.identity.principal
+    if header.api_key == Api.DESCRIBE_CLIENT_QUOTAS:
+        reply = describe(sources, body[header.body_offset :], version, principal, describers, ip_quotas)
+    else:
+        reply = alter(sources, body[header.body_offset :], version, principal, admins, ip_quotas)
+        log.info("%s: AlterClientQuotas v%d by %s", conn.peer, version, printable(principal))
+    return Answer(None, local_frame(header, reply))

@@ -16,447 +16,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import struct
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from time import monotonic
-from typing import Any, cast
+from typing import Any
 
-from config.model import ProxyConfig
-from mute import ChannelMute
 from protocol.apis import Api, api_label, api_name
-from protocol.endpoint_apis import ResponseShape, carries_endpoints_tail
+from protocol.endpoint_apis import carries_endpoints_tail
 from protocol.errors import ProtocolError
 from protocol.frames import (
-    INITIAL_RECEIVE_BYTES,
     SMALL_RESPONSE_BYTES,
     FrameError,
-    FrameReader,
-    FrameReceiver,
-    RequestBytesPool,
     StreamHead,
     StreamPiece,
-    _PoolWaiter,
 )
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.inflight import Pending, expects_response
-from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule, PrincipalMapper
-from protocol.session import RAW, Pause, Request, Session
+from protocol.session import RAW, Pause, Request
 from protocol.text import printable
-from proxy.brokers import BrokerDirectory
-from proxy.policy import Decision, Policy, Verdict
-from proxy.responses import AddressEdit, StreamedTail, TopicIds, inspect_response, needs_whole_body
-from proxy.stats import ApiCounters, Stats, Traffic
-from proxy.tls import peer_principal
+from proxy.connection_life import ConnectionLife, Services, error_kind
+from proxy.policy import Decision, Verdict
+from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
+from proxy.stats import ApiCounters
 from proxy.verdicts import Answer, Defer, Replace
-from quotas.connections import Refusal
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Connection", "Services", "error_kind"]
 
 _SIZE = struct.Struct(">i")
 
 
-_ERROR_KINDS = (
-    ("request stream", "bad_frame"),
-    ("malformed", "malformed_request"),
-    ("SASL", "sasl"),
-    ("request timeout", "request_timeout"),
-    ("broker timeout", "broker_timeout"),
-    ("no broker reachable", "broker_unreachable"),
-    ("client certificate refused", "tls"),
-    ("response stream from broker", "bad_response"),
-    ("cannot process response", "bad_response"),
-    ("cannot rewrite broker addresses", "listener"),
-    ("cannot decide", "decide_failed"),
-    ("cannot process a request", "internal"),
-)
+class Connection(ConnectionLife):
+    """Requests in, decided and forwarded; responses out, inspected, charged and rewritten (the life of the
+    connection, its admission, link, pauses, timeouts and closing, is :class:`ConnectionLife`'s)."""
 
-
-def error_kind(reason: str) -> str:
-    """The ``reason`` label of ``ktp_connection_errors_total``: a fixed vocabulary, never client text."""
-    for prefix, kind in _ERROR_KINDS:
-        if reason.startswith(prefix):
-            return kind
-    return "protocol"
-
-
-@dataclass(slots=True)
-class Services:
-    """What a connection uses of the proxy, and nothing more: settings, counters, the policy seat, the shared
-    request pool and broker directory, and the connection limits' admit/release. (Its annotations' classes are
-    imported at run time, not under TYPE_CHECKING: compiled, the dataclass resolves them.)"""
-
-    config: ProxyConfig
-    stats: Stats
-    policy: Policy  # the concrete class: compiled, its methods are called natively (a Protocol is a lookup)
-    request_pool: RequestBytesPool
-    directory: BrokerDirectory
-    topic_ids: TopicIds
-    version_caps: dict[int, int]
-    """A dict: compiled, the session's per-request ``get`` on it is then native."""
-    admit: Callable[[Connection, str], Refusal | None]
-    """A new connection from an ip: None to serve it (counted until ``release``), else why not."""
-    release: Callable[[Connection], None]
-    spoke: Callable[[Connection], Refusal | None]
-    """Its first bytes arrived: None when a broker connection (a second fd) may be made, else why not."""
-    principal_mapper: PrincipalMapper | None = None
-    upstream_ssl: ssl.SSLContext | None = None
-    timeline: list[Any] | None = None
-    """Where the per-request timeline's records go (``proxy.loop_lag``), None when it is off (the default)."""
-
-
-class _Side(asyncio.BaseProtocol):
-    """One socket of a Connection; every event goes straight to the Connection."""
-
-    def __init__(self, conn: Connection, is_client: bool) -> None:
-        self.conn = conn
-        self.is_client = is_client
-        self.transport: Any = None
-        """The asyncio transport (None until connected). ``Any``: uvloop's transports are no subclasses of
-        asyncio's, and a compiled attribute would check the declared class."""
-        self.pauses: set[str] = set()
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        if self.is_client:
-            self.conn.client_connected()
-
-    def eof_received(self) -> bool:
-        self.conn.side_closed(self, eof=True)
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.side_closed(self, eof=False)
-
-    def pause_writing(self) -> None:
-        self.conn.pause(self.conn.other(self), Pause.BACKPRESSURE)
-
-    def resume_writing(self) -> None:
-        self.conn.resume(self.conn.other(self), Pause.BACKPRESSURE)
-
-
-class _ClientSide(_Side, asyncio.Protocol):
-    """The client's socket: requests arrive as chunks (small on consume; see FrameReader)."""
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.requests_received(data)
-
-
-class _UpstreamSide(_Side, asyncio.BufferedProtocol):
-    """The broker's socket once the client has sent a Fetch: responses are read straight into the Connection's
-    receive buffer, and a large one streams on from there without a copy."""
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.conn.response_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.conn.responses_received(nbytes)
-
-
-class _UpstreamChunks(asyncio.Protocol):
-    """The broker's socket until the client's first Fetch: each read arrives as the ``bytes`` the loop made of
-    it. Why: a producer's response is one small read, and as a chunk it is the frame itself, with no buffer
-    callback before the read and no copy out of a buffer after it (uvloop's buffered read and our slicing cost a
-    tenth of a round trip). Every other event is :class:`_UpstreamSide`'s, which keeps the socket's state."""
-
-    def __init__(self, side: _UpstreamSide) -> None:
-        self.side = side
-
-    def connection_made(self, transport: Any) -> None:
-        self.side.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.side.conn.response_chunk(data)
-
-    def eof_received(self) -> bool:
-        return self.side.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.side.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.side.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.side.resume_writing()
-
-
-class Connection:
-    def __init__(self, services: Services, candidates: list[tuple[str, int]], label: str) -> None:
-        self.services = services
-        self.candidates = candidates
-        self.label = label
-        self.client = _ClientSide(self, is_client=True)
-        upstream = _UpstreamSide(self, is_client=False)
-        self.upstream = upstream
-        self.upstream_chunks = _UpstreamChunks(upstream)
-        """What the broker's reads go to until the first Fetch (then ``upstream`` itself: see _buffer_reads)."""
-        self.buffered_reads = False
-        config = services.config
-        max_frame = config.max_frame_bytes
-        # Memory is taken as bytes arrive, never at a size a client merely announced: requests grow with what
-        # was received (large ones reserve from the proxy-wide pool first), responses start in a small buffer.
-        self._requests = FrameReader(max_frame, services.request_pool, config.request_pool_min_bytes)
-        self._responses = FrameReceiver(max_frame, self._may_stream, initial=INITIAL_RECEIVE_BYTES)
-        self._pool_waiter: _PoolWaiter | None = None  # queued for the request pool (protocol.frames.RequestBytesPool)
-        self._tasks: set[asyncio.Task] = set()  # cancelled on close: none outlives its connection
-        self._connecting = False
-        self._admitted = False  # counted by the connection limits until closed (or shed)
-        self._refused_timer: Any = None  # the loop's TimerHandle (uvloop's is its own class)
-        now = monotonic()
-        self.last_active: float = now
-        self._frame_since: float | None = None  # when the incomplete request frame started (while read)
-        self._decided: Counter[tuple[str, bool]] = Counter()  # (api, streamed) of responses spanning reads
-        self.peer = "?"
-        self.upstream_addr: tuple[str, int] | None = None
-        # The ordering state (in flight, held, SASL), sans-IO. The identity: SASL principal once an exchange
-        # succeeds, else the client certificate's mapped name, else ANONYMOUS.
-        self.session = Session(
-            ConnectionIdentity(services.config.sasl.oauthbearer_principal_claim), services.version_caps
-        )
-        self.inflight = self.session.inflight
-        self.identity = self.session.identity  # attributes, not properties: the policy reads them per request
-        self._tail: StreamedTail | None = None  # the streaming response's closing tagged section
-        self._shape = ResponseShape()  # its last untagged Produce/Fetch response: the next alike is not walked
-        self.id = str(services.stats.connections_total)
-        self._api_key = -(1 << 20)  # no int16 api key: see _api_counters
-        self._api = ApiCounters()
-        self.traffic = Traffic()  # since the last decision-log summary of this connection
-        # Every attribute is annotated: compiled (mypyc), an attribute holds only its declared type, and one
-        # inferred from a first ``None`` would refuse what the policy stores later.
-        self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
-        self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
-        self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
-        self._timeline: list[Any] | None = services.timeline  # None unless diagnosing (proxy.loop_lag)
-        self.draining = False
-        self.closed = False
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @property
-    def client_id(self) -> str:
-        return self.session.client_id
-
-    def other(self, side: _Side) -> _Side:
-        return self.upstream if side is self.client else self.client
-
-    # -- reading control ---------------------------------------------------------------------------
-    def pause(self, side: _Side, reason: str) -> None:
-        if not side.pauses and side.transport is not None and not self.closed:
-            side.transport.pause_reading()
-        side.pauses.add(reason)
-
-    def resume(self, side: _Side, reason: str) -> None:
-        side.pauses.discard(reason)
-        if not side.pauses and side.transport is not None and not self.closed:
-            side.transport.resume_reading()
-            if side is self.client and self._frame_since is not None:
-                self._frame_since = monotonic()  # time not read is not the client's slowness
-        if reason == Pause.BACKPRESSURE and side is self.client:
-            self._release_requests()
-
-    def _spawn(self, coro) -> None:
-        """Run ``coro`` on the loop, owned by this connection (kept referenced, cancelled when it closes)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-    def client_connected(self) -> None:
-        transport = self.client.transport
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        ip = str(peer[0]) if peer else "?"
-        refusal = self.services.admit(self, ip)
-        if refusal is not None:  # over a connection limit: never served, closed at once or after the throttle
-            if refusal.close_after_ms > 0:
-                self.pause(self.client, "refused")
-                self._refused_timer = asyncio.get_running_loop().call_later(refusal.close_after_ms / 1000, self.close)
-            else:
-                self.close()
-            return
-        self._admitted = True
-        if self.services.principal_mapper is not None:  # TLS: the handshake is done, the certificate known
-            try:
-                self.identity.tls_principal = peer_principal(
-                    transport.get_extra_info("ssl_object"), self.services.principal_mapper
-                )
-            except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
-                self.close(f"client certificate refused: {exc}")
-                return
-        # The broker connection is made when the client first sends something: a connection that never
-        # speaks costs the proxy its socket only, and the cluster nothing.
-
-    async def _connect_upstream(self) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = self.services.config.upstream.connect_timeout_ms / 1000
-        for host, port in self.candidates:
-            if self.closed:
-                return
-            try:
-                await asyncio.wait_for(
-                    loop.create_connection(self._upstream_protocol, host, port, ssl=self.services.upstream_ssl), timeout
-                )
-            except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-                log.warning(
-                    "%s via %s: cannot reach broker %s:%d (%s)", self.peer, self.label, host, port, exc or "timeout"
-                )
-                continue
-            self.upstream_addr = (host, port)
-            if self.closed:  # the client left while we were connecting
-                self.upstream.transport.close()
-                return
-            early, self._early = self._early, []
-            for data in early:
-                self.requests_received(data)
-            self.resume(self.client, Pause.CONNECTING)
-            return
-        self.close(f"no broker reachable among {self._candidates_text()}")
-
-    def _upstream_protocol(self) -> Any:
-        """What the loop hands the broker's reads to: as chunks until the first Fetch (see _buffer_reads)."""
-        return self.upstream if self.buffered_reads else self.upstream_chunks
-
-    def _candidates_text(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.candidates) or "(unknown broker address)"
-
-    def side_closed(self, side: _Side, eof: bool) -> None:
-        if self.closed:
-            if side is self.upstream and not eof:
-                self._requests.close()  # flushed (or aborted): whatever it still reserved goes back
-            return
-        if side is self.upstream:
-            host, port = self.upstream_addr or ("?", 0)
-            log.info("%s via %s: broker %s:%d closed the connection", self.peer, self.label, host, port)
-        self.close()
-
-    def check_timeouts(self, now: float) -> None:
-        """Called about once a second: close this connection if a request frame has been arriving too long,
-        if the broker sits on the oldest request past its own wait plus the margin, or if it has been idle
-        longer than ``connections_max_idle_ms``; give a grown response buffer back once quiet."""
-        if self.closed:
-            return
-        cfg = self.services.config
-        if (
-            self._frame_since is not None
-            and not self.client.pauses
-            and now - self._frame_since > cfg.request_read_timeout_ms / 1000
-        ):
-            self.close(
-                f"request timeout: a request frame was still incomplete after {cfg.request_read_timeout_ms} "
-                f"ms ({self._requests.held_bytes} bytes received)"
-            )
-            return
-        head = self.inflight.head()
-        if (
-            head is not None
-            and head.local is None
-            and now - head.sent_at > (head.wait_ms + cfg.upstream_timeout_margin_ms) / 1000
-        ):
-            host, port = self.upstream_addr or ("?", 0)
-            what = (
-                "raw SASL token"
-                if head.header is RAW
-                else (f"{api_name(head.header.api_key)} v{head.header.api_version}")
-            )
-            self.close(
-                f"broker timeout: broker {host}:{port} did not answer {what} within "
-                f"{head.wait_ms + cfg.upstream_timeout_margin_ms} ms (its own wait "
-                f"{head.wait_ms} ms + upstream_timeout_margin_ms)"
-            )
-            return
-        quiet = now - self.last_active
-        if (
-            quiet > cfg.connections_max_idle_ms / 1000
-            and not self.inflight
-            and self._requests.idle
-            and not self._responses.streaming
-        ):
-            log.debug(
-                "%s via %s: idle for %d ms; closing (connections_max_idle_ms)", self.peer, self.label, quiet * 1000
-            )
-            self.close()
-            return
-        if (
-            quiet > 5
-            and self.session.held_responses is None
-            and (self.client.transport is None or self.client.transport.get_write_buffer_size() == 0)
-        ):
-            self._responses.shrink()
-
-    def drain(self) -> None:
-        """Stop reading requests; close once every request in flight has been answered."""
-        self.draining = True
-        self.pause(self.client, "draining")
-        if not self.inflight and not self._responses.streaming:  # a streamed response is popped at its head
-            self.close()
-
-    def close(self, reason: str | None = None) -> None:
-        if self.closed:
-            return
-        if reason:
-            log.warning("%s via %s: %s; closing the connection", self.peer, self.label, printable(reason, 500))
-            self.services.stats.connection_errors[error_kind(reason)] += 1
-        self.closed = True
-        self.mute.cancel()
-        if self._admitted:
-            self._admitted = False
-            self.services.release(self)
-        if self._refused_timer is not None:
-            self._refused_timer.cancel()
-        if self._pool_waiter is not None:
-            self.services.request_pool.cancel(self._pool_waiter)
-            self._pool_waiter = None
-        upstream = self.upstream.transport
-        if upstream is None or not upstream.get_write_buffer_size():
-            self._requests.close()
-        # else: the closing transport still holds forwarded frames; their bytes go back to the request pool
-        # when it has flushed them (side_closed, from connection_lost), not before.
-        for task in list(self._tasks):
-            task.cancel()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "%s via %s: closed; %d response receive buffer(s) allocated; responses spanning reads: %s",
-                self.peer,
-                self.label,
-                self._responses.allocations,
-                ", ".join(
-                    f"{api} {'streamed' if s else 'assembled'} ×{n}" for (api, s), n in sorted(self._decided.items())
-                )
-                or "none",
-            )
-        for side in (self.client, self.upstream):
-            if side.transport is not None:
-                side.transport.close()  # flushes what is already written
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def abort(self) -> None:
-        self.close()
-        for side in (self.client, self.upstream):
-            if side.transport is not None:
-                side.transport.abort()
-
-    def shed(self) -> None:
-        """Closed to make room for another address's connection: the limits no longer count it (the caller
-        logs and counts shedding, rate-limited; one line per connection would let a flood flood the log)."""
-        self._admitted = False
-        self.close()
-
-    def idle_for_shedding(self, now: float, min_idle_s: float) -> bool:
-        """Whether closing this connection loses nothing: nothing in flight, in the middle of arriving, or
-        streaming, and no traffic for ``min_idle_s`` (asked only when room must be made, never per request)."""
-        return (
-            not self.closed
-            and not self.inflight
-            and self._requests.idle
-            and not self._responses.streaming
-            and self.session.deferred is None
-            and now - self.last_active >= min_idle_s
-        )
-
-    # -- requests: client → broker -----------------------------------------------------------------
     def requests_received(self, data: bytes) -> None:
         if self.closed or self._refused_timer is not None:
             return
@@ -514,10 +107,10 @@ class Connection:
         if not self.session.holding_requests and Pause.BACKPRESSURE not in self.client.pauses:
             self._requests.release_forwarded()
 
-    def _process_requests(self, frames, now: float) -> None:
+    def _process_requests(self, frames: Any, now: float) -> None:
         """Handle the requests of one read (or those that stopped waiting), in order, until the session says the
         rest wait: then carry that out. ``now``: the clock when the frames were read, or stopped waiting."""
-        out: list = []
+        out: list[Any] = []
         session = self.session
         try:
             for i, frame in enumerate(frames):
@@ -556,7 +149,7 @@ class Connection:
         if self.session.end_hold(Pause.TURN, self.mute.held):
             self._release_deferred()
 
-    def _on_request(self, frame: bytes | bytearray | memoryview, now: float):
+    def _on_request(self, frame: bytes | bytearray | memoryview, now: float) -> Any:
         """Return what to forward for this frame (itself, a replacement), None (answered here), or a Defer."""
         request = self.session.receive(frame, now)
         if type(request) is not Request:
@@ -588,7 +181,7 @@ class Connection:
              monotonic(), what)
         )  # fmt: skip
 
-    def _apply(self, verdict: Verdict, request: Request, now: float):
+    def _apply(self, verdict: Verdict, request: Request, now: float) -> Any:
         """Carry out the policy's verdict: what to write to the broker (the frame), None (answered here) or the
         Defer to start."""
         session = self.session
@@ -610,14 +203,14 @@ class Connection:
         raise TypeError(f"the policy returned a {type(verdict).__name__}, which is no verdict")
 
     def _flush_answers(self, now: float) -> None:
-        out: list = []
+        out: list[Any] = []
         self._release_local(out, now)
         if out:
             self.client.transport.writelines(out)
 
-    async def _decide(self, defer: Defer, frame) -> None:
+    async def _decide(self, defer: Defer[Verdict], frame: bytes) -> None:
         try:
-            verdict = cast(Verdict, await defer.decide())
+            verdict = await defer.decide()
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
             self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}")
             return
@@ -652,7 +245,7 @@ class Connection:
         else:
             self._release_requests()
 
-    def _start_decision(self, defer: Defer, frame: bytes) -> None:
+    def _start_decision(self, defer: Defer[Verdict], frame: bytes) -> None:
         """Decide a deferred request now, or once the mute it asks for (a KIP-936 hold) has run out."""
         if defer.wait_s > 0:
             self.mute.mute_for(defer.wait_s)
@@ -679,11 +272,11 @@ class Connection:
         if self.session.end_hold(Pause.SASL_HANDSHAKE, self.mute.held):
             self._release_deferred()
 
-    def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future:
+    def ask(self, api_key: int, api_version: int, body: bytes) -> asyncio.Future[bytes]:
         """Send a request of the proxy's own on this connection's broker link; the future gets the response
         body (after its header). It is answered in order, like the client's requests, so it sees the cluster
         as the client's next request will."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.upstream.transport.writelines(self.session.own_request(api_key, api_version, body, monotonic(), fut))
         return fut
 
@@ -718,7 +311,7 @@ class Connection:
             self.upstream.transport.set_protocol(self.upstream)  # the loop reads on with the buffered callbacks
 
     def response_chunk(self, data: bytes) -> None:
-        """A read from the broker as ``bytes`` (see _UpstreamChunks). The usual one is exactly one small
+        """A read from the broker as ``bytes`` (see proxy.sockets.UpstreamChunks). The usual one is exactly one small
         response, with nothing pending before it: that is the frame, handed on as it is. Anything else is
         copied into the receive buffer and taken from there, as a buffered read would have been."""
         if self.closed:
@@ -756,10 +349,10 @@ class Connection:
         self.traffic.bytes_out += nbytes
         return now
 
-    def _deliver(self, held: list | None, now: float) -> None:
+    def _deliver(self, held: list[Any] | None, now: float) -> None:
         """Pass on the responses now complete in the receive buffer, or (``held``) ones that waited, in order.
         ``now``: the clock when they were read, or when they stopped waiting."""
-        out: list = []
+        out: list[Any] = []
         session = self.session
         responses = self._responses
         i = 0
@@ -801,12 +394,12 @@ class Connection:
         if self.draining and not self.inflight and session.held_responses is None and not self._responses.streaming:
             self.close()
 
-    def _release_local(self, out: list, now: float) -> None:
+    def _release_local(self, out: list[Any], now: float) -> None:
         """Release the proxy's own answers that have reached the head of the queue."""
         for pending in self.session.ready_answers():
             self._finish(pending, pending.local, out, now)
 
-    def _finish(self, pending: Pending, frame, out: list, now: float, total: int | None = None) -> None:
+    def _finish(self, pending: Pending, frame: Any, out: list[Any], now: float, total: int | None = None) -> None:
         """Last stop of every response, whole or the head of a streamed one (``total``: its full length): the
         policy may raise throttle_time_ms and mute the client."""
         if self._timeline is not None:
@@ -831,7 +424,7 @@ class Connection:
         counters.latency_sum += now - pending.sent_at
         counters.latency_count += 1
 
-    def _on_response(self, frame, out: list, now: float) -> None:
+    def _on_response(self, frame: Any, out: list[Any], now: float) -> None:
         self._release_local(out, now)
         session = self.session
         if type(frame) is StreamHead:
@@ -841,7 +434,7 @@ class Connection:
             self._count_latency(pending, now)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
-                pieces: list = []
+                pieces: list[Any] = []
                 self._finish(pending, frame.data, pieces, now, frame.total)
                 body_start = 4 + response_body_offset(frame.data[4:], key, version)
                 self._tail = StreamedTail(key, version, body_start, self.services.directory)
@@ -904,7 +497,7 @@ class Connection:
         if missing:
             self._spawn(self._learn(missing))
 
-    async def _learn(self, endpoints) -> None:
+    async def _learn(self, endpoints: Any) -> None:
         try:
             await self.services.directory.learn(endpoints)
         except Exception as exc:  # noqa: BLE001 - e.g. no free port; the next Metadata tries again
@@ -919,7 +512,7 @@ class Connection:
             return
         if self.closed:
             return
-        out: list = []
+        out: list[Any] = []
         now = monotonic()
         self._finish(pending, _SIZE.pack(len(rendered)) + rendered, out, now)
         self._release_local(out, now)

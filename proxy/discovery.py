@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from ssl import SSLContext
+from typing import Any
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
@@ -21,7 +23,7 @@ _VERSION = 4  # the oldest Metadata Kafka 4.x still answers; not flexible, so tr
 
 
 async def discover_brokers(
-    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl=None
+    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl: SSLContext | None = None
 ) -> list[BrokerEndpoint] | None:
     for host, port in addresses:
         try:
@@ -31,7 +33,15 @@ async def discover_brokers(
     return None
 
 
-async def ask_once(host: str, port: int, request, response_cls, version: int, max_frame_bytes: int, ssl=None):
+async def ask_once(
+    host: str,
+    port: int,
+    request: Any,
+    response_cls: Any,
+    version: int,
+    max_frame_bytes: int,
+    ssl: SSLContext | None = None,
+) -> Any:
     """One request on a connection of the proxy's own, its decoded response, and the connection closed.
 
     For the few things the proxy asks the cluster outside any client's connection (startup discovery,
@@ -48,7 +58,7 @@ async def ask_once(host: str, port: int, request, response_cls, version: int, ma
         writer.close()
 
 
-async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> list[BrokerEndpoint]:
+async def _ask(host: str, port: int, max_frame_bytes: int, ssl: SSLContext | None = None) -> list[BrokerEndpoint]:
     request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
     resp = await ask_once(host, port, request, MetadataResponse, _VERSION, max_frame_bytes, ssl)
     return [BrokerEndpoint(b.node_id, b.host, b.port, b.rack) for b in resp.brokers]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from ssl import SSLContext
 
 from kafka.protocol.admin import DescribeClientQuotasRequest, DescribeClientQuotasResponse
 
@@ -21,7 +22,7 @@ _VERSION = 0
 
 
 async def fetch_cluster_quotas(
-    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl=None
+    addresses: list[tuple[str, int]], timeout: float, max_frame_bytes: int, ssl: SSLContext | None = None
 ) -> dict[QuotaEntity, dict[str, float]]:
     errors = []
     for host, port in addresses:
@@ -32,7 +33,9 @@ async def fetch_cluster_quotas(
     raise ConnectionError("cannot read the cluster's client quotas (" + "; ".join(errors) + ")")
 
 
-async def _ask(host: str, port: int, max_frame_bytes: int, ssl=None) -> dict[QuotaEntity, dict[str, float]]:
+async def _ask(
+    host: str, port: int, max_frame_bytes: int, ssl: SSLContext | None = None
+) -> dict[QuotaEntity, dict[str, float]]:
     request = DescribeClientQuotasRequest(components=[], strict=False)
     resp = await ask_once(host, port, request, DescribeClientQuotasResponse, _VERSION, max_frame_bytes, ssl)
     if resp.error_code != 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.addresses import (
     AddressedResponse,
@@ -97,7 +98,7 @@ class StreamedTail:
         self._directory = directory
         self.missing: list[BrokerEndpoint] = []
 
-    def pass_on(self, pieces, last: bool, out: list) -> None:
+    def pass_on(self, pieces: Any, last: bool, out: list[Any]) -> None:
         """Append to ``out`` what of ``pieces`` (consecutive bytes of the frame) may go on now; with
         ``last``, the frame is complete and the held section goes too. Raises ValueError for a frame
         that ends before its tagged section or whose section does not parse."""

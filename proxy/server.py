@@ -8,6 +8,7 @@ import logging
 import resource
 import time
 from collections.abc import Hashable
+from typing import Any
 
 from config.load import ConfigError
 from config.model import ProxyConfig
@@ -22,12 +23,14 @@ from protocol.topic_guard import GUARDED_APIS
 from proxy import metrics
 from proxy.brokers import BrokerDirectory, NoBrokerPort
 from proxy.connection import Connection, Services
+from proxy.connection_life import ConnectionLife
 from proxy.discovery import discover_brokers
 from proxy.fleet_member import FleetSync
 from proxy.loop_lag import LoopLag
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
 from proxy.responses import TopicIds
+from proxy.sockets import ClientSide
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
@@ -131,7 +134,7 @@ class Proxy:
         self._servers: dict[int | None, asyncio.Server] = {}
         self._bootstrap_rr = itertools.count()
         self._closing = False
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self.fleet: FleetSync | None = None
 
     def _metrics_port(self) -> int:
@@ -141,7 +144,7 @@ class Proxy:
 
     @property
     def bootstrap_port(self) -> int:
-        return self._servers[None].sockets[0].getsockname()[1]
+        return int(self._servers[None].sockets[0].getsockname()[1])
 
     @property
     def bootstrap_address(self) -> str:
@@ -270,7 +273,7 @@ class Proxy:
         q.max_creation_rate = lim.max_connection_creation_rate
         q.ip_rate = self.policy.ip_quotas.rate
 
-    def admit_connection(self, conn: Connection, ip: str) -> Refusal | None:
+    def admit_connection(self, conn: ConnectionLife, ip: str) -> Refusal | None:
         """A new client connection from ``ip``: None to serve it (closing what was shed to make room), else why
         not (counted, and logged at most once per reason every 10 s with the number refused meanwhile, so a
         flood cannot flood the log)."""
@@ -280,7 +283,7 @@ class Proxy:
             self._refused(ip, refusal)
         return refusal
 
-    def connection_spoke(self, conn: Connection) -> Refusal | None:
+    def connection_spoke(self, conn: ConnectionLife) -> Refusal | None:
         """``conn`` sent its first bytes: None if its broker connection may take a file descriptor."""
         refusal = self.connection_quotas.spoke(conn, round(time.monotonic() * 1000))
         self._close_shed()
@@ -299,7 +302,7 @@ class Proxy:
         """Close the connections the limits shed to make room: counted by kind, logged at most once per kind
         every 10 s with the number shed meanwhile."""
         for shed in self.connection_quotas.take_shed():
-            if isinstance(shed.key, Connection):  # always, here: the keys are the connections admitted
+            if isinstance(shed.key, ConnectionLife):  # always, here: the keys are the connections admitted
                 shed.key.shed()
             self.stats.connections_shed[shed.kind] += 1
             since = _line_due(self._sheds, shed.kind)
@@ -357,9 +360,9 @@ class Proxy:
             ssl=self.listen_ssl,
         )
         self._servers[node_id] = server
-        return server.sockets[0].getsockname()[1]
+        return int(server.sockets[0].getsockname()[1])
 
-    def _accept(self, node_id: int | None):
+    def _accept(self, node_id: int | None) -> ClientSide:
         """A new client socket: pair it with an upstream connection (made by the Connection)."""
         if node_id is None:
             addrs = self.config.upstream.addresses()

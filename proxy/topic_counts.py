@@ -75,7 +75,7 @@ class RecentTopics:
         """What is known of a topic named ``key`` (a name, or an id), unless it expired."""
         if key is None:
             return None
-        table: dict = self._by_id if isinstance(key, uuid.UUID) else self._by_name
+        table: dict[Any, Known] = self._by_id if isinstance(key, uuid.UUID) else self._by_name
         known = table.get(key)
         if known is None:
             return None
@@ -94,6 +94,6 @@ class RecentTopics:
                 del table[key]
 
 
-def _trim(table: dict, limit: int) -> None:
+def _trim(table: dict[Any, Known], limit: int) -> None:
     while len(table) > limit:
         del table[next(iter(table))]

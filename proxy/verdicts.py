@@ -14,20 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.stats import Traffic
 
+V = TypeVar("V")
+"""What a deferred decision gives (``proxy.decisions.Verdict``: typed there, where the policy's Decision is)."""
+D = TypeVar("D")
+"""The policy's decision carried to the response (``proxy.decisions.Decision``)."""
+
 
 @dataclass(slots=True)
-class Defer:
+class Defer(Generic[V]):
     """The policy needs to ask the cluster, or to wait, before it can decide: the request, and every request
     after it on this connection, wait (unread, in order) until the awaitable that ``decide()`` returns gives
     the verdict. ``decide`` is a function, not an awaitable: the connection starts it when it is ready, after
     ``wait_s`` seconds during which the connection is muted (a KIP-936 hold)."""
 
-    decide: Callable[[], Awaitable[object]]
-    """Gives a ``proxy.policy.Verdict`` (typed there: the policy's own Decision is one of them)."""
+    decide: Callable[[], Awaitable[V]]
+    """Gives the verdict (``proxy.decisions.Verdict``)."""
     wait_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -36,20 +41,21 @@ class Defer:
 
 
 @dataclass(slots=True)
-class Replace:
+class Replace(Generic[D]):
     """Forward ``frame`` (a whole request frame, size prefix included) instead of the client's. ``whole``: the
     policy will rewrite the response past its leading bytes (a KIP-599 merge), so it is never streamed."""
 
-    decision: Any
+    decision: D
     frame: bytes
     whole: bool = False
 
 
 @dataclass(slots=True)
-class Answer:
+class Answer(Generic[D]):
     """The proxy answers this request itself with ``frame``; the cluster never sees the request."""
 
-    decision: Any
+    decision: D | None
+    """None: no quota decision follows it to the response (a refusal, a quota API's answer)."""
     frame: bytes
 
 

@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+from typing import Any
 
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
@@ -82,13 +83,13 @@ class Reloader:
     """Re-reads the configuration on SIGHUP and when the file changes (polled: works on every filesystem and
     in containers with a bind-mounted file). A bad file is refused by field; the running config stays."""
 
-    def __init__(self, proxy, args: argparse.Namespace, interval_s: float = 1.0) -> None:
+    def __init__(self, proxy: Any, args: argparse.Namespace, interval_s: float = 1.0) -> None:
         self.proxy = proxy
         self.args = args
         self.interval_s = interval_s
         self._stamp = self._file_stamp()
 
-    def _file_stamp(self):
+    def _file_stamp(self) -> tuple[int, int, int] | None:
         path = self.args.config
         if not path:
             return None

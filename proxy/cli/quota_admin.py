@@ -24,7 +24,7 @@ import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kafka.errors import for_code
 from kafka.net.sasl import get_sasl_mechanism
@@ -77,7 +77,13 @@ class _EntitySpec(argparse.Action):
     """kafka-configs' ``--entity-type T --entity-name N`` / ``--entity-default``, paired in the order given (so
     ``--entity-type users --entity-name alice --entity-type clients --entity-default`` names one entity)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         spec = list(getattr(namespace, "entity_spec", None) or [])
         spec.append((self.const, values))
         namespace.entity_spec = spec
@@ -142,11 +148,11 @@ def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
 class _Parser(argparse.ArgumentParser):
     """A wrong option is one line (argparse's own message, naming the option) and exit 2, not a screen of usage."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Any) -> None:
     q = sub.add_parser(
         "quotas",
         help="describe, alter or delete quotas through a running proxy (like kafka-configs)",
@@ -470,7 +476,7 @@ class _Connection:
             await self._authenticate()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.writer.close()
 
     @property
@@ -481,7 +487,7 @@ class _Connection:
             return ""
         return " (this tool is ANONYMOUS there: no SASL user, no client certificate)"
 
-    async def ask(self, request, response_cls, version: int):
+    async def ask(self, request: Any, response_cls: Any, version: int) -> Any:
         """Send one request and return its decoded response (frames bounded like every frame the proxy reads)."""
         self._correlation += 1
         request.API_VERSION = version
@@ -526,7 +532,7 @@ class _Connection:
 # ---- the verbs ---------------------------------------------------------------------------------------------
 
 
-def _shown(entity) -> str:
+def _shown(entity: Any) -> str:
     """An entity as kafka-configs writes it (``user-principal 'alice', the default client-id``)."""
     return _shown_pairs([(e.entity_type, e.entity_name) for e in entity])
 
@@ -544,7 +550,7 @@ def _error(code: int, message: str | None) -> str:
     return f"{name} ({code}): {message}" if message else f"{name} ({code})"
 
 
-async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None]]):
+async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None]]) -> Any:
     C = DescribeClientQuotasRequest.ComponentData
     # No entity named: no filter component and not strict, which matches every entity.
     components = [C(entity_type=t, match_type=_MATCH_DEFAULT if n is None else _MATCH_EXACT, match=n) for t, n in named]
@@ -570,7 +576,7 @@ def _keys(text: str) -> list[str]:
     return [k.strip() for k in text.split(",") if k.strip()]
 
 
-async def _send_alter(conn: _Connection, entity: list[tuple[str, str | None]], ops: list) -> int:
+async def _send_alter(conn: _Connection, entity: list[tuple[str, str | None]], ops: list[Any]) -> int:
     E = AlterClientQuotasRequest.EntryData
     req = AlterClientQuotasRequest(
         entries=[E(entity=[E.EntityData(entity_type=t, entity_name=n) for t, n in entity], ops=ops)],
@@ -595,7 +601,7 @@ def _named_entity(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return entity
 
 
-def _alter_ops(args: argparse.Namespace) -> list:
+def _alter_ops(args: argparse.Namespace) -> list[Any]:
     """The AlterClientQuotas ops of ``alter``, checked before any connection is made."""
     op = AlterClientQuotasRequest.EntryData.OpData
     ops = []

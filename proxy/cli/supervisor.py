@@ -44,7 +44,7 @@ def worker_index() -> int | None:
 @dataclass
 class _Worker:
     index: int
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     backoff: float = RESTART_BACKOFF_S[0]
     restart_at: float | None = None

@@ -17,10 +17,11 @@ from protocol.api_versions import decode_caps
 from protocol.frames import RequestBytesPool
 from protocol.headers import encode_response_header
 from proxy.brokers import BrokerDirectory
-from proxy.connection import Connection, Services, _ClientSide, _UpstreamSide
+from proxy.connection import Connection, Services
 from proxy.policy import Policy
 from proxy.responses import TopicIds
 from proxy.server import DECODED_APIS
+from proxy.sockets import ClientSide, UpstreamSide
 from proxy.stats import Stats
 
 _SIZE = struct.Struct(">i")
@@ -139,7 +140,7 @@ class ConnectionRig:
         )
         self.conn = Connection(services, [("127.0.0.1", 9)], "broker 1")
         client_side, upstream_side = self.conn.client, self.conn.upstream
-        assert isinstance(client_side, _ClientSide) and isinstance(upstream_side, _UpstreamSide)  # typed _Side there
+        assert isinstance(client_side, ClientSide) and isinstance(upstream_side, UpstreamSide)  # typed _Side there
         self.client_side = client_side
         """The connection's client socket protocol (``conn.client``), as the loop sees it: its reads as bytes."""
         self.upstream_side = upstream_side
