@@ -77,7 +77,7 @@ from quotas.kinds import (
     charged_at,
     has_response_term,
     keys_of,
-    thread_percent,
+    request_percent,
 )
 from quotas.manager import Bound, QuotaManager, Windows
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
@@ -609,7 +609,14 @@ class Policy:
                 a = float(size)
             elif how == "thread_time":  # request_percentage, decided here: a broker reads nothing behind a throttled
                 # request. The response-size term: the last answer of this API on this connection (one charge).
-                a = thread_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0)
+                a = request_percent(
+                    key,
+                    frame,
+                    header.body_offset,
+                    header.api_version,
+                    size,
+                    st.last_out.get(key, 0) if b.out_term else 0,
+                )
             else:
                 a = amount_from(how, request_bytes=size, api_key=key)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
