@@ -17,9 +17,12 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Final, Literal
 
+from protocol.errors import ProtocolError
+from protocol.varint import read_uvarint
 from quotas.rate import request_time_to_percent
 
-# Kafka API keys this catalogue speaks of (protocol/apis.py names them all; quotas/ does not import protocol/).
+# Kafka API keys this catalogue speaks of (protocol/apis.py names them all; of protocol/, quotas/ imports only
+# the leaf protocol.varint).
 PRODUCE: Final = 0
 FETCH: Final = 1
 JOIN_GROUP: Final = 11
@@ -223,19 +226,11 @@ _ACKS_ALL_PERCENT: float = request_time_to_percent(PRODUCE_ACKS_ALL_MS)
 def produce_acks(frame: bytes | bytearray | memoryview, at: int, api_version: int) -> int:
     """The ``acks`` of a Produce whose body starts at ``frame[at]`` (after the (nullable) transactional id from v3,
     a compact string from v9); 1 when the frame is too short to hold it (the protocol layer reports that, not the
-    quota). Here, not protocol.inflight.produce_acks: quotas/ does not import protocol/, and this one takes the
-    two header fields it needs."""
+    quota). Not protocol.inflight.produce_acks, which takes a RequestHeader: quotas/ imports no more of protocol/
+    than its leaf protocol.varint."""
     try:
         if api_version >= 9:  # compact nullable string: unsigned varint of length + 1 (0: null)
-            n = 0
-            shift = 0
-            while True:
-                b = frame[at]
-                at += 1
-                n |= (b & 0x7F) << shift
-                if b < 0x80:
-                    break
-                shift += 7
+            n, at = read_uvarint(frame, at)
             if n > 1:
                 at += n - 1
         elif api_version >= 3:  # int16 length, -1: null
@@ -245,7 +240,7 @@ def produce_acks(frame: bytes | bytearray | memoryview, at: int, api_version: in
             return 1
         v = frame[at] << 8 | frame[at + 1]
         return v - 0x10000 if v >= 0x8000 else v
-    except IndexError:
+    except (IndexError, ProtocolError):
         return 1
 
 
@@ -265,18 +260,6 @@ def request_percent(
     if api_key == PRODUCE and body_offset is not None and produce_acks(frame, 4 + body_offset, api_version) == -1:
         a += _ACKS_ALL_PERCENT
     return a
-
-
-def request_ms(
-    api_key: int,
-    frame: bytes | bytearray | memoryview,
-    body_offset: int | None,
-    api_version: int,
-    request_bytes: int,
-    last_response_bytes: int,
-) -> float:
-    """:func:`request_percent` in ms of thread time (reports and tests)."""
-    return request_percent(api_key, frame, body_offset, api_version, request_bytes, last_response_bytes) * 10
 
 
 def has_response_term(api_key: int) -> bool:

@@ -42,7 +42,7 @@ from quotas.kinds import (
     THREAD_COST_MS,
     has_response_term,
     keys_of,
-    request_ms,
+    request_percent,
     thread_ms,
     thread_percent,
 )
@@ -221,10 +221,10 @@ def _round_trip(policy, conn, clock, header, request, body: bytes, upstream_s: f
 
 
 def _expected(header, request, body: bytes | None) -> float:
-    """quotas.kinds.request_ms for that round trip, in percent-seconds of one thread: ``body`` is the previous
+    """quotas.kinds.request_percent for that round trip, in percent-seconds of one thread: ``body`` is the previous
     answer of that API on the connection (None: the first), whose size the estimate's response term takes."""
     response = len(_response_frame(header, body)) - 4 if body is not None else 0
-    return request_ms(header.api_key, request, header.body_offset, header.api_version, len(request) - 4, response) / 10
+    return request_percent(header.api_key, request, header.body_offset, header.api_version, len(request) - 4, response)
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.2, 5.0])
