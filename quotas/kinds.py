@@ -17,12 +17,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Final, Literal
 
-from protocol.errors import ProtocolError
-from protocol.varint import read_uvarint
 from quotas.rate import request_time_to_percent
 
-# Kafka API keys this catalogue speaks of (protocol/apis.py names them all; of protocol/, quotas/ imports only
-# the leaf protocol.varint).
+# Kafka API keys this catalogue speaks of (protocol/apis.py names them all; quotas/ does not import protocol/).
 PRODUCE: Final = 0
 FETCH: Final = 1
 JOIN_GROUP: Final = 11
@@ -226,17 +223,20 @@ _ACKS_ALL_PERCENT: Final = request_time_to_percent(PRODUCE_ACKS_ALL_MS)
 def produce_acks(frame: bytes, at: int, api_version: int) -> int:
     """The ``acks`` of a Produce whose body starts at ``frame[at]`` (after the (nullable) transactional id from v3,
     a compact string from v9); 1 when the frame is too short to hold it (the protocol layer reports that, not the
-    quota). Not protocol.inflight.produce_acks, which takes a RequestHeader: quotas/ imports no more of protocol/
-    than its leaf protocol.varint. ``bytes`` only: mypyc indexes it natively, where a union of buffer types cost
-    ~1,300 instructions a Produce (callgrind)."""
+    quota). Not protocol.inflight.produce_acks: quotas/ imports nothing of protocol/ (tests/unit/test_layers.py).
+    ``bytes`` only: mypyc indexes it natively, where a union of buffer types cost more (callgrind)."""
     end = len(frame)
     try:
         if api_version >= 9:  # compact nullable string: unsigned varint of length + 1 (0: null)
             n = frame[at]
             if n < 0x80:  # a transactional id under 127 bytes, or none: one byte
                 at += 1
-            else:
-                n, at = read_uvarint(frame, at)
+            else:  # two bytes: an id under 16 KiB; a longer one is read as no acks=all
+                b = frame[at + 1]
+                if b >= 0x80:
+                    return 1
+                n = (n & 0x7F) | b << 7
+                at += 2
             if n > 1:
                 at += n - 1
         elif api_version >= 3:  # int16 length, -1: null
@@ -246,7 +246,7 @@ def produce_acks(frame: bytes, at: int, api_version: int) -> int:
             return 1
         v = frame[at] << 8 | frame[at + 1]
         return v - 0x10000 if v >= 0x8000 else v
-    except (IndexError, ProtocolError):
+    except IndexError:
         return 1
 
 
