@@ -54,12 +54,33 @@ MAX_OF_PROXY = 0.4
 
 
 # ------------------------------------------------------------------------------------------ client side
+def _with_rx(cb, rx: list):
+    """``cb`` (a librdkafka stats_cb), also appending (monotonic s, responses, response bytes) from broker 1: the
+    mean response size a consumer got, which Fetch's estimate is charged from (docs/quotas.md)."""
+
+    def both(text: str) -> None:
+        cb(text)
+        for b in json.loads(text).get("brokers", {}).values():
+            if b.get("nodeid") == 1:
+                rx.append((time.monotonic(), b.get("rx", 0), b.get("rxbytes", 0)))
+
+    return both
+
+
+def _mean_response(rx: list, start: float, end: float) -> float:
+    inside = [s for s in rx if start <= s[0] <= end]
+    if len(inside) < 2 or inside[-1][1] == inside[0][1]:
+        return 0.0
+    return (inside[-1][2] - inside[0][2]) / (inside[-1][1] - inside[0][1])
+
+
 def rdk_consumers(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, **conf) -> dict:
     """Two librdkafka consumers of one group (same client id), each polling in its own thread."""
     from confluent_kafka import Consumer
 
     group = f"{client_id}-{uuid.uuid4().hex[:6]}"
     lists: list[list] = [[], []]
+    rxs: list[list] = [[], []]
     start = time.monotonic()
     end = start + warm + seconds
     stop_at = end + 1.5
@@ -73,7 +94,7 @@ def rdk_consumers(bootstrap: str, topic: str, client_id: str, warm: float, secon
                 "auto.offset.reset": "latest",
                 "enable.auto.commit": False,
                 "statistics.interval.ms": 1000,
-                "stats_cb": request_stats("Fetch", lists[i]),
+                "stats_cb": _with_rx(request_stats("Fetch", lists[i]), rxs[i]),
                 **conf,
             }
         )
@@ -96,6 +117,7 @@ def rdk_consumers(bootstrap: str, topic: str, client_id: str, warm: float, secon
         "p50": statistics.median([x["p50"] for x in (a, b)]),
         "p99": max(a["p99"], b["p99"]),
         "max": max(a["max"], b["max"]),
+        "response_bytes": statistics.mean(_mean_response(x, start + warm, end + 0.5) for x in rxs),
     }
 
 
@@ -119,6 +141,7 @@ def rdk_tail(bootstrap: str, topic: str, client_id: str, warm: float, seconds: f
         p.flush(5)
 
     samples: list = []
+    rx: list = []
     c = Consumer(
         {
             "bootstrap.servers": bootstrap.split("|")[0],
@@ -127,7 +150,7 @@ def rdk_tail(bootstrap: str, topic: str, client_id: str, warm: float, seconds: f
             "auto.offset.reset": "latest",
             "enable.auto.commit": False,
             "statistics.interval.ms": 1000,
-            "stats_cb": request_stats("Fetch", samples),
+            "stats_cb": _with_rx(request_stats("Fetch", samples), rx),
         }
     )
     c.subscribe([topic])
@@ -142,7 +165,10 @@ def rdk_tail(bootstrap: str, topic: str, client_id: str, warm: float, seconds: f
         stop.set()
         feeder.join()
         c.close()
-    return request_rate(samples, start + warm, end + 0.5)
+    return {
+        **request_rate(samples, start + warm, end + 0.5),
+        "response_bytes": _mean_response(rx, start + warm, end + 0.5),
+    }
 
 
 def list_offsets_loop(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float) -> dict:

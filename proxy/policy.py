@@ -42,7 +42,7 @@ from mute import KeyedHolds
 from protocol import throttle_field
 from protocol.apis import Api
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.inflight import Pending
+from protocol.inflight import Pending, produce_acks
 from protocol.request_fields import is_replica_fetch
 from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
@@ -59,7 +59,7 @@ from proxy.verdicts import Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.entities import QuotaStore
 from quotas.fleet_reports import FleetLedger
-from quotas.kinds import amount_from, thread_percent
+from quotas.kinds import amount_from, request_percent
 from quotas.manager import QuotaManager, Windows
 from quotas.plans import BoundPlan, Plan, Plans, bind
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
@@ -257,8 +257,11 @@ class Policy:
             if how == "request_bytes":
                 a = float(size)
             elif how == "thread_time":  # request_percentage, decided here: a broker reads nothing behind a throttled
-                # request. The response-size term: the last answer of this API on this connection (one charge).
-                a = thread_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0)
+                # request. The response-size term: the last answer of this API on this connection (one charge); a
+                # Produce with acks=-1 costs its followers' delayed Fetch completions (the frame was read whole and
+                # its acks already parsed once by the session, so this read cannot fail).
+                acks_all = key == Api.PRODUCE and produce_acks(frame, header, 4) == -1
+                a = request_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0, acks_all)
             else:
                 a = amount_from(how, request_bytes=size, api_key=key)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))

@@ -148,13 +148,14 @@ HEARTBEAT: Final = 12
 # request-time sensor counts thread time only, which on the calibration machine was a third to a quarter of the
 # upstream round trip (queues, the loopback hop, the proxy's own reads) and none of a Produce acks=all or a Fetch
 # max_wait, so wall time over-charged quick APIs by 3-4x and charged nothing where the issue's flooders live.
-# The bases were calibrated against the brokers' own enforcement (bench/request_quota.py: charge per request =
-# P% x 1 s / the rate a broker allowed under P); the per-KiB terms are not calibrated (docs/quotas.md says how
-# far they can be off). Fetch's response bytes are mostly record data sent by sendfile: cheap per KiB.
+# The bases of Produce, Fetch and ListOffsets were calibrated against the brokers' own enforcement
+# (bench/request_quota.py: charge per request = 0.8 x P% x 1 s / the rate a broker allowed under P; BENCHMARKS.md
+# runs 4-6); the per-KiB terms are not, except Fetch's first KiB (FETCH_HEAD_*). Fetch's response bytes beyond
+# those are mostly record data sent by sendfile: cheap per KiB.
 THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
-    PRODUCE:          (0.013, 0.003, 0.0),
-    FETCH:            (0.020, 0.002, 0.0005),
-    LIST_OFFSETS:     (0.031, 0.002, 0.002),
+    PRODUCE:          (0.016, 0.003, 0.0),
+    FETCH:            (0.012, 0.002, 0.0005),
+    LIST_OFFSETS:     (0.044, 0.002, 0.002),
     METADATA:         (0.025, 0.002, 0.005),
     OFFSET_COMMIT:    (0.030, 0.002, 0.002),
     OFFSET_FETCH:     (0.025, 0.002, 0.002),
@@ -164,6 +165,19 @@ THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
     SYNC_GROUP:       (0.030, 0.002, 0.002),
 }
 # fmt: on
+FETCH_HEAD_BYTES: Final = 1024
+FETCH_HEAD_MS_PER_KIB: Final = 0.1
+"""A Fetch's response term is steep over its first :data:`FETCH_HEAD_BYTES` (on top of the row's ``out``): a
+broker charged a tailing consumer's Fetch that returns a few record batches ~0.08 ms against ~0.02 ms an empty one
+(BENCHMARKS.md, run 4), the cost of finding and reading the data at all (index lookup, batch headers scanned from
+the index position, the network thread's send), which does not keep growing with a large answer's bytes."""
+PRODUCE_ACKS_ALL_MS: Final = 0.12
+"""Added to an acks=-1 Produce. A broker completes, on the producer's request thread, the delayed Fetch of each
+follower the append unblocked (ReplicaManager.addCompletePurgatoryAction, run by KafkaApis.handle's
+tryCompleteActions before the request's thread time is stamped): ~0.08 ms a librdkafka acks=all Produce to an RF-2
+partition against ~0.02 at RF 1 (BENCHMARKS.md, run 4). The proxy does not know a partition's followers; a
+producer asking acks=all almost always has some. (acks=1 to a replicated partition costs the same and is not
+charged it; docs/quotas.md.)"""
 DEFAULT_THREAD_COST_MS: tuple[float, float, float] = (0.030, 0.002, 0.005)
 """Any API :data:`THREAD_COST_MS` does not name (admin APIs, transactions, ...): not calibrated. Not Final, nor
 ``_DEFAULT_PERCENT``: mypyc left a Final tuple of floats unset ("value for final name was not set")."""
@@ -186,14 +200,35 @@ def thread_ms(api_key: int, request_bytes: int, response_bytes: int) -> float:
     per KiB of request and of response. O(1) from figures the proxy has at the response; no clock read, so a
     wait (acks=all, max_wait, a rebalance) is never charged and the log replays it exactly."""
     c = THREAD_COST_MS.get(api_key, DEFAULT_THREAD_COST_MS)
-    return c[0] + (c[1] * request_bytes + c[2] * response_bytes) / 1024
+    ms = c[0] + (c[1] * request_bytes + c[2] * response_bytes) / 1024
+    if api_key == FETCH:
+        ms += FETCH_HEAD_MS_PER_KIB * min(response_bytes, FETCH_HEAD_BYTES) / 1024
+    return ms
 
 
 def thread_percent(api_key: int, request_bytes: int, response_bytes: int) -> float:
     """:func:`thread_ms` in percent-seconds of one thread (:func:`quotas.rate.request_time_to_percent`): what
     ``request_percentage`` records for one request. The policy calls it once a response."""
     c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
-    return c[0] + c[1] * request_bytes + c[2] * response_bytes
+    a = c[0] + c[1] * request_bytes + c[2] * response_bytes
+    if api_key == FETCH:
+        a += _FETCH_HEAD_PERCENT * (response_bytes if response_bytes < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
+    return a
+
+
+_FETCH_HEAD_PERCENT: Final = request_time_to_percent(FETCH_HEAD_MS_PER_KIB / 1024)
+_ACKS_ALL_PERCENT: Final = request_time_to_percent(PRODUCE_ACKS_ALL_MS)
+
+
+def request_percent(api_key: int, request_bytes: int, last_response_bytes: int, acks_all: bool = False) -> float:
+    """What ``request_percentage`` records for one request when it arrives (percent-seconds of one thread):
+    :func:`thread_percent` of its size and of the last response of that API on the connection, plus
+    :data:`PRODUCE_ACKS_ALL_MS` for a Produce with acks=-1 (``acks_all``: the policy reads acks through
+    ``protocol.inflight.produce_acks``; quotas/ reads no wire). The one function the policy calls for this kind."""
+    a = thread_percent(api_key, request_bytes, last_response_bytes)
+    if acks_all:
+        a += _ACKS_ALL_PERCENT
+    return a
 
 
 def has_response_term(api_key: int) -> bool:

@@ -20,8 +20,9 @@ from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
+from protocol.apis import Api
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
-from protocol.inflight import Pending
+from protocol.inflight import Pending, produce_acks
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Defer, Replace
@@ -32,6 +33,8 @@ from quotas.kinds import (
     CONTROLLER_MUTATION_RATE,
     DEFAULT_THREAD_COST_MS,
     FETCH,
+    FETCH_HEAD_BYTES,
+    FETCH_HEAD_MS_PER_KIB,
     KINDS,
     LIST_OFFSETS,
     PRODUCE,
@@ -40,6 +43,7 @@ from quotas.kinds import (
     THREAD_COST_MS,
     has_response_term,
     keys_of,
+    request_percent,
     thread_ms,
     thread_percent,
 )
@@ -218,10 +222,11 @@ def _round_trip(policy, conn, clock, header, request, body: bytes, upstream_s: f
 
 
 def _expected(header, request, body: bytes | None) -> float:
-    """quotas.kinds.thread_ms for that round trip, in percent-seconds of one thread: ``body`` is the previous
+    """quotas.kinds.request_percent for that round trip, in percent-seconds of one thread: ``body`` is the previous
     answer of that API on the connection (None: the first), whose size the estimate's response term takes."""
     response = len(_response_frame(header, body)) - 4 if body is not None else 0
-    return thread_ms(header.api_key, len(request) - 4, response) / 10
+    acks_all = header.api_key == Api.PRODUCE and produce_acks(request, header, 4) == -1
+    return request_percent(header.api_key, len(request) - 4, response, acks_all)
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.2, 5.0])
@@ -267,12 +272,14 @@ def test_produce_with_acks_all_is_charged_its_work_not_the_replication_wait():
 
 
 def test_thread_time_per_api_base_and_byte_terms():
-    """The estimate's shape: a fixed cost per API, then linear in request and response KiB; unlisted APIs use
-    the default row; no term is negative and none depends on time."""
+    """The estimate's shape: a fixed cost per API, then linear in request and response KiB (Fetch steeper over
+    its response's first FETCH_HEAD_BYTES); unlisted APIs use the default row; no term is negative and none
+    depends on time."""
     for key, (base, per_in, per_out) in {**THREAD_COST_MS, 999: DEFAULT_THREAD_COST_MS}.items():
+        head = FETCH_HEAD_MS_PER_KIB * FETCH_HEAD_BYTES / 1024 if key == FETCH else 0.0
         assert thread_ms(key, 0, 0) == pytest.approx(base)
         assert thread_ms(key, 1024, 0) == pytest.approx(base + per_in)
-        assert thread_ms(key, 0, 2048) == pytest.approx(base + 2 * per_out)
+        assert thread_ms(key, 0, 2048) == pytest.approx(base + 2 * per_out + head)
         assert 0 < base < 0.1 and per_in >= 0 and per_out >= 0
     # What the issue's flooders send: a few hundred bytes, each charged within the 0.01-0.045 ms their brokers did.
     for key in (PRODUCE, FETCH, LIST_OFFSETS):
@@ -286,7 +293,7 @@ def test_acks_0_produce_is_charged_thread_time_with_no_response():
     header, request = _produce(10)
     d = policy.on_request(conn, header, request, clock())
     policy.on_unanswered(conn, d)
-    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(thread_ms(PRODUCE, len(request) - 4, 0) / 10)
+    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(_expected(header, request, None))
 
 
 def test_request_percentage_binds_at_the_rate_its_estimate_allows():
@@ -835,7 +842,7 @@ def test_request_percentage_is_decided_on_arrival_so_a_pipelining_client_is_held
     policy = _policy(clock, request_percentage=1)  # 10 ms of thread a second
     conn = FakeConn()
     header, request = _produce(10)
-    per = thread_ms(PRODUCE, len(request) - 4, 0) / 10  # percent-seconds a request
+    per = _expected(header, request, None)  # percent-seconds a request
     decided = []
     for _ in range(5000):  # pipelined: all at one instant, no response read
         d = policy.on_request(conn, header, request, clock())
@@ -893,7 +900,7 @@ def test_smooth_request_percentage_paces_before_forwarding():
     )
     conn = FakeConn()
     header, request = _produce(10)
-    per_ms = thread_ms(PRODUCE, len(request) - 4, 0)
+    per_ms = _expected(header, request, None) * 10
     verdicts = [policy.on_request(conn, header, request, clock()) for _ in range(200)]
     deferred = [v for v in verdicts if type(v) is Defer]
     assert deferred, "a 200-request burst at 1 % must overdraw a tenth of a second's bucket (1 ms of thread)"

@@ -15,7 +15,7 @@ import pytest
 
 import tests.harness.connection_rig as rig
 from config.model import ProxyConfig
-from quotas.kinds import PRODUCE, thread_ms
+from quotas.kinds import PRODUCE, PRODUCE_ACKS_ALL_MS, thread_ms
 from tests.harness.connection_rig import ConnectionRig, produce_request, produce_response
 
 _SIZE = struct.Struct(">i")
@@ -65,7 +65,7 @@ def test_pipelined_requests_stop_at_the_one_that_crosses_the_quota(monkeypatch, 
     async def run() -> tuple[list[int], list[int], list[int]]:
         r = _rig(monkeypatch, enforcement)
         request = produce_request(1)
-        per_ms = thread_ms(PRODUCE, len(request) - 4, 0)
+        per_ms = thread_ms(PRODUCE, len(request) - 4, 0) + PRODUCE_ACKS_ALL_MS  # acks=-1
         r.client_side.data_received(b"".join(produce_request(c) for c in range(1, 3001)))
         await asyncio.sleep(0.3)  # many turns of the loop: everything the connection would read, it has
         first = _frames(b"".join(r.upstream.written))
@@ -81,7 +81,7 @@ def test_pipelined_requests_stop_at_the_one_that_crosses_the_quota(monkeypatch, 
         return first, idle, later
 
     first, idle, later = asyncio.run(run())
-    per_ms = thread_ms(PRODUCE, len(produce_request(1)) - 4, 0)
+    per_ms = thread_ms(PRODUCE, len(produce_request(1)) - 4, 0) + PRODUCE_ACKS_ALL_MS
     allowance = P * 10 / per_ms  # requests a second the estimate allows
     assert first == list(range(1, len(first) + 1))  # in order, none skipped
     if enforcement == "kafka":

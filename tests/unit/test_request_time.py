@@ -1,0 +1,152 @@
+"""quotas.kinds.request_percent: the broker thread time the proxy charges ``request_percentage`` per API.
+
+The figures each test pins are the brokers' own implied charges the coefficients were calibrated against
+(BENCHMARKS.md, "KIP-124 request quota: brokers vs proxy"); the estimate reads no clock, so none is injected:
+the policy-level tests (tests/unit/test_policy.py) run it under an injected clock and show the upstream time
+never enters it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.protocol.consumer import ListOffsetsRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from protocol.headers import parse_request_header
+from protocol.inflight import produce_acks
+from quotas.kinds import (
+    FETCH,
+    FETCH_HEAD_BYTES,
+    LIST_OFFSETS,
+    PRODUCE,
+    PRODUCE_ACKS_ALL_MS,
+    THREAD_COST_MS,
+    request_percent,
+    thread_ms,
+)
+from tests.harness.request_bodies import fetch_request
+
+
+def _frame(req, client_id: str = "app"):
+    req.with_header(correlation_id=1, client_id=client_id)
+    frame = bytes(req.encode(header=True, framed=True))
+    return parse_request_header(frame, 4), frame
+
+
+def _produce(acks: int, version: int = 7, transactional_id: str | None = None, value: bytes = b"v" * 16):
+    b = MemoryRecordsBuilder(2, 0, 1 << 20, producer_id=-1, producer_epoch=-1, base_sequence=-1)
+    b.append(0, b"k", value)
+    b.close()
+    TD = ProduceRequest.TopicProduceData
+    return _frame(
+        ProduceRequest(
+            transactional_id=transactional_id,
+            acks=acks,
+            timeout_ms=1000,
+            version=version,
+            topic_data=[TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])],
+        )
+    )
+
+
+def _ms(header, frame, last_response: int = 0) -> float:
+    """The charge as the policy makes it: acks read by the protocol layer, the estimate from quotas/."""
+    acks_all = header.api_key == PRODUCE and produce_acks(frame, header, 4) == -1
+    a = request_percent(header.api_key, len(frame) - 4, last_response, acks_all)
+    return a * 10  # percent-seconds of a thread -> ms
+
+
+@pytest.mark.parametrize("version", [3, 7, 8, 9, 11])
+@pytest.mark.parametrize("transactional_id", [None, "", "tx", "t" * 200])
+@pytest.mark.parametrize("acks", [-1, 0, 1])
+def test_acks_all_is_charged_whatever_the_transactional_id(version, transactional_id, acks):
+    """Legacy and compact transactional ids alike (a 200-byte id takes a two-byte varint): only acks=-1 adds
+    the term."""
+    header, frame = _produce(acks, version, transactional_id)
+    plain = thread_ms(PRODUCE, len(frame) - 4, 0)
+    assert _ms(header, frame) == pytest.approx(plain + (PRODUCE_ACKS_ALL_MS if acks == -1 else 0))
+
+
+def test_produce_small_flood_is_charged_what_the_brokers_did():
+    """A 16-B-record linger-0 Produce, acks 1: ~0.016 ms (the brokers' implied charge for librdkafka's was
+    0.012-0.024 ms at 2,300-5,400 requests/s: BENCHMARKS.md runs 5 and 6)."""
+    header, frame = _produce(1)
+    assert 0.015 < _ms(header, frame) < 0.02
+    assert _ms(header, frame) == pytest.approx(thread_ms(PRODUCE, len(frame) - 4, 0))
+
+
+@pytest.mark.parametrize("version", [7, 9, 11])
+def test_produce_acks_all_adds_the_followers_delayed_fetch(version):
+    """acks=-1 adds PRODUCE_ACKS_ALL_MS (the completion of each follower's delayed Fetch runs on the producer's
+    request thread): ~0.14 ms in all, between the brokers' ~0.086 ms (run 4) and ~0.155 ms (run 6) an RF-2
+    acks=all Produce; acks 0 and 1 do not get it. The replication wait itself is never charged: no term depends
+    on time."""
+    h1, f1 = _produce(1, version)
+    hall, fall = _produce(-1, version)
+    h0, f0 = _produce(0, version)
+    assert _ms(hall, fall) - _ms(h1, f1) == pytest.approx(PRODUCE_ACKS_ALL_MS)
+    assert _ms(h0, f0) == pytest.approx(_ms(h1, f1))
+    assert 0.1 < _ms(hall, fall) < 0.16
+
+
+def test_produce_grows_with_its_bytes_and_not_with_its_response():
+    small_h, small_f = _produce(1)
+    big_h, big_f = _produce(1, value=b"v" * 100_000)
+    per_kib = THREAD_COST_MS[PRODUCE][1]
+    extra = (len(big_f) - len(small_f)) / 1024 * per_kib
+    assert _ms(big_h, big_f) == pytest.approx(_ms(small_h, small_f) + extra)
+    assert _ms(small_h, small_f, 10_000) == _ms(small_h, small_f, 0)
+
+
+def test_fetch_empty_and_tailing_are_charged_what_the_brokers_did():
+    """An empty Fetch (a ~90-byte answer before it) ~0.02 ms (brokers 0.019-0.025 ms, two no-wait consumers);
+    one after an answer carrying a few record batches (~700 bytes) ~0.08 ms (brokers ~0.075 ms, a tailing
+    consumer: run 4)."""
+    header, frame = _frame(fetch_request("t", max_wait_ms=0, version=12))
+    empty = _ms(header, frame, 90)
+    tailing = _ms(header, frame, 700)
+    assert 0.017 < empty < 0.025
+    assert 0.065 < tailing < 0.09
+
+
+def test_fetch_response_term_is_steep_over_its_head_then_shallow():
+    """A broker's extra cost for a Fetch that returns data at all is in its first KiB (finding and reading the
+    batches, sending them); beyond it record bytes go out by sendfile, cheap: a 1 MiB answer ~0.6 ms, not 100."""
+    header, frame = _frame(fetch_request("t", version=12))
+    at = [_ms(header, frame, n) for n in (0, FETCH_HEAD_BYTES // 2, FETCH_HEAD_BYTES, 2 * FETCH_HEAD_BYTES)]
+    head_slope = (at[2] - at[1]) / (FETCH_HEAD_BYTES / 2)
+    tail_slope = (at[3] - at[2]) / FETCH_HEAD_BYTES
+    assert at[1] - at[0] == pytest.approx(at[2] - at[1])  # linear over the head
+    assert head_slope > 50 * tail_slope > 0
+    assert 0.3 < _ms(header, frame, 1 << 20) < 1.0
+
+
+def test_list_offsets_is_charged_what_the_brokers_did():
+    """ListOffsets (latest, one partition): ~0.045 ms (brokers 0.031-0.056 ms across runs 1-4)."""
+    T = ListOffsetsRequest.ListOffsetsTopic
+    req = ListOffsetsRequest(
+        replica_id=-1,
+        isolation_level=0,
+        topics=[
+            T(name="t", partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)])
+        ],
+    )
+    req.API_VERSION = 7
+    header, frame = _frame(req)
+    assert header.api_key == LIST_OFFSETS
+    assert 0.04 < _ms(header, frame) < 0.05
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, 100), st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.booleans())
+def test_any_request_is_charged_a_positive_bounded_amount(api_key, size, last, acks_all):
+    """Any API key a client sends (unknown ones too) and any sizes: the size-based estimate, plus the acks=all
+    term when asked, positive."""
+    a = request_percent(api_key, size, last, acks_all)
+    base = thread_ms(api_key, size, last) / 10
+    assert a == pytest.approx(base + (PRODUCE_ACKS_ALL_MS / 10 if acks_all else 0)) and a > 0
+    if api_key == FETCH:
+        assert a >= thread_ms(FETCH, 0, 0) / 10
