@@ -1,0 +1,506 @@
+"""Quota scope ``fleet`` with leases (issue 39): each member holds a share of every quota, and the shares the members
+enforce never add up to more than the quota.
+
+Pure policy, no I/O, no clock (time comes in as ms). ``proxy/fleet_member.py`` carries the records over the
+fleet's topic and hands them to :class:`LeaseBook` in the topic's order.
+
+Why leases and not shared usage: with usage folding, a member compares the fleet's usage, as it saw it one sync
+ago, against the whole quota; N members each spend the same headroom before the others hear of it, an error of
+about (N - 1) x delay / window that grows with the fleet (BENCHMARKS.md, "Fleet at scale"). With a lease a member
+never spends what it has not been given, whatever the delay: the delay only slows how fast shares follow demand.
+
+The scheme (docs/fleet.md, "Leases", has the derivation):
+
+- Every ``sync_interval_ms`` a member writes one :class:`LeaseRecord`: per bucket its quota, its *demand* (its
+  recent usage with some headroom, or the whole quota while it is held at its share: "wants more") and its *hold*
+  (the share it enforces now).
+- Every member reads the one-partition topic in the same order and runs the same :class:`LeaseBook` over it, so
+  at every position of the log every member computes the same state; no allocator is elected.
+- Targets: at each epoch boundary (the first record whose timestamp enters a new interval) the book divides each
+  bucket's quota max-min fairly (:func:`max_min_fair`) among the live members, by the demands of their latest
+  records, after a floor for each (so an idle member can start at once).
+- Caps: when the book takes member m's record, it notes the most m may enforce until its next record is taken:
+  cap = max(hold, target, floor). The caps of every live member on every bucket add up in ``total``.
+- Grants: m takes a new share only from its *own* record, once it has read it back: for each bucket
+  min(max(target, floor), quota - the caps of all the others). So a share is only ever raised into what the
+  others' caps leave, and every other member's cap bounds what it enforces: the shares enforced at any instant add
+  up to at most the quota (the argument in docs/fleet.md).
+- Leases expire: a member enforces a grant at most ``lease_ms`` after the timestamp of the record it came from
+  (its own clock); the book drops a member whose latest record is ``lease_ms + skew_ms`` older than a boundary, so
+  a dead member's share returns one lease (plus the clock skew allowed between hosts) after its last record.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from quotas.entities import BucketKey, QuotaStore, Resolved
+from quotas.fleet_reports import MAX_MEMBER_BYTES, MAX_REPORT_BYTES, ReportError, bucket_id
+
+LEASE_MS = 2_000
+"""How long a grant may be enforced after the record it came from was written (the writer's clock): a dead
+member's share returns this (plus :data:`SKEW_MS`) after its last record. Long enough that a few late or lost
+records do not cost a live member its share (records go out every ``sync_interval_ms``, 250 by default)."""
+SKEW_MS = 250
+"""The clock difference allowed between two members' hosts (NTP keeps it to milliseconds): the book drops a member
+this long after its own lease has run out by its clock."""
+FLOOR_FRACTION = 0.05
+"""Part of each quota set aside as every live member's floor (split among them equally): a member with no
+demand still holds floor x quota / members and admits a new client at once at that rate, while its demand
+travels."""
+HUNGRY = 0.9
+"""A member whose recent usage is at least this part of its share is held back by it: its demand is the whole
+quota (it gets what max-min fairness gives it)."""
+HEADROOM = 1.25
+"""Demand of a member not held back: its recent usage times this (room to grow before it is held back)."""
+MIN_SHARE = 1e-6
+"""Smallest share enforced, as a part of the quota (the throttle formulas divide by the limit)."""
+USAGE_TAU_MS = 250.0
+"""Time constant of the usage a member's demand is computed from (an exponential average)."""
+
+MAGIC = b"KTL\x01"
+"""Lease record, format 1 (on the fleet's usage topic; usage reports start ``KTP``)."""
+_HEAD = struct.Struct("<4sqIIH")  # magic, ts_ms, members seen, entries, member length
+_IDS = np.dtype("<u8")
+_F8 = np.dtype("<f8")
+MAX_LEASE_ENTRIES = 30_000
+"""Buckets per lease record at most (32 bytes each: within :data:`MAX_REPORT_BYTES`)."""
+
+
+def max_min_fair(quota: np.ndarray, demand: np.ndarray, floor_fraction: float = FLOOR_FRACTION) -> np.ndarray:
+    """Divide each row's quota among the row's members (columns) by their demand, max-min fairly, after a floor.
+
+    Every member first gets ``floor_fraction x quota / members``; the rest is water-filled over what each wants
+    beyond its floor (no member gets more than it wants while another wants more than it has); what nobody
+    wants is split equally (spare capacity a member may grow into without waiting). Each row sums to its quota
+    (up to rounding, never above: the level is rounded down). ``quota``: shape (B,), ``demand``: (B, M)."""
+    b, m = demand.shape
+    if m == 0 or b == 0:
+        return np.zeros((b, m))
+    floor = quota * (floor_fraction / m)
+    rest = quota - floor * m
+    want = np.maximum(demand - floor[:, None], 0.0)
+    want = np.minimum(want, rest[:, None])
+    s = np.sort(want, axis=1)
+    before = np.concatenate([np.zeros((b, 1)), np.cumsum(s, axis=1)[:, :-1]], axis=1)
+    level = (rest[:, None] - before) / (m - np.arange(m))[None, :]
+    short = level < s  # from the first such k on, members get the level, not what they want
+    any_short = short.any(axis=1)
+    k = np.argmax(short, axis=1)
+    lam = np.where(any_short, level[np.arange(b), k], np.inf) * (1 - 1e-12)
+    got = np.minimum(want, lam[:, None])
+    spare = np.where(any_short, 0.0, rest - got.sum(axis=1)) * (1 - 1e-12)
+    wanting = demand > 0
+    count = wanting.sum(axis=1)
+    per = np.where(count > 0, np.maximum(spare, 0.0) / np.maximum(count, 1), 0.0)
+    out: np.ndarray = floor[:, None] + got + per[:, None] * wanting
+    return out
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """One member's lease state as it writes it: per bucket (lease id) the quota it applies, its demand and the
+    share it enforces now (its hold). ``members``: how many members its floors are divided by."""
+
+    member: str
+    ts_ms: int
+    members: int
+    ids: np.ndarray
+    quota: np.ndarray
+    demand: np.ndarray
+    hold: np.ndarray
+
+    def encode(self) -> bytes:
+        member = self.member.encode()[:MAX_MEMBER_BYTES]
+        order = np.argsort(self.ids, kind="stable")
+        return b"".join(
+            (
+                _HEAD.pack(MAGIC, self.ts_ms, self.members, len(self.ids), len(member)),
+                member,
+                np.ascontiguousarray(self.ids[order], dtype=_IDS).tobytes(),
+                np.ascontiguousarray(self.quota[order], dtype=_F8).tobytes(),
+                np.ascontiguousarray(self.demand[order], dtype=_F8).tobytes(),
+                np.ascontiguousarray(self.hold[order], dtype=_F8).tobytes(),
+            )
+        )
+
+    @staticmethod
+    def decode(data: bytes) -> LeaseRecord:
+        if len(data) > MAX_REPORT_BYTES or len(data) < _HEAD.size:
+            raise ReportError(f"lease record of {len(data)} bytes is malformed")
+        magic, ts_ms, members, n, mlen = _HEAD.unpack_from(data)
+        if magic != MAGIC:
+            raise ReportError(f"lease record version {magic!r} is not {MAGIC!r}")
+        pos = _HEAD.size + mlen
+        if n > MAX_LEASE_ENTRIES or pos + 32 * n != len(data) or members < 1:
+            raise ReportError(f"lease record is malformed ({n} entries in {len(data)} bytes)")
+        try:
+            member = bytes(data[_HEAD.size : pos]).decode()
+        except UnicodeDecodeError:
+            raise ReportError("lease record is malformed (member id is not UTF-8)") from None
+        ids = np.frombuffer(data, _IDS, n, pos)
+        arrays = [np.frombuffer(data, _F8, n, pos + 8 * n * (i + 1)) for i in range(3)]
+        if n and not all(((a >= 0) & (a < np.inf)).all() for a in arrays):
+            raise ReportError("lease record has an amount that is not finite and >= 0")
+        if n > 1 and not (ids[1:] > ids[:-1]).all():
+            raise ReportError("lease record's buckets are not sorted and distinct")
+        return LeaseRecord(member, ts_ms, members, ids, *arrays)
+
+
+@dataclass(slots=True)
+class _Held:
+    """What the book knows of one live member: its latest record and its caps."""
+
+    ts_ms: int
+    floor_ratio: float
+    """floor_fraction / the members its record divides floors by: its floor on a bucket it has no grant on, once
+    this record is read back."""
+    cap_ratio: float
+    """The larger of that and its previous record's: the floor it may use until this record is read back."""
+    ids: np.ndarray
+    """Sorted lease ids it has caps on (its record's and the boundary's buckets)."""
+    caps: np.ndarray
+    demand_ids: np.ndarray
+    demand: np.ndarray
+    quota: np.ndarray
+    hold: np.ndarray
+    """The quota its record applies to each of ``demand_ids``."""
+
+
+@dataclass(slots=True)
+class Grant:
+    """A member's grants from one of its own records: shares per lease id, enforceable until ``until_ms``."""
+
+    ids: np.ndarray
+    shares: np.ndarray
+    quota: np.ndarray
+    """The quota the book divided, per lease id."""
+    until_ms: int
+    floor_ratio: float
+    """Share of a bucket the book has no grant for (new since the boundary): floor_ratio x quota."""
+
+
+@dataclass
+class LeaseBook:
+    """The deterministic state every member computes from the fleet's records, taken in the topic's order."""
+
+    interval_ms: int
+    lease_ms: int = LEASE_MS
+    skew_ms: int = SKEW_MS
+    floor_fraction: float = FLOOR_FRACTION
+    members: dict[str, _Held] = field(default_factory=dict)
+    epoch: int = -(1 << 62)
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=_IDS))
+    """The boundary's buckets (sorted): those some live member demanded."""
+    quota: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Per bucket: the least quota the demanding members applied."""
+    order: dict[str, int] = field(default_factory=dict)
+    """Member -> column of :attr:`targets` (the members live at the boundary)."""
+    targets: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
+    """Member -> its caps over :attr:`ids` (a floor where it has none)."""
+    total: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Per bucket of :attr:`ids`: the sum of every live member's cap."""
+    boundaries: int = 0
+
+    # -------------------------------------------------------------------------------------------- taking
+
+    def take(self, rec: LeaseRecord, grant: bool = True) -> Grant | None:
+        """Take one record, in the topic's order; returns the grants its writer takes when it reads it back
+        (``grant`` False: None; a member computes only its own, the others' caps are all the book needs)."""
+        epoch = rec.ts_ms // self.interval_ms
+        if epoch > self.epoch:
+            self._boundary(rec.ts_ms)
+            self.epoch = epoch
+        floor_ratio = self.floor_fraction / max(1, rec.members)
+        prev = self.members.get(rec.member)
+        # Until this record is read back its writer still uses the floor of its previous one.
+        cap_ratio = floor_ratio if prev is None else max(floor_ratio, prev.floor_ratio)
+        col = self.order.get(rec.member)
+        ids = self.ids
+        target = self.targets[:, col] if col is not None and len(ids) else np.zeros(len(ids))
+        target = np.maximum(target, floor_ratio * self.quota)
+        floor_cap = cap_ratio * self.quota
+        # Its record's holds, on the boundary's buckets and on those new since (fast path: the same buckets).
+        if len(rec.ids) == len(ids) and np.array_equal(rec.ids, ids):
+            cap_dense = np.maximum(np.maximum(rec.hold, target), floor_cap)
+            all_ids, all_caps = ids, cap_dense
+        else:
+            where = np.searchsorted(ids, rec.ids)
+            where = np.minimum(where, max(0, len(ids) - 1))
+            known = (ids[where] == rec.ids) if len(ids) else np.zeros(len(rec.ids), dtype=bool)
+            hold_dense = np.zeros(len(ids))
+            hold_dense[where[known]] = rec.hold[known]
+            cap_dense = np.maximum(np.maximum(hold_dense, target), floor_cap)
+            new_ids = rec.ids[~known]
+            new_caps = np.maximum(rec.hold[~known], cap_ratio * rec.quota[~known])
+            all_ids = np.concatenate([ids, new_ids])
+            all_caps = np.concatenate([cap_dense, new_caps])
+            sort = np.argsort(all_ids, kind="stable")
+            all_ids, all_caps = all_ids[sort], all_caps[sort]
+        old = self.dense.get(rec.member)
+        total = self.total
+        if old is not None:
+            total -= old
+        total += cap_dense  # (in place: the boundary made it, nobody else holds it)
+        self.dense[rec.member] = cap_dense
+        self.members[rec.member] = _Held(
+            rec.ts_ms,
+            floor_ratio,
+            cap_ratio,
+            all_ids,
+            all_caps,
+            rec.ids,
+            rec.demand,
+            rec.quota,
+            rec.hold,
+        )
+        if not grant:
+            return None
+        others = total - cap_dense
+        shares = np.clip(np.minimum(target, self.quota - others), 0.0, None)
+        return Grant(ids.copy(), shares, self.quota.copy(), rec.ts_ms + self.lease_ms, floor_ratio)
+
+    def _boundary(self, now_ms: int) -> None:
+        """A new epoch: drop the members whose lease has run out, then new buckets, quotas, targets and caps."""
+        self.boundaries += 1
+        dead = [m for m, h in self.members.items() if now_ms - h.ts_ms > self.lease_ms + self.skew_ms]
+        for m in dead:
+            del self.members[m]
+        names = sorted(self.members)
+        self.order = {m: i for i, m in enumerate(names)}
+        held = [self.members[m] for m in names]
+        # The buckets some member demands or holds more than its floor of. Fast path (a steady fleet): every
+        # member's record names exactly the last boundary's buckets, so no sets are merged nor searched.
+        prev = self.ids
+        wanted = [(h.demand > 0) | (h.hold > h.floor_ratio * h.quota * (1 + 1e-9)) for h in held]
+        aligned = [len(h.demand_ids) == len(prev) and np.array_equal(h.demand_ids, prev) for h in held]
+        if held and all(aligned):
+            keep = np.logical_or.reduce(wanted) if len(prev) else np.zeros(0, dtype=bool)
+            ids = prev[keep]
+        else:
+            keep = None
+            demanded = [h.demand_ids[w] for h, w in zip(held, wanted, strict=True)]
+            ids = np.unique(np.concatenate(demanded)).astype(_IDS) if demanded else np.empty(0, dtype=_IDS)
+        b, width = len(ids), len(names)
+        if keep is not None and width:
+            dem = np.stack([np.minimum(h.demand, h.quota) for h in held], axis=1)[keep]
+            quota = np.min(np.stack([h.quota for h in held], axis=1)[keep], axis=1)
+            demand = dem
+        else:
+            quota = np.full(b, np.inf)
+            demand = np.zeros((b, width))
+            for j, h in enumerate(held):
+                if not len(h.demand_ids) or not b:
+                    continue
+                at = np.searchsorted(ids, h.demand_ids)
+                ok = at < b
+                ok[ok] = ids[at[ok]] == h.demand_ids[ok]
+                demand[at[ok], j] = np.minimum(h.demand[ok], h.quota[ok])
+                np.minimum.at(quota, at[ok], h.quota[ok])
+            quota[~np.isfinite(quota)] = 0.0
+        self.ids, self.quota = ids, quota
+        self.targets = max_min_fair(quota, demand, self.floor_fraction)
+        self.dense = {}
+        total = np.zeros(b)
+        for name, h in zip(names, held, strict=True):
+            caps = h.cap_ratio * quota
+            if len(h.ids) == b and np.array_equal(h.ids, ids):
+                np.maximum(caps, h.caps, out=caps)
+            elif len(h.ids) and b:
+                at = np.searchsorted(h.ids, ids)
+                ok = at < len(h.ids)
+                ok[ok] = h.ids[at[ok]] == ids[ok]
+                caps[ok] = np.maximum(caps[ok], h.caps[at[ok]])
+            self.dense[name] = caps
+            total += caps
+        self.total = total
+
+    def live(self) -> int:
+        return len(self.members)
+
+
+class LeaseHolder:
+    """A member's own side: the shares it enforces (from its latest own record read back), its demand meter and
+    what it writes next. Time passed in; no I/O.
+
+    One record in flight at a time: a member writes its next record only once it has read its last one back (or
+    after :attr:`lost_ms`, when that one counts as lost), and takes a grant only from the newest record it wrote.
+    Why: a record states the hold the member enforces until that record is read back; were a grant taken from an
+    older record while a newer one is on its way, the newer one would state a hold the member no longer keeps."""
+
+    def __init__(
+        self,
+        member: str,
+        lease_ms: int = LEASE_MS,
+        floor_fraction: float = FLOOR_FRACTION,
+        fallback_split: bool = True,
+    ) -> None:
+        self.member = member
+        self.lease_ms = lease_ms
+        self.lost_ms = lease_ms // 2
+        self.floor_fraction = floor_fraction
+        self.fallback_split = fallback_split
+        """When the lease has run out (no record read back for a lease): True, enforce quota / members (the
+        fleet may then admit up to that much more per member cut off from the topic); False, the minimum share
+        (the quota holds, the clients of a cut-off member wait)."""
+        self.grant: Grant | None = None
+        self.shares: dict[int, float] = {}
+        self.usage: dict[int, float] = {}
+        """Lease id -> exponential average of its usage rate (per second)."""
+        self.quotas: dict[int, float] = {}
+        """Lease id -> the quota applied here (the last one seen)."""
+        self.last_ms: int | None = None
+        self.members_seen = 1
+        self.in_flight: int | None = None
+        """The timestamp of the newest record written and not read back yet."""
+        self.written_ms = 0
+        self.expired = 0
+        """Shares asked while the lease had run out (the topic unreachable, or records later than a lease)."""
+        self.granted_count = 0
+        self.granted_quota: dict[int, float] = {}
+        self.prev_shares: dict[int, float] = {}
+        self.hungry: dict[int, bool] = {}
+        self.last_rate: dict[int, float] = {}
+        """Lease id -> whether its last interval's usage reached its share (the clients were held back)."""
+
+    def floor_ratio(self) -> float:
+        g = self.grant
+        return g.floor_ratio if g is not None else self.floor_fraction / max(1, self.members_seen)
+
+    def share(self, lid: int, quota: float, now_ms: int) -> float:
+        """The share to enforce for this bucket now."""
+        g = self.grant
+        if g is None or now_ms >= g.until_ms:  # no record read back yet, or not for a lease
+            self.expired += 1
+            s = quota / max(1, self.members_seen) if self.fallback_split else 0.0
+        else:
+            got = self.shares.get(lid)
+            s = quota * g.floor_ratio if got is None else min(got, quota)
+        return max(s, quota * MIN_SHARE)
+
+    def due(self, now_ms: int) -> bool:
+        """Whether to write a record now (none in flight, or the one in flight is taken as lost)."""
+        return self.in_flight is None or now_ms - self.written_ms >= self.lost_ms
+
+    def read_back(self, rec: LeaseRecord, grant: Grant, members: int) -> bool:
+        """Its own record, read back and taken by the book: take the grant if it is the newest record written."""
+        if rec.ts_ms != self.in_flight:
+            return False
+        self.in_flight = None
+        self.grant = grant
+        self.members_seen = max(1, members)
+        ids = grant.ids.tolist()
+        self.prev_shares = self.shares
+        self.shares = dict(zip(ids, grant.shares.tolist(), strict=True))
+        self.granted_quota = dict(zip(ids, grant.quota.tolist(), strict=True))
+        self.granted_count += 1
+        return True
+
+    def observe(self, usage: dict[int, tuple[float, float]], now_ms: int) -> None:
+        """This interval's usage: lease id -> (amount, quota here). Updates the demand meter."""
+        dt = 0.0 if self.last_ms is None else max(0, now_ms - self.last_ms)
+        self.last_ms = now_ms
+        alpha = 1.0 - float(np.exp(-dt / USAGE_TAU_MS)) if dt else 1.0
+        rate_scale = 1000.0 / dt if dt else 0.0
+        for lid in list(self.usage):
+            if lid not in usage:
+                self.usage[lid] *= 1.0 - alpha
+                if self.usage[lid] < 1e-9:
+                    del self.usage[lid]
+        self.hungry = {}
+        self.last_rate = {}
+        for lid, (amount, quota) in usage.items():
+            self.quotas[lid] = quota
+            prev = self.usage.get(lid, 0.0)
+            rate = amount * rate_scale
+            self.usage[lid] = prev + alpha * (rate - prev)
+            # Held back: it used (nearly) all of the smaller of its last two shares (a share just raised is not
+            # used yet; comparing with it would read as no longer wanting more).
+            s = self.share(lid, quota, now_ms)
+            before = self.prev_shares.get(lid)
+            if before is not None:
+                s = min(s, before)
+            self.last_rate[lid] = rate
+            # (and it used some in this interval: a member cut to nothing is not held back by what it used before)
+            self.hungry[lid] = rate > 0 and max(rate, self.usage[lid]) >= HUNGRY * s
+
+    def record(self, now_ms: int) -> LeaseRecord:
+        """The record to write now (marks it in flight): every bucket with usage (its demand) and every bucket
+        it holds a share of (its hold, which the book counts until this record is read back)."""
+        if self.in_flight is not None and now_ms <= self.in_flight:
+            now_ms = self.in_flight + 1  # a record is known by its timestamp: never two alike
+        ids: list[int] = []
+        quota: list[float] = []
+        demand: list[float] = []
+        hold: list[float] = []
+        live = self.grant is not None and now_ms < self.grant.until_ms
+        for lid, rate in self.usage.items():
+            q = self.quotas[lid]
+            s = self.share(lid, q, now_ms)
+            ids.append(lid)
+            quota.append(q)
+            if self.hungry.get(lid, False):
+                demand.append(q)
+            else:  # what it used lately, with room to grow; a fall shows within an interval or two
+                demand.append(min(q, HEADROOM * max(self.last_rate.get(lid, 0.0), 0.25 * rate)))
+            hold.append(s)
+        if live:
+            seen = set(ids)
+            assert self.grant is not None
+            floor_ratio = self.grant.floor_ratio
+            for lid, s in self.shares.items():
+                q = self.granted_quota[lid]
+                if lid not in seen and s > floor_ratio * q * (1 + 1e-9):
+                    ids.append(lid)
+                    quota.append(q)
+                    demand.append(0.0)
+                    hold.append(s)
+        self.in_flight = now_ms
+        self.written_ms = now_ms
+        return LeaseRecord(
+            self.member,
+            now_ms,
+            self.members_seen,
+            np.array(ids, dtype=_IDS),
+            np.array(quota, dtype=_F8),
+            np.array(demand, dtype=_F8),
+            np.array(hold, dtype=_F8),
+        )
+
+
+def lease_id(key: str, bucket: BucketKey) -> int:
+    """A bucket's lease id: the same 64-bit id a usage report gives (quota key, bucket user, bucket client id),
+    from the bucket Kafka's sharing rule makes, so that every member charging any (user, client id) of one bucket
+    names the same lease."""
+    return bucket_id(key, bucket.user, bucket.client_id)
+
+
+class LeasedStore(QuotaStore):
+    """The quota store a fleet member's :class:`~quotas.manager.QuotaManager` resolves through: the quota of every
+    bucket replaced by this member's share of it. Why a store: the manager enforces whatever limit the store
+    resolves (a share changes like an altered quota: the holder's owner bumps the manager's stamp and the
+    connections bind again), so the charge path needs no change to enforce shares in either enforcement mode.
+
+    Only :meth:`resolve` and :meth:`on_change`, all the manager uses, work here; alters and descriptions go to the
+    real store (:attr:`inner`), which the rest of the proxy keeps using."""
+
+    def __init__(self, inner: QuotaStore, holder: LeaseHolder, now_ms: Callable[[], int]) -> None:
+        # not QuotaStore.__init__: this store keeps no quotas of its own
+        self.inner = inner
+        self.holder = holder
+        self.now_ms = now_ms
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self.inner.on_change(listener)
+
+    def resolve(self, user: str, client_id: str | None, key: str) -> Resolved | None:
+        r = self.inner.resolve(user, client_id, key)
+        if r is None:
+            return None
+        share = self.holder.share(lease_id(key, r.bucket), r.limit, self.now_ms())
+        return r if share == r.limit else replace(r, limit=share)

@@ -1,0 +1,195 @@
+"""quotas.fleet_leases: a fleet's leases never add up to more than the quota, whatever the demands, delays, losses
+and deaths; a dead member's share comes back after a lease; an idle member starts at its floor at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotas.fleet_leases import FLOOR_FRACTION, LEASE_MS, MIN_SHARE, SKEW_MS, LeaseBook, LeaseRecord, max_min_fair
+from quotas.fleet_reports import ReportError
+from quotas.fleet_sim import fleet
+
+Q = 1_000_000.0
+
+
+# ------------------------------------------------------------------------------------------------ max-min fair
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.floats(0, 3 * Q), min_size=1, max_size=8), min_size=1, max_size=5).filter(
+        lambda rows: len({len(r) for r in rows}) == 1
+    ),
+    st.floats(1.0, 10 * Q),
+)
+def test_max_min_fair_divides_no_more_than_the_quota_and_is_fair(rows, quota):
+    demand = np.array(rows)
+    b, m = demand.shape
+    q = np.full(b, quota)
+    alloc = max_min_fair(q, demand)
+    floor = FLOOR_FRACTION * quota / m
+    assert (alloc.sum(axis=1) <= q * (1 + 1e-9)).all()
+    assert (alloc >= floor * (1 - 1e-9)).all()
+    for row, got in zip(demand, alloc, strict=True):
+        want = np.maximum(row, floor)
+        short = got < want * (1 - 1e-6)
+        if short.any():  # someone got less than it wanted: the quota is all given out...
+            assert got.sum() == pytest.approx(quota, rel=1e-6)
+            # ...and nobody got more than it unless it wanted no more than that (max-min)
+            level = got[short].max()
+            assert (got[~short] <= np.maximum(want[~short], level) * (1 + 1e-6)).all()
+            assert np.allclose(got[short], level, rtol=1e-6)
+
+
+def test_max_min_fair_example():
+    got = max_min_fair(np.array([100.0]), np.array([[10.0, 200.0, 200.0, 0.0]]), floor_fraction=0.04)
+    # floors of 1; the rest (96) water-filled: 9 to the first, 43.5 to each hungry one, none to the idle one
+    assert got[0].tolist() == pytest.approx([10.0, 44.5, 44.5, 1.0])
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+
+def test_lease_record_round_trips_and_refuses_malformed():
+    rec = LeaseRecord(
+        "m1",
+        123,
+        3,
+        np.array([5, 1, 9], dtype="<u8"),
+        np.array([10.0, 20.0, 30.0]),
+        np.array([1.0, 2.0, 3.0]),
+        np.array([4.0, 5.0, 6.0]),
+    )
+    back = LeaseRecord.decode(rec.encode())
+    assert (back.member, back.ts_ms, back.members) == ("m1", 123, 3)
+    assert back.ids.tolist() == [1, 5, 9]
+    assert back.quota.tolist() == [20.0, 10.0, 30.0]
+    assert back.hold.tolist() == [5.0, 4.0, 6.0]
+    data = rec.encode()
+    for bad in (data[:-1], b"KTP\x02" + data[4:], data[:20]):
+        with pytest.raises(ReportError):
+            LeaseRecord.decode(bad)
+    neg = LeaseRecord("m", 1, 1, np.array([1], dtype="<u8"), np.array([-1.0]), np.array([0.0]), np.array([0.0]))
+    with pytest.raises(ReportError):
+        LeaseRecord.decode(neg.encode())
+
+
+def test_a_member_takes_only_what_the_others_caps_leave():
+    book = LeaseBook(250)
+    ids = np.array([7], dtype="<u8")
+
+    def rec(member, ts, demand, hold):
+        return LeaseRecord(member, ts, 2, ids, np.array([Q]), np.array([demand]), np.array([hold]))
+
+    book.take(rec("a", 0, Q, 0.5 * Q))
+    g = book.take(rec("b", 1, Q, 0.5 * Q))
+    assert g.shares.tolist() == []  # no bucket demanded at the boundary yet: no grant (b keeps its floor)
+    book.take(rec("a", 250, Q, 0.5 * Q))  # a boundary: both demand the whole quota
+    g = book.take(rec("b", 251, Q, 0.5 * Q))
+    assert g.shares[0] == pytest.approx(0.5 * Q)
+    # a says it now holds 0.9 Q (it should not, but the book counts what members say they hold): b gets 0.1 Q
+    book.take(rec("a", 300, Q, 0.9 * Q))
+    g = book.take(rec("b", 301, Q, 0.5 * Q))
+    assert g.shares[0] == pytest.approx(0.1 * Q)
+
+
+# ------------------------------------------------------------------------------------------------ the fleet
+
+
+def _check(sim):
+    """At most the quota, give or take the minimum share each member keeps (so that a throttle is finite)."""
+    assert sim.max_ratio <= 1 + len(sim.members) * MIN_SHARE + 1e-9, sim.max_ratio
+
+
+delays = st.one_of(st.none(), st.integers(0, 3_000))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 5),
+    buckets=st.integers(1, 2),
+    seed=st.integers(0, 1 << 30),
+    loss=st.floats(0, 0.5),
+    max_write=st.integers(0, 1_500),
+    max_read=st.integers(0, 1_500),
+    phases=st.lists(
+        st.tuples(st.integers(500, 3_000), st.lists(st.floats(0, 2 * Q), min_size=10, max_size=10)),
+        min_size=1,
+        max_size=4,
+    ),
+    kill=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8_000))),
+)
+def test_the_shares_enforced_never_add_up_past_the_quota(n, buckets, seed, loss, max_write, max_read, phases, kill):
+    """For any member set, demands (changing in phases), record delays and losses, clock skews within SKEW_MS
+    and a member dying at any time: at every step, every bucket, the live members' shares add up to at most the
+    quota (the strict fallback: a member whose lease ran out enforces nothing)."""
+    quotas = {i + 1: Q * (i + 1) for i in range(buckets)}
+
+    def write(rng):
+        return None if rng.random() < loss else rng.randint(0, max_write)
+
+    sim = fleet(
+        n,
+        quotas,
+        seed=seed,
+        skew_ms=SKEW_MS // 2,
+        write_delay=write,
+        read_delay=lambda rng: rng.randint(0, max_read),
+    )
+    t = 0
+    for length, levels in phases:
+        t += length
+
+        def demand(now, member, lid, levels=levels):
+            return levels[(int(member[1:]) * 3 + lid) % len(levels)]
+
+        if kill is not None and t - length <= kill[1] < t and kill[0] < n:
+            sim.run(kill[1], demand)
+            sim.kill(f"m{kill[0]:03d}")
+        sim.run(t, demand)
+        _check(sim)
+
+
+def test_all_hungry_members_split_the_quota_and_use_it():
+    sim = fleet(4, {1: Q}, seed=3, skew_ms=100)
+    sim.run(6_000, lambda now, m, lid: Q)
+    _check(sim)
+    assert sim.rate(1, 2_000, 6_000) > 0.99
+    shares = [s[1] / Q for s in sim.shares().values()]
+    assert shares == pytest.approx([0.25] * 4, abs=0.01)
+
+
+def test_a_demand_shift_is_followed_within_two_seconds_without_going_over():
+    sim = fleet(10, {1: Q}, seed=5, skew_ms=100, read_delay=lambda rng: rng.randint(50, 300))
+    sim.run(5_000, lambda now, m, lid: Q if m in ("m000", "m001") else 0.0)
+    assert sim.rate(1, 3_000, 5_000) > 0.9
+    sim.run(10_000, lambda now, m, lid: Q if m in ("m008", "m009") else 0.0)  # the load moves elsewhere
+    _check(sim)
+    assert sim.rate(1, 7_000, 10_000) > 0.9  # followed within 2 s of the shift
+    assert max(sim.rate(1, t, t + 250) for t in range(0, 10_000, 250)) <= 1.0 + 1e-6
+
+
+def test_a_dead_members_share_returns_after_one_lease():
+    sim = fleet(3, {1: Q}, seed=7, skew_ms=100, read_delay=lambda rng: rng.randint(20, 200))
+    sim.run(4_000, lambda now, m, lid: Q if m == "m000" else 0.0)
+    assert sim.shares()["m000"][1] > 0.9 * Q
+    sim.kill("m000")
+    back = LEASE_MS + SKEW_MS + 1_000  # a lease, the skew, then a boundary, a record and its read-back
+    sim.run(4_000 + back, lambda now, m, lid: Q if m == "m001" else 0.0)
+    _check(sim)
+    assert sim.shares()["m001"][1] > 0.9 * Q
+    assert sim.rate(1, 4_000 + back - 250, 4_000 + back) > 0.9
+
+
+def test_an_idle_member_admits_at_its_floor_at_once():
+    sim = fleet(4, {1: Q}, seed=9, skew_ms=100)
+    sim.run(3_000, lambda now, m, lid: Q if m == "m000" else 0.0)
+    floor = FLOOR_FRACTION * Q / 4
+    assert sim.shares()["m003"][1] == pytest.approx(floor, rel=0.01)
+    before = len(sim.landed[1])
+    sim.run(3_010, lambda now, m, lid: Q)  # m003's clients start: admitted in the very first step
+    assert sim.landed[1][before] >= (0.9 * Q + floor) * sim.step_ms / 1000 * 0.99
+    _check(sim)
