@@ -272,6 +272,12 @@ class FleetLedger:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def take(self) -> list[Usage]:
+        """Everything added since the last drain, one :class:`Usage` per tracker key (a lease holder's usage: it
+        resolves each to its bucket itself)."""
+        pending, self._pending = self._pending, {}
+        return [e for e in map(_as_usage, pending.values()) if e[3] > 0]
+
     def drain(self, member: str, now_ms: int) -> list[UsageReport]:
         """Everything added since the last drain, as reports of at most :data:`MAX_ENTRIES` entries and half of
         :data:`MAX_REPORT_BYTES`.

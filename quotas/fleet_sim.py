@@ -56,6 +56,7 @@ class FleetSim:
     _reading: list[tuple[int, int, str, LeaseRecord, Grant, int]] = field(default_factory=list)
     _seq: int = 0
     _usage: dict[str, dict[int, float]] = field(default_factory=dict)
+    _held: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -81,7 +82,8 @@ class FleetSim:
             while self._landing and self._landing[0][0] <= now:
                 _t, _s, rec = heapq.heappop(self._landing)
                 grant = self.book.take(rec)
-                assert grant is not None
+                if grant is None:  # stale: a later record of its writer was taken first
+                    continue
                 for m in self.members:  # no lease yet (or any more): the equal split among the members in the book
                     g = m.holder.grant
                     if g is None or now + m.skew_ms >= g.until_ms:
@@ -112,8 +114,12 @@ class FleetSim:
                         amount = min(d, share) * self.step_ms / 1000
                         landed_now[lid] += amount
                         usage[lid] = usage.get(lid, 0.0) + amount
+                        if d > share:  # paced: its clients wait
+                            self._held.setdefault(m.name, {})[lid] = self.step_ms
                 if (now - m.phase_ms) % self.interval_ms == 0:
-                    m.holder.observe({lid: (a, self.quotas[lid]) for lid, a in usage.items()}, local)
+                    m.holder.observe(
+                        {lid: (a, self.quotas[lid]) for lid, a in usage.items()}, local, self._held.pop(m.name, None)
+                    )
                     usage.clear()
                     if m.holder.due(local):
                         rec = m.holder.record(local)
@@ -154,7 +160,12 @@ def fleet(
     members = [
         SimMember(
             f"m{i:03d}",
-            LeaseHolder(f"m{i:03d}", lease_ms=kwargs.get("lease_ms", LEASE_MS), fallback_split=fallback_split),
+            LeaseHolder(
+                f"m{i:03d}",
+                lease_ms=kwargs.get("lease_ms", LEASE_MS),
+                fallback_split=fallback_split,
+                interval_ms=interval,
+            ),
             skew_ms=rng.randint(-skew_ms, skew_ms),
             phase_ms=step * rng.randrange(max(1, interval // step)),
         )

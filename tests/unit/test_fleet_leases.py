@@ -193,3 +193,37 @@ def test_an_idle_member_admits_at_its_floor_at_once():
     sim.run(3_010, lambda now, m, lid: Q)  # m003's clients start: admitted in the very first step
     assert sim.landed[1][before] >= (0.9 * Q + floor) * sim.step_ms / 1000 * 0.99
     _check(sim)
+
+
+def test_a_throttled_member_keeps_asking_for_more_while_its_clients_are_muted():
+    """With Kafka's enforcement a throttled client is muted for whole intervals: no usage then is not "wants
+    less". Its demand stays the quota until its wait is over; then, idle, it falls to its recent usage."""
+    from quotas.fleet_leases import LeaseHolder
+
+    h = LeaseHolder("m")
+    h.observe({1: (Q / 4, Q)}, 1_000, held={1: 900})  # throttled: muted for 900 ms
+    assert h.record(1_000).demand.tolist() == [Q]
+    h.in_flight = None
+    h.observe({}, 1_250)  # muted: no usage
+    assert h.record(1_250).demand.tolist() == [Q]
+    h.in_flight = None
+    h.observe({}, 2_000)  # the wait is over and it sent nothing: it wants less
+    assert h.record(2_000).demand[0] < 0.5 * Q
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_heavy_tailed_delays_reorder_records_without_going_over(seed):
+    """Records delayed log-normally (p50 0.22 s, p99 1.45 s: the loaded 100-member fleet's) land out of their
+    writers' order; a late, older record must not replace a newer one in the book (it once made the book drop a
+    member that still held its share: 1.008 x the quota)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    sigma = math.log(1450 / 220) / 2.326
+    pool = [max(1, round(rng.lognormvariate(math.log(220), sigma))) for _ in range(4096)]
+    sim = fleet(3, {1: Q}, seed=seed, skew_ms=50, write_delay=lambda r: r.choice(pool), read_delay=lambda r: 0)
+    sim.run(30_000, lambda now, m, lid: Q)
+    sim.run(45_000, lambda now, m, lid: 1.5 * Q if m != "m000" else 0.0)
+    _check(sim)
+    assert sim.rate(1, 10_000, 30_000) > 0.95

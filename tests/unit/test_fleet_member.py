@@ -27,3 +27,52 @@ def test_each_worker_of_a_host_is_a_member_of_its_own(monkeypatch, worker, membe
         return FleetSync(config, QuotaManager(QuotaStore()), lambda: 0, worker=worker)
 
     assert asyncio.run(build()).member == member
+
+
+def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkeypatch):
+    """Two members over one (simulated) topic: each takes every record in the same order; each manager then
+    enforces its member's share of the quota (both hungry: half each), not the quota."""
+    from quotas.entities import QuotaEntity
+    from quotas.fleet_reports import FleetLedger, record_mac
+
+    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
+    quota = 1_000_000.0
+    clock = [1_000_000]
+
+    def member(name: str) -> FleetSync:
+        config = ProxyConfig.model_validate(
+            {
+                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+                "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": name, "sync_interval_ms": 250},
+                "quotas": {"scope": "fleet"},
+            }
+        )
+        store = QuotaStore()
+        store.set(QuotaEntity(None, "hot"), "producer_byte_rate", quota)
+        qm = QuotaManager(store)
+        qm.ledger = FleetLedger()
+        return FleetSync(config, qm, lambda: clock[0], wall_ms=lambda: clock[0])
+
+    async def build() -> list[FleetSync]:
+        return [member("a"), member("b")]
+
+    a, b = asyncio.run(build())
+    before = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
+    assert before is not None and before.limit == quota  # no lease and nobody heard of: a proxy on its own
+    for _ in range(12):  # three seconds of intervals: both members' clients want more than the quota
+        clock[0] += 250
+        log = []
+        for m in (a, b):
+            m.manager.charge_rate("producer_byte_rate", "", "hot", "", quota / 4 * 3, clock[0])
+            m._observe(m.manager.ledger.take(), clock[0])
+            rec = m.holder.record(clock[0]).encode()
+            log.append(rec)
+        for value in log:
+            headers = [("ktp-mac", record_mac(a.secret, a.topic, None, value))]
+            for m in (a, b):
+                m.take(a.topic, None, value, headers)
+    for m in (a, b):
+        c = m.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
+        assert c is not None and c.limit == pytest.approx(quota / 2, rel=0.01), (m.member, c.limit)
+    assert a.book.live() == b.book.live() == 2
+    assert a.leases_taken > 0 and b.leases_taken > 0
