@@ -142,6 +142,20 @@ class FleetSync:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._run(), name="fleet-sync"))
+        self._tasks.append(loop.create_task(self._watch_lease(), name="fleet-lease"))
+
+    async def _watch_lease(self) -> None:
+        """When the lease runs out (records late, or the topic unreachable), the connections bind again: to the
+        minimum share while connected, to the equal split while cut off (``LeaseHolder.share``)."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.check_lease(self.wall_ms())
+
+    def check_lease(self, now: int) -> None:
+        g = self.holder.grant
+        if g is not None and now >= g.until_ms and not self._expiry_noted:
+            self._expiry_noted = True
+            self._rebind()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -273,6 +287,8 @@ class FleetSync:
             finally:
                 self.connected = False
                 self.holder.fallback_split = True  # cut off: the equal split once the lease has run out
+                if self._expiry_noted:  # (already run out: bind again to the split now)
+                    self._rebind()
                 for client in (producer, consumer):
                     if client is not None:
                         with contextlib.suppress(Exception):  # closing a broken client
@@ -368,6 +384,9 @@ class FleetSync:
                 continue
             try:
                 value = self.holder.record(now).encode()
+                if self.holder.lowered:  # it lowered shares at once: the connections bind to them before it goes
+                    self.holder.lowered = False
+                    self._rebind()
                 fut = await producer.send(self.topic, value, headers=self._mac(self.topic, None, value))
             except Exception:
                 self.dropped += 1
@@ -400,10 +419,6 @@ class FleetSync:
         if len(seen) > 4 * max(1024, len(per)):  # bounded: the buckets with usage lately
             self._throttles_seen = {lid: seen[lid] for lid in per if lid in seen}
         self.holder.observe(per, now, held)
-        g = self.holder.grant
-        if g is not None and now >= g.until_ms and not self._expiry_noted:
-            self._expiry_noted = True
-            self._rebind()
 
     def _rebind(self) -> None:
         """Shares changed: every kept handle binds again (as after a quota alter), to the new limits."""

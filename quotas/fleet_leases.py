@@ -375,6 +375,10 @@ class LeaseHolder:
         self.granted_count = 0
         self.granted_quota: dict[int, float] = {}
         self.prev_shares: dict[int, float] = {}
+        self.self_caps: dict[int, float] = {}
+        """Lease id -> the share it lowered itself to since its last grant (what its records since state)."""
+        self.lowered = False
+        """Set when a record lowered a share (the caller binds its connections again), cleared by the caller."""
         self.hungry: dict[int, int] = {}
         """Lease id -> until when (ms) its clients count as held back by its share: its last interval's usage
         reached the share, or they were throttled (then until their wait is over)."""
@@ -394,6 +398,9 @@ class LeaseHolder:
         else:
             got = self.shares.get(lid)
             s = quota * g.floor_ratio if got is None else min(got, quota)
+            cap = self.self_caps.get(lid)
+            if cap is not None:  # lowered since the grant (a floor at least)
+                s = min(s, max(cap, quota * g.floor_ratio))
         return max(s, quota * MIN_SHARE)
 
     def due(self, now_ms: int) -> bool:
@@ -411,6 +418,7 @@ class LeaseHolder:
         self.prev_shares = self.shares
         self.shares = dict(zip(ids, grant.shares.tolist(), strict=True))
         self.granted_quota = dict(zip(ids, grant.quota.tolist(), strict=True))
+        self.self_caps = {}
         self.granted_count += 1
         return True
 
@@ -467,7 +475,13 @@ class LeaseHolder:
             if self.hungry.get(lid, 0) > now_ms:
                 demand.append(q)
             else:  # what it used lately, with room to grow; a fall shows within an interval or two
-                demand.append(min(q, HEADROOM * max(self.last_rate.get(lid, 0.0), 0.25 * rate)))
+                d = min(q, HEADROOM * max(self.last_rate.get(lid, 0.0), 0.25 * rate))
+                demand.append(d)
+                if live:  # lower at once: it holds no more than it wants from this record on (its floor at least)
+                    lowered = max(d, q * self.floor_ratio())
+                    if lowered < s:
+                        self.self_caps[lid] = s = lowered
+                        self.lowered = True
             hold.append(s)
         if live:
             seen = set(ids)
@@ -475,11 +489,10 @@ class LeaseHolder:
             floor_ratio = self.grant.floor_ratio
             for lid, s in self.shares.items():
                 q = self.granted_quota[lid]
-                if lid not in seen and s > floor_ratio * q * (1 + 1e-9):
-                    ids.append(lid)
-                    quota.append(q)
-                    demand.append(0.0)
-                    hold.append(s)
+                if lid not in seen and s > floor_ratio * q * (1 + 1e-9) and self.self_caps.get(lid, s) > 0:
+                    # held, not used any more: back to its floor (the book counts every member's floor)
+                    self.self_caps[lid] = 0.0
+                    self.lowered = True
         self.in_flight = now_ms
         self.written_ms = now_ms
         return LeaseRecord(

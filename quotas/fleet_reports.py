@@ -1,4 +1,8 @@
-"""Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage.
+"""Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage (issue 32's scheme).
+
+Since issue 39 the members hold leases instead (``quotas.fleet_leases``): a member's :class:`FleetLedger` feeds
+its demand meter, and the record authentication (:func:`record_mac`, :func:`authentic`), :func:`bucket_id` and the
+quota records here are the leases' too; the usage reports and their fold below are no longer exchanged.
 
 Pure policy, no I/O (``proxy/fleet_member.py`` carries the messages over a Kafka topic). Each member records its own
 charges as before and, besides, adds them to a :class:`FleetLedger`: usage per bucket since the last sync. A few

@@ -119,10 +119,11 @@ def test_three_members_hold_three_producers_to_one_quota(
         assert tolerance is not None and abs(rate.rate / (factor * QUOTA) - 1) <= tolerance, f"{rate.rate / MIB:.3f}"
         return
     heard = [_gauge(p, "ktp_fleet_members") for p in ports]
-    applied = [_gauge(p, "ktp_fleet_usage_applied") for p in ports]
+    taken = [_gauge(p, "ktp_fleet_leases_taken") for p in ports]
+    expired = [_gauge(p, "ktp_fleet_lease_expired") for p in ports]
     delays = [_gauge(p, "ktp_fleet_sync_delay_p99_ms") for p in ports]
     print(
-        f"members heard {heard}, remote usages applied {applied}, sync delay p99 {delays} ms, 5 s slices "
+        f"members heard {heard}, leases taken {taken}, lease run out {expired}, sync delay p99 {delays} ms, 5 s slices "
         f"{[round(w / MIB, 2) for w in rate.windows]} MiB/s"
     )
     assert all(h == MEMBERS for h in heard), heard

@@ -107,8 +107,9 @@ def _check(sim):
 delays = st.one_of(st.none(), st.integers(0, 3_000))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
+    lease=st.sampled_from([1_000, LEASE_MS]),  # a short one: leases run out between records
     n=st.integers(1, 5),
     buckets=st.integers(1, 2),
     seed=st.integers(0, 1 << 30),
@@ -122,7 +123,9 @@ delays = st.one_of(st.none(), st.integers(0, 3_000))
     ),
     kill=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8_000))),
 )
-def test_the_shares_enforced_never_add_up_past_the_quota(n, buckets, seed, loss, max_write, max_read, phases, kill):
+def test_the_shares_enforced_never_add_up_past_the_quota(
+    lease, n, buckets, seed, loss, max_write, max_read, phases, kill
+):
     """For any member set, demands (changing in phases), record delays and losses, clock skews within SKEW_MS
     and a member dying at any time: at every step, every bucket, the live members' shares add up to at most the
     quota (the strict fallback: a member whose lease ran out enforces nothing)."""
@@ -138,6 +141,7 @@ def test_the_shares_enforced_never_add_up_past_the_quota(n, buckets, seed, loss,
         skew_ms=SKEW_MS // 2,
         write_delay=write,
         read_delay=lambda rng: rng.randint(0, max_read),
+        lease_ms=lease,
     )
     t = 0
     for length, levels in phases:

@@ -76,3 +76,12 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
         assert c is not None and c.limit == pytest.approx(quota / 2, rel=0.01), (m.member, c.limit)
     assert a.book.live() == b.book.live() == 2
     assert a.leases_taken > 0 and b.leases_taken > 0
+    # no record read back for a lease: cut off from the topic, the equal split; connected (records late), nothing
+    clock[0] += 4_001
+    a.check_lease(clock[0])
+    c = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
+    assert c is not None and c.limit == pytest.approx(quota / 2)
+    a.holder.fallback_split = False
+    a._rebind()
+    c = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
+    assert c is not None and c.limit < quota * 1e-5
