@@ -305,7 +305,9 @@ async def _wait(cond, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def _leases(members: int, delays_ms: list[int], interval_ms: int, seed: int = 1, step_ms: int = 10) -> dict:
+def _leases(
+    members: int, delays_ms: list[int], interval_ms: int, seed: int = 1, step_ms: int = 10, kafka: bool = False
+) -> dict:
     """The fleet's enforcement with leases (``quotas.fleet_sim``), every record landing a delay drawn from the
     measured ones after it was written: one bucket of quota Q, every member's clients asking 3 x Q / N (3 x Q in
     all) for 30 s, then the load moves to the other half of the members (each half's clients ask 3 x Q) for 15 s.
@@ -321,12 +323,13 @@ def _leases(members: int, delays_ms: list[int], interval_ms: int, seed: int = 1,
         {1: quota},
         seed=seed,
         skew_ms=50,
-        fallback_split=False,  # a connected member whose lease ran out: the minimum share (FleetSync's rule)
+        fallback="start-split",  # a connected member's (FleetSync's rule)
         interval_ms=interval_ms,
         step_ms=step_ms,
         write_delay=lambda rng: rng.choice(pool),
         read_delay=lambda rng: 0,
         check_from_ms=5_000,
+        kafka=kafka,
     )
     half = {f"m{i:03d}" for i in range(members // 2)} if members > 1 else set()
     sim.run(30_000, lambda now, m, lid: 3 * quota / members)
@@ -371,6 +374,12 @@ def main() -> None:
         metavar=("P50_MS", "P99_MS"),
         help="no Kafka: replay a log-normal delay of this median and 99th percentile through N lease holders, and "
         "time the lease book's taking of N members' records of E buckets (the enforcement columns only)",
+    )
+    ap.add_argument(
+        "--enforcement",
+        choices=["smooth", "kafka"],
+        default="smooth",
+        help="with --sim-only: the members' enforcement (kafka: a windowed rate and a mute per member)",
     )
     args = ap.parse_args()
     if args.sim_only:
@@ -426,7 +435,8 @@ def _sim_only(args) -> None:
     rng = random.Random(1)
     pool = [max(1, round(rng.lognormvariate(math.log(p50), sigma))) for _ in range(4096)]
     print(
-        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; delays log-normal p50 {p50:.0f} p99 {p99:.0f}"
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; delays log-normal p50 {p50:.0f} p99 {p99:.0f}; "
+        f"{args.enforcement} enforcement"
     )
     print(
         "| N | E | take + allocate CPU ms/s per member | 5-s slices ÷ quota (10-30 s) "
@@ -451,7 +461,7 @@ def _sim_only(args) -> None:
             for rec in recs:
                 book.take(rec, grant=rec.member == "m000")
             cpu = (time.thread_time() - t0) / (8 * args.interval_ms / 1000)
-            r = _leases(n, pool, args.interval_ms)
+            r = _leases(n, pool, args.interval_ms, kafka=args.enforcement == "kafka")
             follow = "never" if r["follow_s"] is None else f"{r['follow_s']:.2f} s"
             print(
                 f"| {n} | {e} | {1000 * cpu:.1f} | {' '.join(f'{x:.3f}' for x in r['slices'])} | {r['run']:.3f} | "

@@ -127,6 +127,8 @@ class FleetSync:
         self.book = LeaseBook(fc.sync_interval_ms)
         """The fleet's leases, as every member computes them from the topic (``quotas.fleet_leases``)."""
         self.holder = LeaseHolder(self.member, interval_ms=fc.sync_interval_ms)
+        if config.quotas.enforcement == "kafka":  # the limit is the share's average over the rate window
+            self.holder.window_ms = manager.windows.rate.samples * manager.windows.rate.size_ms
         self.inner_store = manager.store
         manager.store = LeasedStore(self.inner_store, self.holder, wall_ms)  # the manager enforces the shares
         self.leases_taken = 0
@@ -286,7 +288,7 @@ class FleetSync:
                 self._warn("unreachable", exc)
             finally:
                 self.connected = False
-                self.holder.fallback_split = True  # cut off: the equal split once the lease has run out
+                self.holder.fallback = "split"  # cut off: the equal split once the lease has run out
                 if self._expiry_noted:  # (already run out: bind again to the split now)
                     self._rebind()
                 for client in (producer, consumer):
@@ -375,7 +377,7 @@ class FleetSync:
             if failed:
                 raise failed[0]
             now = self.wall_ms()
-            self.holder.fallback_split = False  # connected: a lease run out (records late) is no lease at all
+            self.holder.fallback = "start-split"  # connected: its floor once it has had a lease (records late)
             self._observe(ledger.take() if ledger is not None else [], now)
             if not self.holder.due(now):
                 continue

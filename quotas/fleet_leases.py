@@ -346,7 +346,7 @@ class LeaseHolder:
         member: str,
         lease_ms: int = LEASE_MS,
         floor_fraction: float = FLOOR_FRACTION,
-        fallback_split: bool = True,
+        fallback: str = "split",
         interval_ms: int = 250,
     ) -> None:
         self.member = member
@@ -355,10 +355,13 @@ class LeaseHolder:
         self.lease_ms = lease_ms
         self.lost_ms = lease_ms // 2
         self.floor_fraction = floor_fraction
-        self.fallback_split = fallback_split
-        """When the lease has run out (no record read back for a lease): True, enforce quota / members (the
-        fleet may then admit up to that much more per member cut off from the topic); False, the minimum share
-        (the quota holds, the clients of a cut-off member wait)."""
+        self.fallback = fallback
+        """What it enforces without a live lease: "split", quota / members (cut off from the topic: the others
+        stop counting it a lease later, so up to that much more per member cut off); "start-split", that before
+        its first grant (a member's first read-back, ~0.2 s, uncounted) and its floor after; "floor", its floor
+        (connected, its records late: the book counts the floor of every member whose records land; an
+        uncounted floor only for a member whose records are a lease late); "zero", the minimum share (strict,
+        for the tests; a throttle against it would be endless)."""
         self.grant: Grant | None = None
         self.shares: dict[int, float] = {}
         self.usage: dict[int, float] = {}
@@ -379,6 +382,10 @@ class LeaseHolder:
         """Lease id -> the share it lowered itself to since its last grant (what its records since state)."""
         self.lowered = False
         """Set when a record lowered a share (the caller binds its connections again), cleared by the caller."""
+        self.window_ms = 0
+        """Kafka's enforcement: the rate window (ms) the enforced limit averages the share over (0: the share)."""
+        self._history: dict[int, list[tuple[int, float]]] = {}
+        """Lease id -> the shares it held (from, share) over the last :attr:`window_ms`."""
         self.hungry: dict[int, int] = {}
         """Lease id -> until when (ms) its clients count as held back by its share: its last interval's usage
         reached the share, or they were throttled (then until their wait is over)."""
@@ -390,11 +397,47 @@ class LeaseHolder:
         return g.floor_ratio if g is not None else self.floor_fraction / max(1, self.members_seen)
 
     def share(self, lid: int, quota: float, now_ms: int) -> float:
-        """The share to enforce for this bucket now."""
+        """The limit to enforce for this bucket now: its share (:meth:`raw_share`) or, with :attr:`window_ms`
+        (Kafka's enforcement), its share's average over that window.
+
+        Why an average with Kafka's enforcement: a windowed rate compares the last W seconds' usage with the
+        limit, so a share that drops to a tenth would mute a client that used its old share for ~10 x W, though
+        that usage was within the old lease. Each member's usage over a window is at most its average share times
+        W (Kafka's own check), and the members' shares add up to at most Q at every instant, so their usage over
+        any window ending at a check adds up to at most Q x W: the same bound as one broker's."""
+        s = self.raw_share(lid, quota, now_ms)
+        if not self.window_ms:
+            return s
+        h = self._history.get(lid)
+        if h is None:
+            if len(self._history) > 4 * max(1024, len(self.shares)):  # bounded: forget the idle ones
+                self._history = {k: v for k, v in self._history.items() if v[-1][0] > now_ms - self.window_ms}
+            h = self._history[lid] = []
+        if not h or h[-1][1] != s:
+            h.append((now_ms, s))
+        start = now_ms - self.window_ms
+        while len(h) > 1 and h[1][0] <= start:
+            h.pop(0)
+        total = 0.0
+        for i, (t, v) in enumerate(h):
+            t0 = max(t, start)
+            t1 = h[i + 1][0] if i + 1 < len(h) else now_ms
+            if t1 > t0:
+                total += v * (t1 - t0)
+        span = now_ms - max(h[0][0], start)
+        return total / span if span > 0 else s
+
+    def raw_share(self, lid: int, quota: float, now_ms: int) -> float:
+        """The share it holds now (what its records state and the book counts)."""
         g = self.grant
         if g is None or now_ms >= g.until_ms:  # no record read back yet, or not for a lease
             self.expired += 1
-            s = quota / max(1, self.members_seen) if self.fallback_split else 0.0
+            if self.fallback == "split" or (g is None and self.fallback == "start-split"):
+                s = quota / max(1, self.members_seen)
+            elif self.fallback == "zero":
+                s = 0.0
+            else:  # its floor, which the book counts while its records land
+                s = quota * self.floor_ratio()
         else:
             got = self.shares.get(lid)
             s = quota * g.floor_ratio if got is None else min(got, quota)
@@ -448,7 +491,7 @@ class LeaseHolder:
             self.usage[lid] = prev + alpha * (rate - prev)
             # Held back: it used (nearly) all of the smaller of its last two shares (a share just raised is not
             # used yet; comparing with it would read as no longer wanting more).
-            s = self.share(lid, quota, now_ms)
+            s = self.raw_share(lid, quota, now_ms)
             before = self.prev_shares.get(lid)
             if before is not None:
                 s = min(s, before)
@@ -469,7 +512,7 @@ class LeaseHolder:
         live = self.grant is not None and now_ms < self.grant.until_ms
         for lid, rate in self.usage.items():
             q = self.quotas[lid]
-            s = self.share(lid, q, now_ms)
+            s = self.raw_share(lid, q, now_ms)
             ids.append(lid)
             quota.append(q)
             if self.hungry.get(lid, 0) > now_ms:

@@ -5,7 +5,7 @@ its own :class:`LeaseHolder` (on its own, possibly skewed, clock); the log is or
 one :class:`LeaseBook` takes them in that order (every member's book would compute the same, so one stands for
 all) and each member reads its own record back a read delay after it landed. Clients are modelled as a rate of
 demand per member and bucket: a member admits min(demand, share) (smooth enforcement's pacing, at the step's
-resolution).
+resolution), or with ``kafka`` Kafka's windowed rate and mute per member.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from quotas.fleet_leases import LEASE_MS, Grant, LeaseBook, LeaseHolder, LeaseRecord
+from quotas.rate import SampledRate, byte_rate_throttle_ms
 
 
 @dataclass
@@ -57,17 +58,24 @@ class FleetSim:
     _seq: int = 0
     _usage: dict[str, dict[int, float]] = field(default_factory=dict)
     _held: dict[str, dict[int, int]] = field(default_factory=dict)
+    kafka: bool = False
+    """Kafka's enforcement (a windowed rate and a mute per member) instead of smooth pacing."""
+    _rates: dict[tuple[str, int], SampledRate] = field(default_factory=dict)
+    _muted: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+        if self.kafka:
+            for m in self.members:
+                m.holder.window_ms = 11_000
         self.book = LeaseBook(self.interval_ms, lease_ms=self.lease_ms)
         self.landed = {lid: [] for lid in self.quotas}
 
     def shares(self, now: int | None = None) -> dict[str, dict[int, float]]:
-        """What every live member enforces now, per bucket."""
+        """The share every live member holds now, per bucket."""
         t = self.now if now is None else now
         return {
-            m.name: {lid: m.holder.share(lid, q, t + m.skew_ms) for lid, q in self.quotas.items()}
+            m.name: {lid: m.holder.raw_share(lid, q, t + m.skew_ms) for lid, q in self.quotas.items()}
             for m in self.members
             if m.alive
         }
@@ -107,15 +115,19 @@ class FleetSim:
                 local = now + m.skew_ms
                 usage = self._usage.setdefault(m.name, {})
                 for lid, q in self.quotas.items():
-                    share = m.holder.share(lid, q, local)
-                    totals[lid] += share
+                    share = m.holder.share(lid, q, local)  # (with kafka: its average over the window)
+                    totals[lid] += m.holder.raw_share(lid, q, local)
                     d = demand(now, m.name, lid)
-                    if d > 0:
+                    if d <= 0:
+                        continue
+                    if self.kafka:
+                        amount = self._kafka_step(m.name, lid, d, share, now)
+                    else:
                         amount = min(d, share) * self.step_ms / 1000
-                        landed_now[lid] += amount
-                        usage[lid] = usage.get(lid, 0.0) + amount
                         if d > share:  # paced: its clients wait
                             self._held.setdefault(m.name, {})[lid] = self.step_ms
+                    landed_now[lid] += amount
+                    usage[lid] = usage.get(lid, 0.0) + amount
                 if (now - m.phase_ms) % self.interval_ms == 0:
                     m.holder.observe(
                         {lid: (a, self.quotas[lid]) for lid, a in usage.items()}, local, self._held.pop(m.name, None)
@@ -132,6 +144,24 @@ class FleetSim:
                     self.max_ratio = max(self.max_ratio, totals[lid] / q)
                 self.landed[lid].append(landed_now[lid])
             self.now += self.step_ms
+
+    def _kafka_step(self, name: str, lid: int, d: float, share: float, now: int) -> float:
+        """Kafka's enforcement of the member's share: its clients send a step's worth of their demand unless
+        muted; each request is recorded in an 11 x 1 s windowed rate, and one over the share mutes the client
+        for Kafka's throttle time (``quotas.rate``)."""
+        key = (name, lid)
+        if now < self._muted.get(key, 0):
+            return 0.0
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = SampledRate(11, 1000)
+        amount = d * self.step_ms / 1000
+        observed, window = rate.record_and_measure(amount, now)
+        if observed > share:
+            throttle = byte_rate_throttle_ms(observed, share, window)
+            self._muted[key] = now + throttle
+            self._held.setdefault(name, {})[lid] = throttle
+        return amount
 
     def kill(self, name: str) -> None:
         for m in self.members:
@@ -150,7 +180,7 @@ def fleet(
     quotas: dict[int, float],
     seed: int = 0,
     skew_ms: int = 0,
-    fallback_split: bool = False,
+    fallback: str = "zero",
     **kwargs: Any,
 ) -> FleetSim:
     """``n`` members with phases spread over an interval and clocks skewed by up to ``skew_ms`` either way."""
@@ -163,7 +193,7 @@ def fleet(
             LeaseHolder(
                 f"m{i:03d}",
                 lease_ms=kwargs.get("lease_ms", LEASE_MS),
-                fallback_split=fallback_split,
+                fallback=fallback,
                 interval_ms=interval,
             ),
             skew_ms=rng.randint(-skew_ms, skew_ms),
