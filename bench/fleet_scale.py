@@ -323,7 +323,7 @@ def _leases(
         {1: quota},
         seed=seed,
         skew_ms=50,
-        fallback="start-split",  # a connected member's (FleetSync's rule)
+        fallback="floor",  # a connected member's (FleetSync's rule)
         interval_ms=interval_ms,
         step_ms=step_ms,
         write_delay=lambda rng: rng.choice(pool),

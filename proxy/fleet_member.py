@@ -377,7 +377,7 @@ class FleetSync:
             if failed:
                 raise failed[0]
             now = self.wall_ms()
-            self.holder.fallback = "start-split"  # connected: its floor once it has had a lease (records late)
+            self.holder.fallback = "floor"  # connected: its floor until a record is back (first, or late ones)
             self._observe(ledger.take() if ledger is not None else [], now)
             if not self.holder.due(now):
                 continue

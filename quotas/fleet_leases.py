@@ -357,11 +357,10 @@ class LeaseHolder:
         self.floor_fraction = floor_fraction
         self.fallback = fallback
         """What it enforces without a live lease: "split", quota / members (cut off from the topic: the others
-        stop counting it a lease later, so up to that much more per member cut off); "start-split", that before
-        its first grant (a member's first read-back, ~0.2 s, uncounted) and its floor after; "floor", its floor
-        (connected, its records late: the book counts the floor of every member whose records land; an
-        uncounted floor only for a member whose records are a lease late); "zero", the minimum share (strict,
-        for the tests; a throttle against it would be endless)."""
+        stop counting it a lease later, so up to that much more per member cut off); "floor", its floor
+        (connected: before its first record is back, uncounted for ~0.2 s, or its records late, counted by the
+        book while they land; uncounted only for a member whose records are a lease late); "zero", the minimum
+        share (strict, for the tests; a throttle against it would be endless)."""
         self.grant: Grant | None = None
         self.shares: dict[int, float] = {}
         self.usage: dict[int, float] = {}
@@ -432,7 +431,7 @@ class LeaseHolder:
         g = self.grant
         if g is None or now_ms >= g.until_ms:  # no record read back yet, or not for a lease
             self.expired += 1
-            if self.fallback == "split" or (g is None and self.fallback == "start-split"):
+            if self.fallback == "split":
                 s = quota / max(1, self.members_seen)
             elif self.fallback == "zero":
                 s = 0.0

@@ -81,7 +81,7 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
     a.check_lease(clock[0])
     c = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
     assert c is not None and c.limit == pytest.approx(quota / 2)
-    a.holder.fallback = "start-split"
+    a.holder.fallback = "floor"
     a._rebind()
     c = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
     assert c is not None and c.limit == pytest.approx(quota * 0.05 / 2)  # its floor, which the book counts
