@@ -134,6 +134,8 @@ class FleetSync:
         self.leases_taken = 0
         self._throttles_seen: dict[int, int] = {}
         """Lease id -> its tracker's throttle total when last looked at (a rise: throttled since)."""
+        self._lease_names: dict[int, tuple[str, str, str]] = {}
+        """Lease id -> a (quota key, user, client id) charged to it, for the buckets the demand meter knows."""
         self._expiry_noted = True
         self.connected = False
         self._tasks: list[asyncio.Task] = []
@@ -397,12 +399,14 @@ class FleetSync:
             fut.add_done_callback(acked)
 
     def _observe(self, usage, now: int) -> None:
-        """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to); and
-        when the lease has run out, the connections bind again (to the equal split)."""
+        """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to), with
+        the buckets throttled in it: its clients want more than its share, in either enforcement mode, even when
+        nothing was recorded (KIP-599 rejects a request over its bucket: no usage, only a throttle)."""
         store = self.inner_store
         per: dict[int, tuple[float, float]] = {}
         held: dict[int, int] = {}
         seen = self._throttles_seen
+        names = self._lease_names
         mono = self.now_ms()
         for key, user, client_id, amount in usage:
             r = store.resolve(user, client_id, key)
@@ -411,15 +415,19 @@ class FleetSync:
             lid = lease_id(key, r.bucket)
             got = per.get(lid)
             per[lid] = (amount + (got[0] if got else 0.0), r.limit)
-            # Throttled in this interval (in either enforcement mode): its clients want more than its share.
+            names[lid] = (key, user, client_id)
+        # Every bucket used lately (the demand meter's), with usage in this interval or not: throttled since?
+        for lid in [lid for lid in names if lid not in per and lid not in self.holder.usage]:
+            del names[lid]
+            seen.pop(lid, None)
+        for lid, (key, user, client_id) in names.items():
             b = self.manager.bind(key, user, client_id, "", mono)
-            if b is not None:
-                total = b.tracker.throttle_ms_total
-                if total > seen.get(lid, 0):
-                    held[lid] = b.tracker.last_throttle_ms
-                seen[lid] = total
-        if len(seen) > 4 * max(1024, len(per)):  # bounded: the buckets with usage lately
-            self._throttles_seen = {lid: seen[lid] for lid in per if lid in seen}
+            if b is None:
+                continue
+            total = b.tracker.throttle_ms_total
+            if total > seen.get(lid, 0):
+                held[lid] = b.tracker.last_throttle_ms
+            seen[lid] = total
         self.holder.observe(per, now, held)
 
     def _rebind(self) -> None:

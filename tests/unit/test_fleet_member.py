@@ -85,3 +85,41 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
     a._rebind()
     c = a.manager.charge_rate("producer_byte_rate", "", "hot", "", 1.0, clock[0])
     assert c is not None and c.limit == pytest.approx(quota * 0.05 / 2)  # its floor, which the book counts
+
+
+def test_a_bucket_throttled_without_usage_still_asks_for_more(monkeypatch):
+    """KIP-599 rejects a request over its bucket: nothing is recorded, only a throttle. The member still counts
+    its clients as held back (demand: the whole quota), or its share would fall to its floor and stay there."""
+    from quotas.entities import QuotaEntity
+    from quotas.fleet_reports import FleetLedger
+
+    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
+    config = ProxyConfig.model_validate(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "a"},
+            "quotas": {"scope": "fleet"},
+        }
+    )
+    store = QuotaStore()
+    store.set(QuotaEntity(None, "c"), "controller_mutation_rate", 4.0)
+    qm = QuotaManager(store)
+    qm.ledger = FleetLedger()
+    clock = [1_000_000]
+
+    async def build() -> FleetSync:
+        return FleetSync(config, qm, lambda: clock[0], wall_ms=lambda: clock[0])
+
+    a = asyncio.run(build())
+    first = qm.charge_mutations("", "c", "", [100], clock[0], strict=True)
+    assert first is not None and first.mutations == 100  # admitted: the bucket is deep in debt now
+    a._observe(qm.ledger.take(), clock[0])
+    a.holder.in_flight = None
+    for _ in range(8):  # two seconds of rejected requests: no usage at all
+        clock[0] += 250
+        again = qm.charge_mutations("", "c", "", [4], clock[0], strict=True)
+        assert again is not None and again.mutations == 0 and again.throttle_ms > 0
+        a._observe(qm.ledger.take(), clock[0])
+        rec = a.holder.record(clock[0])
+        a.holder.in_flight = None
+        assert rec.demand.tolist() == [4.0]
