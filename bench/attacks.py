@@ -22,7 +22,6 @@ import os
 import resource
 import selectors
 import socket
-import statistics
 import struct
 import subprocess
 import tempfile
@@ -36,6 +35,7 @@ import psutil
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from tests.harness import KafkaCluster
+from tests.harness.measure import percentile
 from tests.support import ProxyProcess
 
 MiB = 1 << 20
@@ -164,10 +164,6 @@ def attack_dribble_huge(port: int, dribblers: int, huge: int, seconds: float, re
     result.update(closed=closed, huge_bytes=sent)
 
 
-def pct(xs: list[float], q: int) -> float:
-    return statistics.quantiles(xs, n=100)[q - 1] if len(xs) >= 2 else (xs[0] if xs else 0.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--idle", type=int, default=10_000)
@@ -229,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, start, peak, end, lat in rows:
         print(
-            f"| {name} | {start / MiB:.0f} | {peak / MiB:.0f} | {end / MiB:.0f} | {pct(lat, 50) * 1000:.1f} | "
-            f"{pct(lat, 99) * 1000:.1f} | {max(lat) * 1000:.1f} | {len(lat)} |"
+            f"| {name} | {start / MiB:.0f} | {peak / MiB:.0f} | {end / MiB:.0f} | {percentile(lat, 50) * 1000:.1f} | "
+            f"{percentile(lat, 99) * 1000:.1f} | {max(lat) * 1000:.1f} | {len(lat)} |"
         )
     print(f"\nnormal producer: {normal.seq} sent, {count} read back, in order: {ordered}, errors: {len(normal.errors)}")
     return 0 if count == normal.seq and ordered and not normal.errors else 1

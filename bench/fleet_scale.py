@@ -43,7 +43,6 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
 
 from config.model import ProxyConfig
 from proxy.fleet_member import FleetSync
@@ -51,10 +50,12 @@ from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
 from quotas.fleet_leases import LeaseHolder, LeaseRecord
 from quotas.fleet_reports import FleetLedger, Usage
 from quotas.manager import QuotaManager
+from tests.harness.measure import percentile
 
 KEY = "producer_byte_rate"
 SECRET_ENV = "KTP_BENCH_FLEET_SECRET"
 WINDOW_S = 11.0
+NAN = float("nan")
 CPU = {"publish": 0.0, "bytes": 0, "reports": 0}
 """Totals over every member of the process: encode is a method of the report, not of a member."""
 
@@ -201,7 +202,7 @@ async def _measure(syncs: list[BenchSync], t0: float, t1: float) -> dict:
         "reports": CPU["reports"],
         "process": proc,
         "members": len(syncs),
-        "lag_p99": _pct(sorted(lags), 0.99) * 1000,
+        "lag_p99": percentile(lags, 99, empty=NAN) * 1000,
         "fold": [s.fold_cpu / wall for s, _ in listening],
         "received": [(s.received - r0) / wall for s, r0 in listening],
         "delays": [d for s, _ in listening for d in s.delays],
@@ -281,20 +282,16 @@ async def _run(
         "topic_mb_s": published["bytes"] / wall / 1e6,
         "reports_s": published["reports"] / wall,
         "bytes_per_entry": published["bytes"] / max(1, published["reports"] * entities),
-        "delay_p50": _pct(delays, 0.50),
-        "delay_p99": _pct(delays, 0.99),
+        "delay_p50": percentile(delays, 50, empty=NAN),
+        "delay_p99": percentile(delays, 99, empty=NAN),
         "received_s": statistics.median(mine["received"]),
         "process_cpu": mine["process"] / wall,
         "lag_p99": max(p["lag_p99"] for p in parts),
         "observer_lag_p99": mine["lag_p99"],
-        "peer_p99": _pct(sorted(mine["peer_delays"]), 0.99),
+        "peer_p99": percentile(mine["peer_delays"], 99, empty=NAN),
         "workers_cpu": sum(p["process"] for p in theirs) / wall,
         "delays": delays,
     }
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    return float(xs[min(len(xs) - 1, int(q * len(xs)))]) if xs else float("nan")
 
 
 async def _wait(cond, timeout: float) -> None:

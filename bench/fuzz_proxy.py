@@ -138,7 +138,7 @@ def _scrape(port: int) -> tuple[int, int]:
     return total("ktp_requests"), total("ktp_connection_errors")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=3_000_000, help="frames to send in all (default 3,000,000)")
     ap.add_argument("--seconds", type=float, default=1800, help="at most this long (default 1800)")
@@ -146,70 +146,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames-per-connection", type=int, default=50)
     ap.add_argument("--listeners", default="plain,sasl", help="the proxies to fuzz: plain, sasl or both")
     ap.add_argument("--seed", type=int, default=35)
-    args = ap.parse_args(argv)
-    listeners = [x for x in args.listeners.split(",") if x]
-    workdir = Path(tempfile.mkdtemp(prefix="ktp-fuzz-"))
-    pool = _pool(args.seed, 20)
+    return ap.parse_args(argv)
+
+
+def _start_side(cluster: KafkaCluster, workdir: Path, name: str) -> _Side:
+    """A proxy with every quota in front of the ``name`` listener (plain or sasl), and its idempotent producer
+    after a first 2 s of records."""
+    metrics_port = _free_port()
+    upstream = cluster.sasl_bootstrap if name == "sasl" else cluster.bootstrap
+    extra = {**QUOTAS, "metrics.port": metrics_port}
+    proxy = ProxyProcess(workdir, upstream, extra, name=f"proxy-{name}").start()
+    auth = {}
+    if name == "sasl":
+        auth = {k: v for k, v in cluster.client_config("alice").items() if k != "bootstrap.servers"}
+    normal = Normal(proxy.bootstrap, f"fuzz-{name}-{uuid.uuid4().hex[:6]}", auth)
+    normal.run(2)
+    return _Side(name, proxy, normal, metrics_port)
+
+
+def _fuzz(sides: list[_Side], pool: list[bytes], args: argparse.Namespace) -> float:
+    """The workers fuzz every side while each side's producer works, until ``--frames`` or ``--seconds``; then
+    what each proxy read, its RSS, the records read back and whether it lives. Returns the seconds it ran."""
     budget = [0]
-    sides: list[_Side] = []
-    with KafkaCluster(3, workdir=workdir / "kafka", server_props={"auto.create.topics.enable": "true"}) as cluster:
-        try:
-            for name in listeners:
-                metrics_port = _free_port()
-                upstream = cluster.sasl_bootstrap if name == "sasl" else cluster.bootstrap
-                extra = {**QUOTAS, "metrics.port": metrics_port}
-                proxy = ProxyProcess(workdir, upstream, extra, name=f"proxy-{name}").start()
-                auth = {}
-                if name == "sasl":
-                    auth = {k: v for k, v in cluster.client_config("alice").items() if k != "bootstrap.servers"}
-                normal = Normal(proxy.bootstrap, f"fuzz-{name}-{uuid.uuid4().hex[:6]}", auth)
-                normal.run(2)
-                sides.append(_Side(name, proxy, normal, metrics_port))
-            samplers = [Sampler(s.proxy.process.pid) for s in sides]
-            for s, sampler in zip(sides, samplers, strict=True):
-                sampler.__enter__()
-                s.rss.append(sampler.rss())
-            t0 = time.monotonic()
-            deadline = t0 + args.seconds
-            done = [False]  # the fuzz ended: the producers stop too
-            normal_for = [
-                threading.Thread(target=s.normal.run, args=(args.seconds,), kwargs={"until": lambda: done[0]})
-                for s in sides
-            ]
-            for t in normal_for:
-                t.start()
+    samplers = [Sampler(s.proxy.process.pid) for s in sides]
+    for s, sampler in zip(sides, samplers, strict=True):
+        sampler.__enter__()
+        s.rss.append(sampler.rss())
+    t0 = time.monotonic()
+    deadline = t0 + args.seconds
+    done = [False]  # the fuzz ended: the producers stop too
+    normal_for = [
+        threading.Thread(target=s.normal.run, args=(args.seconds,), kwargs={"until": lambda: done[0]}) for s in sides
+    ]
+    for t in normal_for:
+        t.start()
 
-            async def run() -> None:
-                await asyncio.gather(
-                    *(
-                        _worker(
-                            sides[i % len(sides)],
-                            pool,
-                            deadline,
-                            args.frames_per_connection,
-                            args.seed + i,
-                            budget,
-                            args.frames,
-                        )
-                        for i in range(args.workers)
-                    )
+    async def run() -> None:
+        await asyncio.gather(
+            *(
+                _worker(
+                    sides[i % len(sides)],
+                    pool,
+                    deadline,
+                    args.frames_per_connection,
+                    args.seed + i,
+                    budget,
+                    args.frames,
                 )
+                for i in range(args.workers)
+            )
+        )
 
-            asyncio.run(run())
-            elapsed = time.monotonic() - t0
-            done[0] = True
-            for t in normal_for:
-                t.join(120)
-            time.sleep(2)
-            for s, sampler in zip(sides, samplers, strict=True):
-                s.rss += [sampler.peak, sampler.rss()]
-                sampler.__exit__(None, None, None)
-                s.read = _scrape(s.metrics_port)
-                s.back = s.normal.read_back()
-                s.alive = psutil.pid_exists(s.proxy.process.pid) and s.proxy.alive()
-        finally:
-            for s in sides:
-                s.proxy.terminate()
+    asyncio.run(run())
+    elapsed = time.monotonic() - t0
+    done[0] = True
+    for t in normal_for:
+        t.join(120)
+    time.sleep(2)
+    for s, sampler in zip(sides, samplers, strict=True):
+        s.rss += [sampler.peak, sampler.rss()]
+        sampler.__exit__(None, None, None)
+        s.read = _scrape(s.metrics_port)
+        s.back = s.normal.read_back()
+        s.alive = psutil.pid_exists(s.proxy.process.pid) and s.proxy.alive()
+    return elapsed
+
+
+def _report(args: argparse.Namespace, sides: list[_Side], pool_size: int, elapsed: float) -> bool:
+    """Print the table (and every bad log line); True when nothing the contract forbids showed."""
     ok = True
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"`python -m bench.fuzz_proxy --frames {args.frames} --seconds {args.seconds:g} --workers {args.workers} "
         f"--frames-per-connection {args.frames_per_connection} --listeners {args.listeners}`, every quota kind on, "
-        f"none binding; {len(pool):,} fuzzed cases in the pool, {elapsed:.0f} s\n"
+        f"none binding; {pool_size:,} fuzzed cases in the pool, {elapsed:.0f} s\n"
     )
     print("| figure | " + " | ".join(s.name for s in sides) + " |")
     print("|---|" + "---|" * len(sides))
@@ -252,7 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     for label, values in rows.items():
         print(f"| {label} | " + " | ".join(values) + " |")
     print(f"\nframes sent in all: {sum(s.frames for s in sides):,}")
-    return 0 if ok else 1
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    listeners = [x for x in args.listeners.split(",") if x]
+    workdir = Path(tempfile.mkdtemp(prefix="ktp-fuzz-"))
+    pool = _pool(args.seed, 20)
+    sides: list[_Side] = []
+    with KafkaCluster(3, workdir=workdir / "kafka", server_props={"auto.create.topics.enable": "true"}) as cluster:
+        try:
+            for name in listeners:
+                sides.append(_start_side(cluster, workdir, name))
+            elapsed = _fuzz(sides, pool, args)
+        finally:
+            for s in sides:
+                s.proxy.terminate()
+    return 0 if _report(args, sides, len(pool), elapsed) else 1
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def _client(
     return got, wall
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--version", type=int, default=11)
     ap.add_argument("--size-kib", type=int, default=1024)
@@ -224,89 +224,105 @@ def main() -> None:
     ap.add_argument("--verify", action="store_true", help="compare every byte received (costs client CPU)")
     ap.add_argument("--serve-relay", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--serve-splice", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _serve(args: argparse.Namespace) -> bool:
+    """Run as one of the processes the benchmark starts (the fake broker, the bare relay, the splice relay), if
+    asked to; False when this is the benchmark itself."""
+    if not (args.serve_broker or args.serve_relay or args.serve_splice):
+        return False
+    import uvloop
+
     if args.serve_broker:
-        import uvloop
-
         uvloop.run(_broker(Path(args.serve_broker), args.version, args.size_kib * 1024, args.verify))
-        return
-    if args.serve_relay:
-        import uvloop
-
+    elif args.serve_relay:
         uvloop.run(_relay(Path(args.serve_relay[0]), args.serve_relay[1]))
-        return
-    if args.serve_splice:
-        import uvloop
-
+    else:
         from bench.splice_relay import serve
 
         uvloop.run(serve(Path(args.serve_splice[0]), args.serve_splice[1], args.pipe_kib * 1024))
+    return True
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    """This module again, as one of its serving processes."""
+    return subprocess.Popen([sys.executable, "-m", "bench.passthrough", *args], env={**os.environ})
+
+
+def _start_relays(tmp: Path, upstream: str, pipe_kib: int) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """The bare relay and the splice relay in front of ``upstream``, once both listen (their ports in files)."""
+    relay = _spawn("--serve-relay", str(tmp / "relay-port"), upstream)
+    splice = _spawn("--serve-splice", str(tmp / "splice-port"), upstream, "--pipe-kib", str(pipe_kib))
+    try:
+        while not all(f.exists() and f.read_text() for f in (tmp / "relay-port", tmp / "splice-port")):
+            if relay.poll() is not None or splice.poll() is not None:
+                raise RuntimeError("a relay process did not start (see its error above)")
+            time.sleep(0.05)
+    except BaseException:
+        for child in (relay, splice):
+            child.terminate()
+            child.wait(10)
+        raise
+    return relay, splice
+
+
+def _phases(
+    args: argparse.Namespace, upstream: str, middle: dict[str, tuple[str, psutil.Process]], expect: bytes | None
+) -> None:
+    """The same client direct and through each process in the middle; prints MiB/s and that process's CPU per GiB."""
+    per_gib, rate = {}, {}
+    for phase in ("direct", "relay", "splice", "proxy"):
+        address, ps = middle.get(phase, (upstream, None))
+        _client(address, args.version, 1, args.inflight, expect)  # warm-up
+        cpu0 = sum(ps.cpu_times()[:2]) if ps else 0.0
+        got, wall = _client(address, args.version, args.seconds, args.inflight, expect)
+        cpu = sum(ps.cpu_times()[:2]) - cpu0 if ps else 0.0
+        per_gib[phase] = cpu / (got / (1 << 30))
+        rate[phase] = got / wall / (1 << 20)
+        print(
+            f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {rate[phase]:8.1f} MiB/s, "
+            f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)"
+        )
+    print(
+        f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}, "
+        f"splice/relay: {per_gib['splice'] / per_gib['relay']:.2f}; MiB/s over direct: "
+        + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy"))
+    )
+
+
+def main() -> None:
+    args = _arguments()
+    if _serve(args):
         return
     expect = None
     if args.verify:
         expect = (b"\x00" if args.version >= 12 else b"") + fetch_response(args.version, args.size_kib * 1024, True)
     with tempfile.TemporaryDirectory(prefix="ktp-passthrough-") as tmp:
         port_file = Path(tmp) / "port"
-        broker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.passthrough",
-                "--serve-broker",
-                str(port_file),
-                "--version",
-                str(args.version),
-                "--size-kib",
-                str(args.size_kib),
-            ]
-            + (["--verify"] if args.verify else []),
-            env={**os.environ},
-        )
-        proxy = relay = splice = None
+        broker = _spawn(
+            "--serve-broker", str(port_file), "--version", str(args.version), "--size-kib", str(args.size_kib),
+            *(["--verify"] if args.verify else []),
+        )  # fmt: skip
+        proxy = None
+        relays: tuple[subprocess.Popen[bytes], ...] = ()
         try:
             while not port_file.exists() or not port_file.read_text():
                 time.sleep(0.05)
             upstream = f"127.0.0.1:{port_file.read_text()}"
-            relay_file = Path(tmp) / "relay-port"
-            relay = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-relay", str(relay_file),
-                                      upstream], env={**os.environ})  # fmt: skip
-            splice_file = Path(tmp) / "splice-port"
-            splice = subprocess.Popen([sys.executable, "-m", "bench.passthrough", "--serve-splice", str(splice_file),
-                                       upstream, "--pipe-kib", str(args.pipe_kib)], env={**os.environ})  # fmt: skip
-            while not all(f.exists() and f.read_text() for f in (relay_file, splice_file)):
-                if relay.poll() is not None or splice.poll() is not None:
-                    raise RuntimeError("a relay process did not start (see its error above)")
-                time.sleep(0.05)
+            relay, splice = relays = _start_relays(Path(tmp), upstream, args.pipe_kib)
             proxy = ProxyProcess(Path(tmp), upstream, {"log_level": args.log_level}).start()
-            middle = {"relay": (f"127.0.0.1:{relay_file.read_text()}", psutil.Process(relay.pid)),
-                      "splice": (f"127.0.0.1:{splice_file.read_text()}", psutil.Process(splice.pid)),
+            middle = {"relay": (f"127.0.0.1:{(Path(tmp) / 'relay-port').read_text()}", psutil.Process(relay.pid)),
+                      "splice": (f"127.0.0.1:{(Path(tmp) / 'splice-port').read_text()}", psutil.Process(splice.pid)),
                       "proxy": (proxy.bootstrap, psutil.Process(proxy.process.pid))}  # fmt: skip
-            per_gib, rate = {}, {}
-            for phase in ("direct", "relay", "splice", "proxy"):
-                address, ps = middle.get(phase, (upstream, None))
-                _client(address, args.version, 1, args.inflight, expect)  # warm-up
-                cpu0 = sum(ps.cpu_times()[:2]) if ps else 0.0
-                got, wall = _client(address, args.version, args.seconds, args.inflight, expect)
-                cpu = sum(ps.cpu_times()[:2]) - cpu0 if ps else 0.0
-                per_gib[phase] = cpu / (got / (1 << 30))
-                rate[phase] = got / wall / (1 << 20)
-                print(
-                    f"{phase:6} Fetch v{args.version} {args.size_kib} KiB: {rate[phase]:8.1f} MiB/s, "
-                    f"CPU of the process in the middle {per_gib[phase]:.3f} s/GiB ({cpu / wall:.0%} of a core)"
-                )
-            print(
-                f"proxy/relay CPU per GiB: {per_gib['proxy'] / per_gib['relay']:.2f}, "
-                f"splice/relay: {per_gib['splice'] / per_gib['relay']:.2f}; MiB/s over direct: "
-                + ", ".join(f"{p} {rate[p] / rate['direct']:.2f}" for p in ("relay", "splice", "proxy"))
-            )
+            _phases(args, upstream, middle, expect)
         finally:
             if proxy is not None:
                 proxy.process.terminate()
                 proxy.process.wait(10)
-            for child in (relay, splice):
-                if child is not None:
-                    child.terminate()
-                    child.wait(10)
+            for child in relays:
+                child.terminate()
+                child.wait(10)
             broker.terminate()
             broker.wait(10)
             if args.log_level == "DEBUG":

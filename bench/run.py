@@ -47,6 +47,7 @@ import psutil
 
 from bench.peers import PEER_ENV, PEER_NAMES, PEER_SIDES, PeerProcess, start_peers
 from tests.harness import KafkaCluster
+from tests.harness.measure import percentile
 from tests.harness.process_tree import cpu_between, cpu_reading, tree_peak_rss
 from tests.support import REPO, ProxyProcess
 
@@ -150,8 +151,7 @@ def probe_latency(bootstrap: str, n: int) -> Metrics:
             raise RuntimeError("probe record not delivered within 10 s")
         if i >= warmup:
             lat.append((time.perf_counter() - t0) * 1000)
-    q = statistics.quantiles(lat, n=100)
-    return {"p50": statistics.median(lat), "p99": q[98], "_active_s": sum(lat) / 1000}
+    return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "_active_s": sum(lat) / 1000}
 
 
 @dataclass
@@ -494,7 +494,7 @@ def machine_info(cluster: KafkaCluster, code: str, peers: dict[str, PeerProcess]
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, help="records per throughput run (default 300000; quick 30000)")
     ap.add_argument("--repeats", type=int, help="direct/proxy pairs per workload (default 3; quick 1)")
@@ -532,98 +532,155 @@ def main(argv: list[str] | None = None) -> int:
         help=f"peer side `goproxy`: the grepplabs kafka-proxy binary (default ${PEER_ENV['goproxy']}; "
         "skipped if neither)",
     )
-    args = ap.parse_args(argv)
-    given = {"kroxy": args.kroxylicious, "goproxy": args.kafka_proxy}
-    for side, path in given.items():
-        if path and not os.access(path, os.X_OK):
-            raise SystemExit(f"{PEER_NAMES[side]}: {path} is not an executable file")
-    sides = (*(SIDES[:2] if args.no_quotas else SIDES), *(s for s in PEER_SIDES if given[s]))
-    n = args.records or (30_000 if args.quick else 300_000)
-    repeats = args.repeats or (1 if args.quick else 3)
-    rate, rate_s = 2000, (5 if args.quick else 12)
-    probes = 300 if args.quick else 2000
-    partial = args.quick or args.only or args.pin
-    if args.pin:
-        if (os.cpu_count() or 1) < 2 or not shutil.which("taskset"):
+    return ap.parse_args(argv)
+
+
+@dataclass
+class Plan:
+    """What one run measures, from the command line: the sides, the peers' start scripts and the sizes."""
+
+    sides: tuple[str, ...]
+    given: dict[str, str]  # peer side -> its executable ("": not run)
+    n: int  # records per throughput run
+    repeats: int
+    rate: int  # records/s of the fixed-rate run
+    rate_s: int  # its seconds
+    probes: int  # sequential round trips the probe times
+    partial: bool  # a sanity run: no report unless --output
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Plan:
+        given = {"kroxy": args.kroxylicious or "", "goproxy": args.kafka_proxy or ""}
+        for side, path in given.items():
+            if path and not os.access(path, os.X_OK):
+                raise SystemExit(f"{PEER_NAMES[side]}: {path} is not an executable file")
+        if args.pin and ((os.cpu_count() or 1) < 2 or not shutil.which("taskset")):
             raise SystemExit("--pin needs 2 CPUs and taskset (util-linux)")
-        os.sched_setaffinity(0, {0})  # inherited by the brokers and every client started from here
-    output = Path(args.output) if args.output else None
-    command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
-    started = datetime.datetime.now().astimezone()
-    code = proxy_code_version()  # now: others may edit the tree while we run
-    workdir = Path(tempfile.mkdtemp(prefix="ktp-bench-"))
-    t_start = time.monotonic()
-    try:
-        with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
-            cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", TOPIC,
-                         "--partitions", "3", "--replication-factor", "3", check=True)  # fmt: skip
-            payload = workdir / "payload.txt"
-            write_payload(payload, n)
-            proxy = ProxyProcess(workdir, cluster.bootstrap).start()
-            proxies: dict[str, ProxyProcess | PeerProcess] = {"proxy": proxy}
-            if "quotas" in sides:
-                proxies["quotas"] = ProxyProcess(workdir, cluster.bootstrap, {"quotas.entities": [
-                    {"entity": {"user": "<default>"}, "quotas": {**HUGE_QUOTAS, "producer_ids_rate": 10**9}},
-                    {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
-                ]}, name="quotas").start()  # fmt: skip
-            peers = start_peers(given, workdir, cluster)
-            proxies.update(peers)  # same surface: bootstrap, process, log(), terminate()
-            proxy_ps = {s: psutil.Process(p.process.pid) for s, p in proxies.items()}
+        return cls(
+            sides=(*(SIDES[:2] if args.no_quotas else SIDES), *(s for s in PEER_SIDES if given[s])),
+            given=given,
+            n=args.records or (30_000 if args.quick else 300_000),
+            repeats=args.repeats or (1 if args.quick else 3),
+            rate=2000,
+            rate_s=5 if args.quick else 12,
+            probes=300 if args.quick else 2000,
+            partial=bool(args.quick or args.only or args.pin),
+        )
+
+
+def _start_sides(
+    workdir: Path, cluster: KafkaCluster, plan: Plan
+) -> tuple[ProxyProcess, dict[str, ProxyProcess | PeerProcess], dict[str, PeerProcess]]:
+    """The long-lived relays: our proxy, the proxy with every quota (side `quotas`) and the peers. Returns our
+    proxy, every side's relay and the peers among them."""
+    proxy = ProxyProcess(workdir, cluster.bootstrap).start()
+    proxies: dict[str, ProxyProcess | PeerProcess] = {"proxy": proxy}
+    if "quotas" in plan.sides:
+        proxies["quotas"] = ProxyProcess(workdir, cluster.bootstrap, {"quotas.entities": [
+            {"entity": {"user": "<default>"}, "quotas": {**HUGE_QUOTAS, "producer_ids_rate": 10**9}},
+            {"entity": {"client-id": "<default>"}, "quotas": HUGE_QUOTAS},
+        ]}, name="quotas").start()  # fmt: skip
+    peers = start_peers(plan.given, workdir, cluster)
+    proxies.update(peers)  # same surface: bootstrap, process, log(), terminate()
+    return proxy, proxies, peers
+
+
+def _workloads(cluster: KafkaCluster, payload: Path, plan: Plan, only: str | None) -> dict[str, Workload]:
+    """The workloads to measure, by name (``--only`` keeps java-produce too: the warm-up needs it)."""
+    n, rate, rate_s, probes = plan.n, plan.rate, plan.rate_s, plan.probes
+    wl = {w.name: w for w in [
+        Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1), n * RECORD),
+        Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate),
+                 rate * rate_s * RECORD),
+        Workload("kcat-produce", lambda bs: kcat_produce(bs, payload, n), n * RECORD),
+        Workload("java-consume", lambda bs: java_consume(cluster, bs, 3 * n), 3 * n * RECORD),
+        Workload("kcat-consume", lambda bs: kcat_consume(bs, 3 * n), 3 * n * RECORD),
+        Workload("probe", lambda bs: probe_latency(bs, probes), (probes + 50) * RECORD, probes + 50),
+    ]}  # fmt: skip
+    if only:
+        unknown = set(only.split(",")) - wl.keys()
+        if unknown:
+            raise SystemExit(f"--only: unknown workload(s) {sorted(unknown)}; known: {sorted(wl)}")
+        wl = {k: w for k, w in wl.items() if k in only.split(",") or k == "java-produce"}
+    return wl
+
+
+def _measure(
+    cluster: KafkaCluster,
+    proxies: dict[str, ProxyProcess | PeerProcess],
+    proxy_ps: dict[str, psutil.Process],
+    wl: dict[str, Workload],
+    plan: Plan,
+) -> dict[str, int]:
+    """Every workload on every side, interleaved, the order reversed every other round; the samples go into the
+    workloads. Returns, per side, the runs whose CPU was measured in clock ticks (a thread exited: cpu_between)."""
+    inexact: dict[str, int] = {}
+    sides, repeats = plan.sides, plan.repeats
+    for r in range(repeats):
+        for w in wl.values():
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
+                ps = proxy_ps.get(side, proxy_ps["proxy"])
+                cpu0, all0, t0 = cpu_reading(ps), _busy(), time.perf_counter()
+                m = w.run(bs)
+                cpu1, wall = cpu_reading(ps), time.perf_counter() - t0
+                w.machine[side].append((_busy() - all0, wall))
+                cpu, exact = cpu_between(cpu0, cpu1)  # the process tree's, to the ns
+                if not exact:
+                    inexact[side] = inexact.get(side, 0) + 1
+                w.samples[side].append(m)
+                if side in proxies:
+                    w.proxy_cpu[side].append((cpu, m["_active_s"]))
+                shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
+                print(f"[{r + 1}/{repeats}] {w.name:13} {side:7} {shown}  "
+                      f"(wall {wall:.1f}s, proxy cpu {cpu:.3f}s{'' if exact else ' in ticks'})",
+                      flush=True)  # fmt: skip
+    return inexact
+
+
+@dataclass
+class Outcome:
+    """What a finished run reports besides the table: the logs' warnings, the warm-up, the machine."""
+
+    table: str
+    verdict: list[str]
+    warm_s: float
+    inexact: dict[str, int]
+    warnings: int
+    peer_warnings: dict[str, int]
+    profile: str
+    info: list[str]
+    peers: bool
+
+
+def _run_all(args: argparse.Namespace, plan: Plan, workdir: Path, code: str) -> Outcome:
+    """The cluster, the relays, the warm-up, the measured rounds and the table: everything that needs Kafka."""
+    n = plan.n
+    with KafkaCluster(3, workdir=workdir / "kafka") as cluster:
+        cluster.tool("topics", "--bootstrap-server", cluster.bootstrap, "--create", "--topic", TOPIC,
+                     "--partitions", "3", "--replication-factor", "3", check=True)  # fmt: skip
+        payload = workdir / "payload.txt"
+        write_payload(payload, n)
+        peers: dict[str, PeerProcess] = {}
+        try:
+            proxy, proxies, peers = _start_sides(workdir, cluster, plan)
             if args.pin:  # every thread of each proxy onto the other CPU
-                for p in proxies.values():
-                    subprocess.run(
-                        ["taskset", "-a", "-p", "-c", "1", str(p.process.pid)], check=True, capture_output=True
-                    )
-            wl = {w.name: w for w in [
-                Workload("java-produce", lambda bs: java_produce(cluster, bs, n, -1), n * RECORD),
-                Workload("java-fixed", lambda bs: java_produce(cluster, bs, rate * rate_s, rate),
-                         rate * rate_s * RECORD),
-                Workload("kcat-produce", lambda bs: kcat_produce(bs, payload, n), n * RECORD),
-                Workload("java-consume", lambda bs: java_consume(cluster, bs, 3 * n), 3 * n * RECORD),
-                Workload("kcat-consume", lambda bs: kcat_consume(bs, 3 * n), 3 * n * RECORD),
-                Workload("probe", lambda bs: probe_latency(bs, probes), (probes + 50) * RECORD, probes + 50),
-            ]}  # fmt: skip
-            if args.only:
-                unknown = set(args.only.split(",")) - wl.keys()
-                if unknown:
-                    raise SystemExit(f"--only: unknown workload(s) {sorted(unknown)}; known: {sorted(wl)}")
-                wl = {k: w for k, w in wl.items() if k in args.only.split(",") or k == "java-produce"}
+                for relay in proxies.values():
+                    pid = str(relay.process.pid)
+                    subprocess.run(["taskset", "-a", "-p", "-c", "1", pid], check=True, capture_output=True)
+            proxy_ps = {s: psutil.Process(p.process.pid) for s, p in proxies.items()}
+            wl = _workloads(cluster, payload, plan, args.only)
             print(
                 f"cluster {cluster.bootstrap}, "
                 + ", ".join(f"{s} {p.bootstrap}" for s, p in proxies.items())
                 + "; warming up",
                 flush=True,
             )
-            warm_s = warm_up(
-                cluster,
-                [p.bootstrap for p in proxies.values()],
-                wl,
-                max(n // 3, 10_000),
-                45 if args.quick else 150,
-                3 * n,
-            )
+            bootstraps = [p.bootstrap for p in proxies.values()]
+            warm_s = warm_up(cluster, bootstraps, wl, max(n // 3, 10_000), 45 if args.quick else 150, 3 * n)
             if args.only and "java-produce" not in args.only.split(","):
                 del wl["java-produce"]  # it was kept for the warm-up only
-            inexact: dict[str, int] = {}  # side -> runs measured in clock ticks (a thread exited: see cpu_between)
-            for r in range(repeats):
-                for w in wl.values():
-                    for side in sides if r % 2 == 0 else sides[::-1]:
-                        bs = proxies[side].bootstrap if side in proxies else cluster.bootstrap
-                        ps = proxy_ps.get(side, proxy_ps["proxy"])
-                        cpu0, all0, t0 = cpu_reading(ps), _busy(), time.perf_counter()
-                        m = w.run(bs)
-                        cpu1, wall = cpu_reading(ps), time.perf_counter() - t0
-                        w.machine[side].append((_busy() - all0, wall))
-                        cpu, exact = cpu_between(cpu0, cpu1)  # the process tree's, to the ns
-                        if not exact:
-                            inexact[side] = inexact.get(side, 0) + 1
-                        w.samples[side].append(m)
-                        if side in proxies:
-                            w.proxy_cpu[side].append((cpu, m["_active_s"]))
-                        shown = ", ".join(f"{k}={v:.4g}" for k, v in m.items() if not k.startswith("_"))
-                        print(f"[{r + 1}/{repeats}] {w.name:13} {side:7} {shown}  "
-                              f"(wall {wall:.1f}s, proxy cpu {cpu:.3f}s{'' if exact else ' in ticks'})",
-                              flush=True)  # fmt: skip
+            inexact = _measure(cluster, proxies, proxy_ps, wl, plan)
             ours = [p for s, p in proxies.items() if s not in peers]
             warnings = sum(" WARNING " in ln for p in ours for ln in p.log().splitlines())
             peer_warnings = {s: len(p.warnings()) for s, p in peers.items()}
@@ -631,33 +688,35 @@ def main(argv: list[str] | None = None) -> int:
                 for ln in p.warnings()[:5]:
                     print(f"{s} log: {ln[:300]}", flush=True)
             peak_rss = {s: tree_peak_rss(ps) for s, ps in proxy_ps.items()}
-            table, misses = results_markdown(wl, sides, peak_rss)
+            table, misses = results_markdown(wl, plan.sides, peak_rss)
             print("\n" + table + "\n")
             verdict = (["**All targets met.**"] if not misses else
                        ["**Targets not met:**", *(f"- {m}" for m in misses)])  # fmt: skip
             print("\n".join(verdict), flush=True)
             profile = run_profiles(cluster, proxy, n) if args.profile else ""
-            for s, p in proxies.items():
-                if p.terminate() != 0:
-                    raise RuntimeError(f"{s} exited badly:\n{p.log()[-3000:]}")
-            info = machine_info(cluster, code, peers)
-        shutil.rmtree(workdir, ignore_errors=True)
-    except BaseException:
-        print(f"failed; kept {workdir} for the proxy and broker logs", file=sys.stderr)
-        for p in locals().get("peers", {}).values():  # ours die with their pipe; a peer would linger
-            p.terminate()
-        raise
-    minutes = (time.monotonic() - t_start) / 60
-    print(f"total {minutes:.1f} min")
-    if partial and output is None:
-        return 0
+            for s, relay in proxies.items():
+                if relay.terminate() != 0:
+                    raise RuntimeError(f"{s} exited badly:\n{relay.log()[-3000:]}")
+        except BaseException:
+            for p in peers.values():  # ours die with their pipe; a peer would linger
+                p.terminate()
+            raise
+        info = machine_info(cluster, code, peers)
+    return Outcome(table, verdict, warm_s, inexact, warnings, peer_warnings, profile, info, bool(peers))
+
+
+def _report(
+    args: argparse.Namespace, plan: Plan, o: Outcome, command: str, started: datetime.datetime, minutes: float
+) -> list[str]:
+    """The markdown report: the targets, how it was measured, the results."""
+    n, rate, rate_s, probes, sides, repeats = plan.n, plan.rate, plan.rate_s, plan.probes, plan.sides, plan.repeats
     doc = [
         "# Benchmarks: pass-through cost of the proxy", "",
         f"Targets: pass-through throughput ≥ {THROUGHPUT_TARGET} × direct and added p50 latency ≤ "
         f"{LATENCY_TARGET_MS} ms (side `proxy`: no quota configured, issue 2); throughput ≥ {QUOTAS_TARGET} × direct "
         "with every quota configured but none binding (side `quotas`, issue 5).",
         "", "## How it was measured", "",
-        f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.", *info,
+        f"- Command: `{command}` ({minutes:.0f} min in total); date {started:%Y-%m-%d %H:%M %Z}.", *o.info,
         f"- Topic `{TOPIC}`: 3 partitions, replication factor 3. Records are 1 KiB. Throughput runs move "
         f"{n:,} records each (consumers {3 * n:,}: they are fast); the fixed-rate latency run sends {rate} "
         f"records/s for {rate_s} s; the probe times "
@@ -672,11 +731,11 @@ def main(argv: list[str] | None = None) -> int:
         "min–max of the samples. Side `quotas` is a second proxy whose config sets every quota kind (producer and "
         "consumer byte rate, request percentage, controller mutation rate, producer ids rate) on `<default>` "
         "user and `<default>` client-id at values no client reaches, so every request is charged and checked. "
-        f"Warm-up first ({warm_s:.0f} s, unmeasured): producer runs on both sides until direct throughput "
+        f"Warm-up first ({o.warm_s:.0f} s, unmeasured): producer runs on both sides until direct throughput "
         "is steady (fresh brokers' JIT needs a few hundred MB), then each other workload once per side.",
         "- Proxy CPU: the scheduler's time on CPU (user+system, to the nanosecond: `/proc/<pid>/task/*/schedstat`, "
         "summed over the process tree's threads) across each proxy run; psutil's clock ticks (10 ms) when a thread "
-        f"exited during the run ({_inexact_note(inexact)}). Divided by the "
+        f"exited during the run ({_inexact_note(o.inexact)}). Divided by the "
         "run's active time (records/throughput for the producer, fetch time for the Java consumer, wall time "
         "for kcat and the probe). 100% = one core, the most a single-threaded event loop can use.",
         "- Machine CPU: psutil's system-wide busy time (user, nice, system, irq, softirq) across each run, all "
@@ -690,20 +749,50 @@ def main(argv: list[str] | None = None) -> int:
            "kafka-proxy with one `--bootstrap-server-mapping` per broker, dynamic listeners and HTTP off, other "
            "options at their defaults. Each started once before the warm-up; their CPU is user+system of the "
            "process tree (for Kroxylicious the JVM: its script execs java), peak RSS is VmHWM; a peer has no "
-           "throughput target, the ✗ marks and verdict concern our sides only."] if peers else []),
-        f"- Proxy log after the measured runs: {warnings} WARNING lines"
-        + "".join(f"; {s} log: {k} warning/error lines" for s, k in peer_warnings.items()) + ".", "",
-        "## Results", "", table, "", *verdict, "",
+           "throughput target, the ✗ marks and verdict concern our sides only."] if o.peers else []),
+        f"- Proxy log after the measured runs: {o.warnings} WARNING lines"
+        + "".join(f"; {s} log: {k} warning/error lines" for s, k in o.peer_warnings.items()) + ".", "",
+        "## Results", "", o.table, "", *o.verdict, "",
     ]  # fmt: skip
-    if profile:
-        doc += ["## Where the proxy spends its time", "", profile]
-    if output is None:
-        print("\n".join(doc).rstrip())
-        return 0
-    # Hand-written interpretation survives re-runs (it says which run it was written for).
+    if o.profile:
+        doc += ["## Where the proxy spends its time", "", o.profile]
+    return doc
+
+
+def _write(doc: list[str], output: Path) -> None:
+    """Write the report; the hand-written interpretation after "## Notes" survives re-runs (it says which run it
+    was written for)."""
     notes = output.read_text().partition("\n## Notes")[2] if output.exists() else ""
     output.write_text("\n".join(doc).rstrip() + "\n" + (f"\n## Notes{notes}" if notes else ""))
     print(f"wrote {output}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    plan = Plan.of(args)
+    if args.pin:
+        os.sched_setaffinity(0, {0})  # inherited by the brokers and every client started from here
+    output = Path(args.output) if args.output else None
+    command = shlex.join([".venv/bin/python", "-m", "bench.run", *sys.argv[1:]])
+    started = datetime.datetime.now().astimezone()
+    code = proxy_code_version()  # now: others may edit the tree while we run
+    workdir = Path(tempfile.mkdtemp(prefix="ktp-bench-"))
+    t_start = time.monotonic()
+    try:
+        outcome = _run_all(args, plan, workdir, code)
+    except BaseException:
+        print(f"failed; kept {workdir} for the proxy and broker logs", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    minutes = (time.monotonic() - t_start) / 60
+    print(f"total {minutes:.1f} min")
+    if plan.partial and output is None:
+        return 0
+    doc = _report(args, plan, outcome, command, started, minutes)
+    if output is None:
+        print("\n".join(doc).rstrip())
+    else:
+        _write(doc, output)
     return 0
 
 

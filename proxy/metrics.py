@@ -180,6 +180,18 @@ def make_registry(
     return registry
 
 
+class _LoopTasks:
+    """``ktp_asyncio_tasks``: the event loop's unfinished tasks, read at scrape time (a task leaked per connection
+    or per request shows as a count that only grows; bench/soak.py watches it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = len(asyncio.all_tasks(self.loop))  # a copy of a weak set, retried if the loop changes it meanwhile
+        yield GaugeMetricFamily("ktp_asyncio_tasks", "Unfinished asyncio tasks on the event loop", value=tasks)
+
+
 PROBE_TIMEOUT_S = 2.0
 """How long /healthz and /readyz wait for the event loop to answer before they say 503: far longer than any
 slice of work may hold it (a loop that has not run a callback in 2 s serves no client either)."""
@@ -248,6 +260,8 @@ def serve(
         address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # "::" binds IPv6
         daemon_threads = True
 
+    if loop is not None:
+        registry.register(_LoopTasks(loop))
     server = Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     bound = server.server_address[1]

@@ -10,10 +10,12 @@ What is charged where (see docs/quotas.md for the why):
   ids to ``producer_ids_rate``. The data is always forwarded; acks=0 is muted at once (no response comes).
 - Fetch: the response size to ``consumer_byte_rate`` when the response arrives; the data is delivered, the
   connection muted (an empty answer would break incremental fetch sessions). Replica fetches are exempt.
-- ``request_percentage``: the upstream service time of each request, i.e. from when the broker could start on
-  it (it was forwarded, and the broker had answered the one before) to its answer. APIs that wait on purpose
-  (Fetch max_wait, JoinGroup/SyncGroup rebalances, Produce acks=all replication) are charged nothing upstream:
-  waits the client asked for are not load. SASL and ApiVersions are never charged.
+- ``request_percentage``: an estimate of the broker thread time each request costs (quotas.kinds.thread_ms, no
+  clock read, so no wait the client asked for is ever charged), decided when the request arrives (its fixed and
+  per-request-byte terms: over quota, nothing behind it is read, as a broker that reads one request a
+  connection at a time holds a pipelining client). Its per-response-byte term is taken from the last response of
+  the same API on the connection (the one charge stays at arrival, so the decision log replays it exactly).
+  SASL, ApiVersions and the quota APIs are never charged.
 - CreateTopics / CreatePartitions / DeleteTopics: partitions to ``controller_mutation_rate`` (KIP-599).
 The response's ``throttle_time_ms`` becomes max(broker's, every proxy quota's), and the client is muted for the
 proxy's throttle after the response is sent. With ``quotas.enforce: false`` (shadow mode) all of it is computed
@@ -73,6 +75,7 @@ from quotas.kinds import (
     amount_from,
     basis,
     charged_at,
+    has_response_term,
     keys_of,
     thread_percent,
 )
@@ -139,6 +142,7 @@ class _Bound:
         "later_kinds",
         "later_replica",
         "later_replica_kinds",
+        "out_term",
         "pids",
         "plan",
     )
@@ -159,6 +163,9 @@ class _Bound:
         self.later_kinds = _kinds(later)
         self.later_replica_kinds = _kinds(self.later_replica)
         self.pids = pids
+        self.out_term = False
+        """request_percentage is charged and its estimate grows with the response (quotas.kinds.has_response_term):
+        the connection keeps this API's last response size for the next request's charge."""
 
 
 def _kinds(charged: tuple[_Charged, ...]) -> int:
@@ -190,6 +197,7 @@ class _ConnState:
         "last",
         "last_client_id",
         "last_key",
+        "last_out",
         "pid_memo",
         "produce_shape",
         "scope",
@@ -214,6 +222,9 @@ class _ConnState:
         manager's tables), which clients do seconds apart (metadata, heartbeats, commits)."""
         self.pid_memo: _PidMemo | None = None
         """The last producer id seen and until when the filters know it."""
+        self.last_out: dict[int, int] = {}
+        """API key -> the size of its last response on this connection, for APIs whose request_percentage estimate
+        has a response term (Fetch, Metadata, ...; never Produce): charged with the next request of that API."""
         self.produce_shape: Shape | None = None
         """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
 
@@ -246,6 +257,7 @@ class Decision:
         "holds",
         "topic_partitions",
         "paced_ms",
+        "out_term",
     )
 
     def __init__(
@@ -280,6 +292,8 @@ class Decision:
         self.mutations = 0
         self.rejected = 0
         self.new_pids = 0
+        self.out_term = False
+        """Its response's size is kept for the next request's request_percentage charge (``_ConnState.last_out``)."""
         self.paced_ms = 0
         """Smooth enforcement: how long the request was held before it went to the broker (its throttle, served
         before the broker saw it, so nothing of it is left for the response)."""
@@ -551,6 +565,7 @@ class Policy:
         b: _Bound | None = None
         if at_request or later or pids is not None or plan.mutation:  # else no quota applies to this client
             b = _Bound(plan, at_request, later, pids)
+            b.out_term = has_response_term(key) and any(how == "thread_time" for _k, _h, how in at_request)
         st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
         return b
 
@@ -590,9 +605,16 @@ class Policy:
         quotas = self.quotas
         for kind, h, how in b.at_request:
             # Both branches float: an int | float would be boxed, and unboxed again for each of the two calls below.
-            a = float(size) if how == "request_bytes" else amount_from(how, request_bytes=size)
+            if how == "request_bytes":
+                a = float(size)
+            elif how == "thread_time":  # request_percentage, decided here: a broker reads nothing behind a throttled
+                # request. The response-size term: the last answer of this API on this connection (one charge).
+                a = thread_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0)
+            else:
+                a = amount_from(how, request_bytes=size, api_key=key)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
+        d.out_term = b.out_term
         if plan.exempt_replicas and b.later and _is_replica_fetch(frame, header):
             d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
         else:
@@ -905,16 +927,15 @@ class Policy:
         d: Decision = pending.decision
         now_ms = _ms(now)
         size = (total if total is not None else len(frame)) - 4
+        if d.out_term:
+            last_out = d.state.last_out
+            if len(last_out) >= 64 and d.api_key not in last_out:  # api keys come from clients
+                last_out.clear()
+            last_out[d.api_key] = size
         if d.later:
             quotas = self.quotas
             for kind, h, how in d.later:
-                a: float  # typed: see _decide
-                if how == "response_bytes":
-                    a = float(size)
-                elif how == "thread_time":  # request_percentage: estimated broker thread time, never upstream time
-                    a = thread_percent(d.api_key, d.bytes_in, size)
-                else:
-                    a = amount_from(how, d.bytes_in, size, d.api_key)
+                a: float = float(size) if how == "response_bytes" else amount_from(how, d.bytes_in, size, d.api_key)
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
             d.noted |= d.later_kinds
         upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response

@@ -58,7 +58,10 @@ class QuotaKind:
     apis: frozenset[int]
     """APIs charged; empty: every API except :data:`NEVER_CHARGED_APIS`."""
     at: Literal["request", "response"]
-    """When it is charged: on the request's arrival or on its response's."""
+    """When it is charged: on the request's arrival or on its response's. ``request_percentage`` is charged on
+    arrival, so a client over quota is held before the requests it pipelined behind are read, as a broker
+    reading one request at a time holds it; the per-response-byte term of its estimate (where the API has one,
+    :func:`has_response_term`) is then the size of the previous response of that API on the connection."""
     measure: Literal["request_bytes", "response_bytes", "thread_time", "requests"] | None
     """What one request charges, for the generic kinds; None for kinds with a manager of their own."""
     logged: str
@@ -94,7 +97,7 @@ KINDS: Final[tuple[QuotaKind, ...]] = (
               logged="bytes_out", integral=True,
               exempt_replicas=True),
     QuotaKind(REQUEST_PERCENTAGE, "request", group="Request", metric="request-time", unit="% of a thread",
-              window="rate", throttle="request", apis=frozenset(), at="response", measure="thread_time",
+              window="rate", throttle="request", apis=frozenset(), at="request", measure="thread_time",
               logged="bytes_in"),
     QuotaKind(CONTROLLER_MUTATION_RATE, "mutation", group="ControllerMutation", metric="tokens",
               unit="partitions/s", window="controller", throttle="bucket",
@@ -149,9 +152,9 @@ HEARTBEAT: Final = 12
 # P% x 1 s / the rate a broker allowed under P); the per-KiB terms are not calibrated (docs/quotas.md says how
 # far they can be off). Fetch's response bytes are mostly record data sent by sendfile: cheap per KiB.
 THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
-    PRODUCE:          (0.036, 0.003, 0.0),
+    PRODUCE:          (0.013, 0.003, 0.0),
     FETCH:            (0.020, 0.002, 0.0005),
-    LIST_OFFSETS:     (0.040, 0.002, 0.002),
+    LIST_OFFSETS:     (0.031, 0.002, 0.002),
     METADATA:         (0.025, 0.002, 0.005),
     OFFSET_COMMIT:    (0.030, 0.002, 0.002),
     OFFSET_FETCH:     (0.025, 0.002, 0.002),
@@ -191,6 +194,13 @@ def thread_percent(api_key: int, request_bytes: int, response_bytes: int) -> flo
     ``request_percentage`` records for one request. The policy calls it once a response."""
     c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
     return c[0] + c[1] * request_bytes + c[2] * response_bytes
+
+
+def has_response_term(api_key: int) -> bool:
+    """Whether :func:`thread_percent` of this API grows with the response (Produce's does not: its response is a
+    few bytes an acknowledged partition, so nothing is charged at its response)."""
+    c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
+    return c[2] > 0
 
 
 REPLICA_APIS: Final = frozenset({FETCH})

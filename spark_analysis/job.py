@@ -448,9 +448,9 @@ def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFra
     """Events -> one row per (event, kind) with something to charge, with the time the proxy charges it at."""
     parts = []
     for k in kinds:
-        # Produce bytes, new producer ids and mutations are charged when the request arrives; fetch bytes and
-        # request time when the response does (proxy/policy.py). req_ts_ms is that first time when logged.
-        when_col = "ts_ms" if k in ("fetch", "request") else None
+        # Produce bytes, request time, new producer ids and mutations are charged when the request arrives; fetch
+        # bytes when the response does (quotas.kinds: each kind's ``at``). req_ts_ms is that first time when logged.
+        when_col = "ts_ms" if any(x.name == k and x.at == "response" for x in KINDS) else None
         ts = F.col("ts_ms") if when_col else F.coalesce(F.col("req_ts_ms"), F.col("ts_ms"))
         amt = F.col(f"{k}_amt")
         # Zero amounts are replayed too: the proxy charges 0 (e.g. Fetch's request time) and still checks.

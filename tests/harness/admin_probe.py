@@ -42,18 +42,26 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
-import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .cluster import KafkaCluster
-from .kafka_dist import CdsDump, KafkaDist, _jdk_key, _locked, cache_root, cds_enabled, ensure_kafka, java_executable
+from .kafka_dist import (
+    CdsDump,
+    KafkaDist,
+    _jdk_key,
+    cache_root,
+    cds_enabled,
+    ensure_kafka,
+    java_executable,
+    javac_jar,
+    maven_libs,
+)
 
 JAVA_DIR = Path(__file__).with_name("java")
 SOURCE = JAVA_DIR / "AdminProbe.java"
@@ -117,36 +125,15 @@ class AdminProbeError(RuntimeError):
 def old_client_libs(version: str = OLD_CLIENTS_VERSION, *, timeout: float = 600, mvn: str = "mvn") -> Path:
     """kafka-clients ``version`` + runtime deps in ``<cache>/kafka-clients-<version>/libs`` (fetched once)."""
     base = cache_root() / f"kafka-clients-{version}"
-    libs, marker = base / "libs", base / ".complete"
-    pom_text = _OLD_POM.format(version=version)
-    stamp = hashlib.sha256(pom_text.encode()).hexdigest()
-
-    def ready() -> bool:
-        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob("kafka-clients-*.jar"))
-
-    if ready():
-        return libs
-    with _locked(base.with_name(base.name + ".lock")):
-        if ready():
-            return libs
-        base.mkdir(parents=True, exist_ok=True)
-        pom = base / "pom.xml"
-        pom.write_text(pom_text)
-        tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
-        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"mvn failed ({proc.returncode}) fetching kafka-clients {version}:\n"
-                    f"{(proc.stdout + proc.stderr)[-4000:]}"
-                )
-            shutil.rmtree(libs, ignore_errors=True)
-            tmp.rename(libs)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        marker.write_text(stamp + "\n")
-    return libs
+    return maven_libs(
+        base,
+        base / "pom.xml",
+        pom_text=_OLD_POM.format(version=version),
+        what=f"kafka-clients {version}",
+        expect="kafka-clients-*.jar",
+        timeout=timeout,
+        mvn=mvn,
+    )
 
 
 @dataclass(frozen=True)
@@ -234,29 +221,10 @@ def _compile(client: Client, libs: Path) -> ProbeRuntime:
         h.update(src.read_bytes())
     h.update(f"{jar.name}:{jar.stat().st_size}".encode())
     base = cache_root() / "admin-probe" / f"{client}-{h.hexdigest()[:16]}"
-    probe_jar = base / "admin-probe.jar"  # a jar, not a classes dir: AppCDS rejects non-empty dirs on the classpath
+    probe_jar = base / "admin-probe.jar"
     log4j2 = base / "log4j2.properties" if client == "new" else None
     runtime = ProbeRuntime(client, probe_jar, libs, log4j2)
-    if probe_jar.exists():
-        return runtime
-    with _locked(base.with_name(base.name + ".lock")):
-        if probe_jar.exists():
-            return runtime
-        base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="classes.", dir=base))
-        javac = shutil.which("javac") or str(Path(runtime.java_bin).with_name("javac"))
-        cmd = [javac, "-nowarn", "-encoding", "UTF-8", "-d", str(tmp), "-cp", str(jar), *map(str, sources)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            if proc.returncode != 0:
-                raise AdminProbeError(f"javac failed against {jar.name}:\n{proc.stdout}{proc.stderr}")
-            part = tmp / "admin-probe.jar.part"
-            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
-                for f in sorted(tmp.glob("*.class")):
-                    z.write(f, f.name)
-            os.replace(part, probe_jar)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    javac_jar(sources, str(jar), probe_jar, what=f"AdminProbe against {jar.name}", java_bin=runtime.java_bin)
     return runtime
 
 

@@ -223,23 +223,36 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch(
-    version: str, *, broker_only: bool, timeout: float, mvn: str, progress: Callable[[str], None] | None = None
+def maven_libs(
+    base: Path,
+    pom: Path,
+    *,
+    what: str,
+    expect: str,
+    key: str = "",
+    define: Mapping[str, str] | None = None,
+    flags: Sequence[str] = (),
+    pom_text: str | None = None,
+    timeout: float = 900,
+    mvn: str = "mvn",
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Copy the runtime jars of one Kafka release into the cache (once) and return the dir.
+    """The runtime jars ``pom`` resolves, copied by ``mvn dependency:copy-dependencies`` into ``base/libs`` once.
 
-    The marker stores a hash of the pom and options, so editing ``pom.xml``
-    invalidates the cache.  Jars go to a temp dir that is renamed into place, so
-    an interrupted run never leaves a half-filled ``libs`` dir behind.
-    ``progress`` is told (once) when a download starts: only then is there a wait
-    worth explaining to a person.
+    The one Maven fetcher of the harness (Kafka's broker and tools, the old kafka-clients, Kafka Streams).
+    ``what`` names the download in messages; ``expect`` is a glob that must match a jar of a complete copy;
+    ``define`` are ``-Dk=v`` properties and ``flags`` further arguments of mvn; ``pom_text``, when given, is
+    written to ``pom`` first. The marker stores a hash of the pom and ``key`` (the caller's options), so
+    editing the pom invalidates the cache. Jars go to a temp dir that is renamed into place, so an interrupted
+    run never leaves a half-filled ``libs`` dir behind; an inter-process lock keeps parallel test workers from
+    running mvn at once. ``progress`` is told (once) when a download starts: only then is there a wait worth
+    explaining to a person.
     """
-    base = cache_root() / (f"kafka-{version}-broker" if broker_only else f"kafka-{version}")
     libs, marker = base / "libs", base / ".complete"
-    stamp = hashlib.sha256(POM.read_bytes() + f"{version}/{broker_only}".encode()).hexdigest()
+    stamp = hashlib.sha256((pom.read_bytes() if pom_text is None else pom_text.encode()) + key.encode()).hexdigest()
 
     def ready() -> bool:
-        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob("kafka_2.13-*.jar"))
+        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob(expect))
 
     if ready():
         return libs
@@ -247,28 +260,76 @@ def _fetch(
         if ready():
             return libs
         base.mkdir(parents=True, exist_ok=True)
+        if pom_text is not None:
+            pom.write_text(pom_text)
         tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-               f"-Dkafka.version={version}", f"-DoutputDirectory={tmp}"]  # fmt: skip
-        if broker_only:
-            cmd.append("-Dbroker-only")
+        cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+               *(f"-D{k}={v}" for k, v in (define or {}).items()), f"-DoutputDirectory={tmp}", *flags]  # fmt: skip
         if progress is not None:
-            progress(f"fetching Apache Kafka {version}'s jars from Maven Central into {base} (once)")
+            progress(f"fetching {what}'s jars from Maven Central into {base} (once)")
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             if proc.returncode != 0:
                 raise RuntimeError(
-                    f"mvn failed ({proc.returncode}) fetching Kafka {version}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+                    f"mvn failed ({proc.returncode}) fetching {what}:\n{(proc.stdout + proc.stderr)[-4000:]}"
                 )
             shutil.rmtree(libs, ignore_errors=True)
-            shutil.rmtree(base / "cds", ignore_errors=True)  # archives are tied to the jars
+            shutil.rmtree(base / "cds", ignore_errors=True)  # AppCDS archives are tied to the jars
             tmp.rename(libs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         marker.write_text(stamp + "\n")
         (base / "fetch-seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
     return libs
+
+
+def _fetch(
+    version: str, *, broker_only: bool, timeout: float, mvn: str, progress: Callable[[str], None] | None = None
+) -> Path:
+    """The runtime jars of one Kafka release (``pom.xml``; ``broker_only`` leaves out kafka-tools)."""
+    return maven_libs(
+        cache_root() / (f"kafka-{version}-broker" if broker_only else f"kafka-{version}"),
+        POM,
+        what=f"Apache Kafka {version}",
+        expect="kafka_2.13-*.jar",
+        key=f"{version}/{broker_only}",
+        define={"kafka.version": version},
+        flags=["-Dbroker-only"] if broker_only else [],
+        timeout=timeout,
+        mvn=mvn,
+        progress=progress,
+    )
+
+
+def javac_jar(sources: Sequence[Path], classpath: str, jar: Path, *, what: str, java_bin: str) -> Path:
+    """Compile ``sources`` against ``classpath`` into ``jar`` unless it exists (the harness's one javac step).
+
+    A jar, not a classes dir: AppCDS rejects non-empty directories on the classpath. Classes are compiled into
+    a temp dir beside ``jar`` under an inter-process lock and the jar is renamed into place, so a reader never
+    sees half of one. ``what`` names the program in the error."""
+    if jar.exists():
+        return jar
+    base = jar.parent
+    with _locked(base.with_name(base.name + ".lock")):
+        if jar.exists():
+            return jar
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="classes.", dir=base))
+        javac = shutil.which("javac") or str(Path(java_bin).with_name("javac"))
+        cmd = [javac, "-nowarn", "-encoding", "UTF-8", "-d", str(tmp), "-cp", classpath, *map(str, sources)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            if proc.returncode != 0:
+                raise RuntimeError(f"javac failed for {what}:\n{proc.stdout}{proc.stderr}")
+            part = base / f"{jar.name}.part"
+            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
+                for f in sorted(tmp.rglob("*.class")):
+                    z.write(f, f.relative_to(tmp).as_posix())
+            os.replace(part, jar)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return jar
 
 
 def ensure_kafka(

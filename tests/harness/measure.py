@@ -129,9 +129,12 @@ def end_offsets(cluster: KafkaCluster, topic: str, partitions: int) -> list[int]
 class Sampler:
     """Calls ``fn`` every ``interval`` seconds in a thread; ``samples`` holds (monotonic time, value)."""
 
-    def __init__(self, fn: Callable[[], float | None], interval: float = SAMPLE_S) -> None:
+    def __init__(
+        self, fn: Callable[[], float | None], interval: float = SAMPLE_S, close: Callable[[], object] | None = None
+    ) -> None:
         self.fn = fn
         self.interval = interval
+        self._close = close
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -151,25 +154,30 @@ class Sampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self._close is not None:
+            self._close()
 
 
 def committed_sampler(cluster: KafkaCluster, group: str, topic: str, index) -> Sampler:
-    """Bytes served to ``group`` on partition 0, from the offset it committed (asked of the cluster directly)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    """Bytes served to ``group`` on partition 0, from the offset it committed (asked of the cluster directly).
 
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    Asked through a consumer of the group that never joins it (``committed`` needs no membership), not through
+    the admin client: librdkafka's admin ``list_consumer_group_offsets`` crashed the process (SIGSEGV in
+    ``rd_kafka_cgrp_op`` from ``rd_kafka_handle_OffsetFetch``, an admin client having no group handle) when asked
+    on a cluster whose offsets topic was still loading, the first group of a fresh cluster."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    reader = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
 
     def read() -> float | None:
         try:
-            fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])])
-            tps = fut[group].result(5).topic_partitions
-        except Exception:  # noqa: BLE001 - the group does not exist yet
+            tps = reader.committed([TopicPartition(topic, 0)], timeout=5)
+        except Exception:  # noqa: BLE001 - the group's coordinator is not ready yet
             return None
         off = tps[0].offset if tps else -1
         return offset_to_bytes(index, off) if off >= 0 else None
 
-    return Sampler(read)
+    return Sampler(read, close=reader.close)
 
 
 @dataclass
@@ -263,9 +271,12 @@ def produce_rate(samples, quota: float | None, index_dir: Path | None = None, **
 
 
 # ------------------------------------------------------------------------------------------ samples and latencies
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default)."""
+def percentile(values: Sequence[float], q: float, *, empty: float | None = None) -> float:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default): the one
+    percentile of the tests and benchmarks. No values give ``empty``, or a ValueError when that is None."""
     if not values:
+        if empty is not None:
+            return empty
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile {q} outside 0-100")

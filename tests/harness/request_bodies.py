@@ -3,9 +3,13 @@
 
 :data:`BODIES` holds (api key, version, body bytes) for CreateTopics, DeleteTopics, CreatePartitions,
 DescribeClientQuotas and AlterClientQuotas: the requests the proxy parses to charge or answer them.
+
+:func:`fetch_request` is the one consumer Fetch the tests and benchmarks build by hand.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from kafka.protocol.admin import (
     AlterClientQuotasRequest,
@@ -14,6 +18,7 @@ from kafka.protocol.admin import (
     DeleteTopicsRequest,
     DescribeClientQuotasRequest,
 )
+from kafka.protocol.consumer import FetchRequest
 
 
 def _bodies():
@@ -71,3 +76,39 @@ def _bodies():
 
 
 BODIES = [(k, v, bytes(b)) for k, v, b in _bodies()]
+
+
+def fetch_request(
+    *topics: str | tuple[str | None, uuid.UUID | None],
+    partition: int = 0,
+    fetch_offset: int = 0,
+    partition_max_bytes: int = 1 << 20,
+    max_wait_ms: int = 500,
+    min_bytes: int = 1,
+    max_bytes: int = 1 << 20,
+    replica_id: int = -1,
+    version: int | None = None,
+) -> FetchRequest:
+    """A consumer's FetchRequest of ``partition`` of each of ``topics`` (a name, or (name, topic id): from v13 the
+    id is what is sent), none when no topic is given; read uncommitted, no fetch session. ``version``, when
+    given, is the one it encodes in (else the one it is sent with)."""
+    part = FetchRequest.FetchTopic.FetchPartition
+    named = [(t, None) if isinstance(t, str) else t for t in topics]
+    fields = dict(
+        replica_id=replica_id,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        topics=[
+            FetchRequest.FetchTopic(
+                topic=name,
+                topic_id=topic_id,
+                partitions=[
+                    part(partition=partition, fetch_offset=fetch_offset, partition_max_bytes=partition_max_bytes)
+                ],
+            )
+            for name, topic_id in named
+        ],
+    )
+    return FetchRequest(**fields) if version is None else FetchRequest(version=version, **fields)

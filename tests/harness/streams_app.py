@@ -7,7 +7,7 @@ runs, or a run killed and restarted, can be compared record for record.
 
 The runtime (kafka-streams of the broker's release, with rocksdbjni, kafka-clients and a log4j2 binding) is
 fetched from Maven Central once with ``pom-streams.xml`` into ``<cache>/kafka-streams-<version>/libs``
-(a marker records the pom's hash, as ``kafka_dist`` does); the app is compiled by ``txn_probe.compile_app``.
+(``kafka_dist.maven_libs``, the harness's one Maven fetcher); the app is compiled by ``txn_probe.compile_app``.
 
 Usage::
 
@@ -20,16 +20,12 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .admin_probe import BackgroundProbe, ProbeResults
-from .kafka_dist import DEFAULT_KAFKA_VERSION, _locked, cache_root
+from .kafka_dist import DEFAULT_KAFKA_VERSION, cache_root, maven_libs
 from .txn_probe import JAVA_DIR, JavaApp, compile_app
 
 POM = Path(__file__).with_name("pom-streams.xml")
@@ -37,43 +33,16 @@ POM = Path(__file__).with_name("pom-streams.xml")
 
 def streams_libs(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900, mvn: str = "mvn") -> Path:
     """The Kafka Streams runtime jars of ``version`` (fetched with Maven on first use)."""
-    base = cache_root() / f"kafka-streams-{version}"
-    libs, marker = base / "libs", base / ".complete"
-    stamp = hashlib.sha256(POM.read_bytes() + version.encode()).hexdigest()
-
-    def ready() -> bool:
-        return marker.exists() and marker.read_text().strip() == stamp and any(libs.glob("kafka-streams-*.jar"))
-
-    if ready():
-        return libs
-    with _locked(base.with_name(base.name + ".lock")):
-        if ready():
-            return libs
-        base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="libs.", dir=base))
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            f"-Dkafka.version={version}",
-            f"-DoutputDirectory={tmp}",
-        ]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"mvn failed ({proc.returncode}) fetching kafka-streams {version}:\n"
-                    f"{(proc.stdout + proc.stderr)[-4000:]}"
-                )
-            shutil.rmtree(libs, ignore_errors=True)
-            tmp.rename(libs)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        marker.write_text(stamp + "\n")
-    return libs
+    return maven_libs(
+        cache_root() / f"kafka-streams-{version}",
+        POM,
+        what=f"kafka-streams {version}",
+        expect="kafka-streams-*.jar",
+        key=version,
+        define={"kafka.version": version},
+        timeout=timeout,
+        mvn=mvn,
+    )
 
 
 def streams_app(version: str = DEFAULT_KAFKA_VERSION) -> JavaApp:

@@ -296,13 +296,34 @@ def request_rate(samples: list, start: float, end: float) -> dict:
     }
 
 
-def rdkafka_request_flood(bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, **conf) -> dict:
+def rdkafka_request_flood(
+    bootstrap: str, topic: str, client_id: str, warm: float, seconds: float, served: bool = False, **conf
+) -> dict:
     """librdkafka producing 16-B records to partition 0 as fast as it may (linger 0, acks 1 unless ``conf`` says
     otherwise): one small batch per request, what ``request_percentage`` (KIP-124) exists for. Returns
-    :func:`request_rate` of its Produce requests to broker 1 after ``warm`` seconds, over ``seconds``."""
+    :func:`request_rate` of its Produce requests to broker 1 after ``warm`` seconds, over ``seconds``: requests
+    written to the socket, or (``served``) requests answered, counted by delivery reports (one record, one request).
+
+    Why ``served``: librdkafka's ``req`` counts what it has written to the socket. Held by a broker (or by the
+    proxy), which reads one request at a time, its 20,000 queued records are all written in the first second and it
+    writes nothing more while they are served, so "sent" reads 0/s under a quota and, unthrottled, counts what sits
+    in the proxy's buffers."""
     from confluent_kafka import Producer
 
     samples: list = []
+    delivered = [0]
+    record_stats = request_stats("Produce", samples)
+
+    def on_stats(text: str) -> None:
+        n = len(samples)
+        record_stats(text)
+        if served:  # the requests answered so far, in place of those written
+            samples[n:] = [(t, delivered[0], window) for t, _sent, window in samples[n:]]
+
+    def on_delivery(err, _msg) -> None:
+        if err is None:
+            delivered[0] += 1
+
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -311,7 +332,7 @@ def rdkafka_request_flood(bootstrap: str, topic: str, client_id: str, warm: floa
             "batch.num.messages": 1,  # one record a request, pipelined: request-heavy
             "acks": 1,
             "statistics.interval.ms": 1000,
-            "stats_cb": request_stats("Produce", samples),
+            "stats_cb": on_stats,
             "queue.buffering.max.messages": 20_000,
             **conf,
         }
@@ -320,7 +341,7 @@ def rdkafka_request_flood(bootstrap: str, topic: str, client_id: str, warm: floa
     end = start + warm + seconds
     while time.monotonic() < end:
         try:
-            p.produce(topic, SMALL_RECORD, partition=0)
+            p.produce(topic, SMALL_RECORD, partition=0, on_delivery=on_delivery if served else None)
         except BufferError:
             p.poll(0.001)
             continue

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import uuid
-import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +31,7 @@ from typing import Any
 
 from .admin_probe import AdminProbeError, BackgroundProbe, ProbeResults
 from .cluster import _LOG4J_TOOLS
-from .kafka_dist import CdsDump, _jdk_key, _locked, cache_root, cds_enabled, ensure_kafka, java_executable
+from .kafka_dist import CdsDump, _jdk_key, cache_root, cds_enabled, ensure_kafka, java_executable, javac_jar
 
 JAVA_DIR = Path(__file__).with_name("java")
 JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -97,29 +93,9 @@ def compile_app(main: str, sources: Iterable[Path], libs: Sequence[Path], *, cac
     for j in jars:
         h.update(f"{j.name}:{j.stat().st_size}".encode())
     base = cache_root() / cache_name / h.hexdigest()[:16]
-    jar = base / f"{main}.jar"  # a jar, not a classes dir: AppCDS rejects non-empty dirs on the classpath
+    jar = base / f"{main}.jar"
     app = JavaApp(main, jar, tuple(libs))
-    if jar.exists():
-        return app
-    with _locked(base.with_name(base.name + ".lock")):
-        if jar.exists():
-            return app
-        base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="classes.", dir=base))
-        javac = shutil.which("javac") or str(Path(app.java_bin).with_name("javac"))
-        cp = os.pathsep.join(str(d / "*") for d in libs)
-        cmd = [javac, "-nowarn", "-encoding", "UTF-8", "-d", str(tmp), "-cp", cp, *map(str, sources)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            if proc.returncode != 0:
-                raise AdminProbeError(f"javac failed for {main}:\n{proc.stdout}{proc.stderr}")
-            part = base / f"{main}.jar.part"
-            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
-                for f in sorted(tmp.rglob("*.class")):
-                    z.write(f, f.relative_to(tmp).as_posix())
-            os.replace(part, jar)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    javac_jar(sources, os.pathsep.join(str(d / "*") for d in libs), jar, what=main, java_bin=app.java_bin)
     return app
 
 

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
+from tests.harness.request_bodies import fetch_request
 from tests.support import KafkaWire, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -63,32 +63,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits(cluster, fresh_proxy):
     leader = md.topics[0].partitions[0].leader_id
     broker = next(b for b in md.brokers if b.node_id == leader)
     fetch = KafkaWire(f"{broker.host}:{broker.port}")
-    T = FetchRequest.FetchTopic
-    req = FetchRequest(
-        replica_id=-1,
-        max_wait_ms=3000,
-        min_bytes=10_000_000,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            T(
-                topic=topic,
-                partitions=[
-                    T.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=1,
-                        log_start_offset=-1,
-                        partition_max_bytes=1 << 20,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    req = fetch_request(topic, fetch_offset=1, max_wait_ms=3000, min_bytes=10_000_000)
     corr = fetch.send(req, 12)
     time.sleep(0.5)  # the broker now holds the fetch (min_bytes not reached) for ~3 s
     started = time.monotonic()

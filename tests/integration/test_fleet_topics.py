@@ -19,11 +19,12 @@ import uuid
 
 import pytest
 from kafka.protocol.admin import DescribeConfigsRequest
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetFetchRequest
+from kafka.protocol.consumer import ListOffsetsRequest, OffsetFetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
 from tests.harness.cluster import free_port
+from tests.harness.request_bodies import fetch_request
 from tests.support import KafkaWire, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -204,41 +205,10 @@ def test_a_tenant_cannot_read_or_describe_the_proxys_topics(cluster, fleet):
         )
         assert named.brokers  # the answer still lists the brokers (the request was forwarded without the topics)
 
-        FT, FP = FetchRequest.FetchTopic, FetchRequest.FetchTopic.FetchPartition
-        by_name = ask(
-            FetchRequest(
-                replica_id=-1,
-                max_wait_ms=100,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                topics=[FT(topic=own[1], partitions=[FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
-                forgotten_topics_data=[],
-                rack_id="",
-            ),
-            12,
-        )
+        by_name = ask(fetch_request(own[1], max_wait_ms=100), 12)
         assert _error_codes(by_name.responses) == [TOPIC_AUTHORIZATION_FAILED]
         quota_id = _topic_id(cluster, own[1])
-        by_id = ask(
-            FetchRequest(
-                replica_id=-1,
-                max_wait_ms=100,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                topics=[
-                    FT(topic_id=quota_id, partitions=[FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])
-                ],
-                forgotten_topics_data=[],
-                rack_id="",
-            ),
-            15,
-        )
+        by_id = ask(fetch_request((None, quota_id), max_wait_ms=100), 15)
         assert _error_codes(by_id.responses) == [TOPIC_AUTHORIZATION_FAILED]
 
         LT = ListOffsetsRequest.ListOffsetsTopic

@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 import socket
-import statistics
 import struct
 import threading
 import time
@@ -25,6 +24,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.sasl import SaslHandshakeRequest
 
+from tests.harness.measure import percentile
 from tests.support import KafkaWire, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -89,7 +89,7 @@ class _NormalProducer:
         self._thread.join(60)
 
     def p99(self) -> float:
-        return statistics.quantiles(self.latencies, n=100)[98] if len(self.latencies) >= 2 else 0.0
+        return percentile(self.latencies, 99, empty=0.0)
 
 
 def test_idle_connections_cost_little_and_reach_no_broker(cluster, fresh_proxy):

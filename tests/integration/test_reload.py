@@ -17,10 +17,10 @@ import uuid
 
 import pytest
 import yaml
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
 from tests.harness import free_port
+from tests.harness.request_bodies import fetch_request
 from tests.support import KafkaWire, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -104,22 +104,7 @@ def _fetch_error(proxy, topic: str) -> list[int]:
             12,
         )
         codes = [t.error_code for t in wire.recv()[1].topics]
-        FT, FP = FetchRequest.FetchTopic, FetchRequest.FetchTopic.FetchPartition
-        wire.send(
-            FetchRequest(
-                replica_id=-1,
-                max_wait_ms=100,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                topics=[FT(topic=topic, partitions=[FP(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
-                forgotten_topics_data=[],
-                rack_id="",
-            ),
-            12,
-        )
+        wire.send(fetch_request(topic, max_wait_ms=100), 12)
         for r in wire.recv()[1].responses:
             codes += [p.error_code for p in r.partitions]
         return codes

@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 from kafka.protocol.admin import DescribeClusterRequest
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -16,6 +15,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from protocol.address_free import offered_caps
 from protocol.api_versions import WITHDRAWN
 from protocol.apis import response_class
+from tests.harness.request_bodies import fetch_request
 from tests.support import KafkaWire
 
 pytestmark = pytest.mark.cluster
@@ -175,35 +175,8 @@ def test_kip951_node_endpoints_in_produce_and_fetch(proxy, via_proxy):
 
     fv = via_proxy[1][1]
     assert fv >= 16, "the cluster speaks Fetch v16+ (KIP-951)"
-    F = FetchRequest.FetchTopic
     wire.send(
-        FetchRequest(
-            replica_id=-1,
-            max_wait_ms=100,
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            rack_id="",
-            forgotten_topics_data=[],
-            topics=[
-                F(
-                    topic=topic,
-                    topic_id=topic_id,
-                    partitions=[
-                        F.FetchPartition(
-                            partition=0,
-                            current_leader_epoch=-1,
-                            fetch_offset=0,
-                            log_start_offset=-1,
-                            last_fetched_epoch=-1,
-                            partition_max_bytes=1 << 20,
-                        )
-                    ],
-                )
-            ],
-        ),
+        fetch_request((topic, topic_id), max_wait_ms=100),
         fv,
     )
     _, resp = wire.recv()
@@ -254,37 +227,14 @@ def test_kip951_node_endpoints_at_the_end_of_a_streamed_fetch(cluster, fresh_pro
     leader = next(b for b in md.brokers if b.node_id == ids[0])
     fv = via_proxy[1][1]
     assert fv >= 16
-    F = FetchRequest.FetchTopic
     wire = KafkaWire(f"{leader.host}:{leader.port}")
     for _ in range(50):
         wire.send(
-            FetchRequest(
-                replica_id=-1,
+            fetch_request(
+                *((t, topic_ids[t]) for t in (big, other)),
                 max_wait_ms=100,
-                min_bytes=1,
                 max_bytes=16 << 20,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                rack_id="",
-                forgotten_topics_data=[],
-                topics=[
-                    F(
-                        topic=t,
-                        topic_id=topic_ids[t],
-                        partitions=[
-                            F.FetchPartition(
-                                partition=0,
-                                current_leader_epoch=-1,
-                                fetch_offset=0,
-                                log_start_offset=-1,
-                                last_fetched_epoch=-1,
-                                partition_max_bytes=8 << 20,
-                            )
-                        ],
-                    )
-                    for t in (big, other)
-                ],
+                partition_max_bytes=8 << 20,
             ),
             fv,
         )

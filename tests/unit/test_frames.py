@@ -111,25 +111,12 @@ def test_pool_cancel_and_release_keep_the_count_exact():
 
 
 def test_requested_wait_is_read_from_the_requests_that_ask_for_one():
-    from kafka.protocol.consumer import FetchRequest
-
     from protocol.headers import parse_request_header
     from protocol.inflight import requested_wait_ms
+    from tests.harness.request_bodies import fetch_request
 
     for version in (4, 12, 15, 17):
-        req = FetchRequest(
-            replica_id=-1,
-            max_wait_ms=4321,
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[],
-            forgotten_topics_data=[],
-            rack_id="",
-        )
-        req.API_VERSION = version
+        req = fetch_request(max_wait_ms=4321, version=version)
         req.with_header(correlation_id=7, client_id="w")
         frame = req.encode(header=True, framed=True)
         header = parse_request_header(memoryview(frame)[4:])

@@ -33,6 +33,7 @@ def test_p99_of_a_hundred_values_sees_the_tail():
 def test_percentile_refuses_nonsense():
     with pytest.raises(ValueError):
         percentile([], 50)
+    assert percentile([], 50, empty=0.0) == 0.0
     with pytest.raises(ValueError):
         percentile([1.0], 101)
 

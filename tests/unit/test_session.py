@@ -8,7 +8,6 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 from kafka.protocol.producer import ProduceRequest
@@ -19,6 +18,7 @@ from protocol.errors import ProtocolError, ProtocolViolation
 from protocol.headers import encode_response_header
 from protocol.principal import ConnectionIdentity
 from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Request, Session
+from tests.harness.request_bodies import fetch_request
 
 _SIZE = struct.Struct(">i")
 CAPS = {Api.API_VERSIONS: 3, Api.PRODUCE: 11, Api.FETCH: 17, Api.SASL_HANDSHAKE: 1}
@@ -43,12 +43,7 @@ def produce(corr: int, acks: int = -1) -> bytearray:
 
 
 def fetch(corr: int) -> bytearray:
-    return _frame(
-        FetchRequest(
-            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0, topics=[], version=4
-        ),
-        corr,
-    )
+    return _frame(fetch_request(version=4), corr)
 
 
 def response(corr: int, body: bytes = b"\x00\x00", flexible: bool = False) -> memoryview:

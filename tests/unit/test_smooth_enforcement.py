@@ -20,6 +20,7 @@ from proxy.stats import Stats
 from proxy.verdicts import Defer, Replace
 from quotas.entities import QuotaEntity, QuotaStore
 from quotas.manager import Bound, QuotaManager, Windows
+from tests.harness.request_bodies import fetch_request
 from tests.unit.test_policy import Clock, FakeConn, _produce, _request
 
 RATE = 100_000.0  # B/s
@@ -122,24 +123,7 @@ def test_kafka_mode_forwards_the_same_produce_and_holds_the_reads():
 
 
 def _fetch(max_bytes: int, version: int = 11):
-    FT = FetchRequest.FetchTopic
-    return _request(
-        FetchRequest(
-            replica_id=-1,
-            max_wait_ms=500,
-            min_bytes=1,
-            max_bytes=max_bytes,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            rack_id="",
-            forgotten_topics_data=[],
-            topics=[
-                FT(topic="t", partitions=[FT.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])
-            ],
-            version=version,
-        )
-    )
+    return _request(fetch_request("t", max_bytes=max_bytes, version=version))
 
 
 def test_a_fetch_asks_for_no_more_than_the_bucket_holds():
@@ -172,19 +156,7 @@ def test_the_fetch_cap_finds_max_bytes_in_every_version():
     for version in (3, 4, 11, 12, 15, 16):
         clock = Clock()
         policy = _policy(clock, "smooth", consumer_byte_rate=50_000)
-        fields = dict(
-            replica_id=-1,
-            max_wait_ms=500,
-            min_bytes=1,
-            max_bytes=1 << 24,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            rack_id="",
-            forgotten_topics_data=[],
-            topics=[],
-        )
-        header, frame = _request(FetchRequest(version=version, **fields))
+        header, frame = _request(fetch_request(max_bytes=1 << 24, version=version))
         verdict = policy.on_request(FakeConn(), header, frame, clock())
         assert type(verdict) is Replace, version
         sent = FetchRequest.decode(verdict.frame[4 + header.body_offset :], version=version)

@@ -9,26 +9,15 @@ import asyncio
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchResponse
 
 from protocol.headers import encode_response_header
 from tests.harness.connection_rig import ConnectionRig, produce_request, produce_response
+from tests.harness.request_bodies import fetch_request
 
 
 def _fetch_frame(corr: int) -> bytes:
-    req = FetchRequest(
-        replica_id=-1,
-        max_wait_ms=500,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[],
-        forgotten_topics_data=[],
-        rack_id="",
-        version=12,
-    )
+    req = fetch_request(version=12)
     req.with_header(correlation_id=corr, client_id="app")
     return bytes(req.encode(header=True, framed=True))
 
