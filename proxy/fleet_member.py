@@ -502,7 +502,7 @@ class FleetSync:
             self.holder.members_seen = self.book.live() + (self.member not in self.book.members)
         self.delays.append(self.wall_ms() - rec.ts_ms)
         if mine:
-            if grant is not None and self.holder.read_back(rec, grant, self.book.live()):
+            if grant is not None and self.holder.read_back(rec, grant, self.book.live(), self.wall_ms()):
                 self.leases_taken += 1
                 self._expiry_noted = False
                 self._rebind()

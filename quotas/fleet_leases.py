@@ -33,6 +33,7 @@ The scheme (docs/fleet.md, "Leases", has the derivation):
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -42,11 +43,18 @@ from quotas.entities import BucketKey, QuotaStore, Resolved
 from quotas.fleet_reports import MAX_MEMBER_BYTES, MAX_REPORT_BYTES, ReportError, bucket_id
 
 LEASE_MS = 4_000
-"""How long a grant may be enforced after the record it came from was written (the writer's clock): a dead
-member's share returns this (plus :data:`SKEW_MS`) after its last record. Long enough that a late record does not
-cost a live member its share: a member writes its next record when the last is back, so a grant must outlive two
-record delays (p99 up to 1.45 s measured at 100 members on a loaded host; with 2 s, grants ran out between
-records there and the fleet used 80 % of the quota)."""
+"""The longest lease a member asks for: how long a grant may be enforced after the record it came from was written
+(the writer's clock); a dead member's share returns this (plus :data:`SKEW_MS`) after its last record. A member asks
+for less when its records come back quickly (:meth:`LeaseHolder.lease_for`): a grant must outlive two record delays
+and an interval (a member writes its next record at the tick after the last is back), so slow records need up to
+this (p99 up to 1.45 s measured at 100 members on a loaded host; with 2 s, grants ran out between records there
+and the fleet used 80 % of the quota), while on a quick cluster a dead member's share comes back within ~1.5 s."""
+MIN_LEASE_MS = 1_000
+"""The shortest lease a member asks for (an interval and a margin for a stall of the loop or a collection)."""
+LEASE_ROUND_TRIPS = 4
+"""A member's lease: an interval and this many times its slowest record round trip (written to read back) of
+the last :data:`ROUND_TRIPS_KEPT`, within [:data:`MIN_LEASE_MS`, :data:`LEASE_MS`]."""
+ROUND_TRIPS_KEPT = 64
 SKEW_MS = 250
 """The clock difference allowed between two members' hosts (NTP keeps it to milliseconds): the book drops a member
 this long after its own lease has run out by its clock."""
@@ -64,9 +72,15 @@ MIN_SHARE = 1e-6
 USAGE_TAU_MS = 250.0
 """Time constant of the usage a member's demand is computed from (an exponential average)."""
 
-MAGIC = b"KTL\x01"
-"""Lease record, format 1 (on the fleet's usage topic; usage reports start ``KTP``)."""
-_HEAD = struct.Struct("<4sqIIH")  # magic, ts_ms, members seen, entries, member length
+MAX_LEASE_MS = 10_000
+"""The longest lease a record may state (the book keeps the buckets of every epoch a live grant may come from)."""
+NO_EPOCH = -(1 << 62)
+"""A record's ``grant_epoch`` when its writer holds no live grant."""
+
+MAGIC = b"KTL\x02"
+"""Lease record, format 2 (on the fleet's usage topic; usage reports start ``KTP``). Format 1 had no unclaimed
+share, grant epoch nor lease length."""
+_HEAD = struct.Struct("<4sqIIHdqI")  # magic, ts_ms, members seen, entries, member length, unclaimed, epoch, lease
 _IDS = np.dtype("<u8")
 _F8 = np.dtype("<f8")
 MAX_LEASE_ENTRIES = 30_000
@@ -106,7 +120,10 @@ def max_min_fair(quota: np.ndarray, demand: np.ndarray, floor_fraction: float = 
 @dataclass(slots=True)
 class LeaseRecord:
     """One member's lease state as it writes it: per bucket (lease id) the quota it applies, its demand and the
-    share it enforces now (its hold). ``members``: how many members its floors are divided by."""
+    share it enforces now (its hold). ``members``: how many members its floors are divided by. ``unclaimed``: the
+    part of a quota it enforces now on a bucket its grant does not name (``grant_epoch``: the book's epoch that
+    grant was computed in, whose buckets it names; :data:`NO_EPOCH` without a live grant). ``lease_ms``: how long
+    a grant from this record may be enforced after ``ts_ms``."""
 
     member: str
     ts_ms: int
@@ -115,13 +132,25 @@ class LeaseRecord:
     quota: np.ndarray
     demand: np.ndarray
     hold: np.ndarray
+    unclaimed: float = 0.0
+    grant_epoch: int = NO_EPOCH
+    lease_ms: int = LEASE_MS
 
     def encode(self) -> bytes:
         member = self.member.encode()[:MAX_MEMBER_BYTES]
         order = np.argsort(self.ids, kind="stable")
         return b"".join(
             (
-                _HEAD.pack(MAGIC, self.ts_ms, self.members, len(self.ids), len(member)),
+                _HEAD.pack(
+                    MAGIC,
+                    self.ts_ms,
+                    self.members,
+                    len(self.ids),
+                    len(member),
+                    self.unclaimed,
+                    self.grant_epoch,
+                    self.lease_ms,
+                ),
                 member,
                 np.ascontiguousarray(self.ids[order], dtype=_IDS).tobytes(),
                 np.ascontiguousarray(self.quota[order], dtype=_F8).tobytes(),
@@ -134,9 +163,11 @@ class LeaseRecord:
     def decode(data: bytes) -> LeaseRecord:
         if len(data) > MAX_REPORT_BYTES or len(data) < _HEAD.size:
             raise ReportError(f"lease record of {len(data)} bytes is malformed")
-        magic, ts_ms, members, n, mlen = _HEAD.unpack_from(data)
+        magic, ts_ms, members, n, mlen, unclaimed, grant_epoch, lease_ms = _HEAD.unpack_from(data)
         if magic != MAGIC:
             raise ReportError(f"lease record version {magic!r} is not {MAGIC!r}")
+        if not 0.0 <= unclaimed <= 1.0 or not 0 < lease_ms <= MAX_LEASE_MS:
+            raise ReportError(f"lease record is malformed (unclaimed {unclaimed}, lease {lease_ms} ms)")
         pos = _HEAD.size + mlen
         if n > MAX_LEASE_ENTRIES or pos + 32 * n != len(data) or members < 1:
             raise ReportError(f"lease record is malformed ({n} entries in {len(data)} bytes)")
@@ -150,7 +181,8 @@ class LeaseRecord:
             raise ReportError("lease record has an amount that is not finite and >= 0")
         if n > 1 and not (ids[1:] > ids[:-1]).all():
             raise ReportError("lease record's buckets are not sorted and distinct")
-        return LeaseRecord(member, ts_ms, members, ids, *arrays)
+        quota, demand, hold = arrays
+        return LeaseRecord(member, ts_ms, members, ids, quota, demand, hold, unclaimed, grant_epoch, lease_ms)
 
 
 @dataclass(slots=True)
@@ -158,19 +190,25 @@ class _Held:
     """What the book knows of one live member: its latest record and its caps."""
 
     ts_ms: int
+    lease_ms: int
     floor_ratio: float
     """floor_fraction / the members its record divides floors by: its floor on a bucket it has no grant on, once
     this record is read back."""
     cap_ratio: float
     """The larger of that and its previous record's: the floor it may use until this record is read back."""
+    ucap: float
+    """The most it may enforce, as a part of the quota, on a bucket the book does not hold (its floor, the
+    unclaimed share its record states and the one the grant from its record gives), until its next record."""
     ids: np.ndarray
     """Sorted lease ids it has caps on (its record's and the boundary's buckets)."""
     caps: np.ndarray
+    above: np.ndarray
+    """Per bucket of ``ids``: whether its cap is above its floor (the book then keeps the bucket)."""
     demand_ids: np.ndarray
     demand: np.ndarray
     quota: np.ndarray
-    hold: np.ndarray
     """The quota its record applies to each of ``demand_ids``."""
+    hold: np.ndarray
 
 
 @dataclass(slots=True)
@@ -183,7 +221,21 @@ class Grant:
     """The quota the book divided, per lease id."""
     until_ms: int
     floor_ratio: float
-    """Share of a bucket the book has no grant for (new since the boundary): floor_ratio x quota."""
+    """Its floor, as a part of a quota (what it lowers an unused share to)."""
+    unclaimed: float = 0.0
+    """Its share, as a part of the quota, of any bucket ``ids`` does not name (no member holds more than its floor
+    of it): the unclaimed quota split among the live members, so a client's first burst is served at once."""
+    epoch: int = NO_EPOCH
+    """The book's epoch it was computed in (``ids`` are that epoch's buckets)."""
+
+
+def _named(ids: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Per id of ``ids``: whether the sorted ``among`` has it."""
+    if not len(among) or not len(ids):
+        return np.zeros(len(ids), dtype=bool)
+    at = np.minimum(np.searchsorted(among, ids), len(among) - 1)
+    named: np.ndarray = among[at] == ids
+    return named
 
 
 @dataclass
@@ -191,13 +243,12 @@ class LeaseBook:
     """The deterministic state every member computes from the fleet's records, taken in the topic's order."""
 
     interval_ms: int
-    lease_ms: int = LEASE_MS
     skew_ms: int = SKEW_MS
     floor_fraction: float = FLOOR_FRACTION
     members: dict[str, _Held] = field(default_factory=dict)
     epoch: int = -(1 << 62)
     ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=_IDS))
-    """The boundary's buckets (sorted): those some live member demanded."""
+    """The boundary's buckets (sorted): those some live member demanded or has a cap above its floor on."""
     quota: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Per bucket: the least quota the demanding members applied."""
     order: dict[str, int] = field(default_factory=dict)
@@ -207,6 +258,11 @@ class LeaseBook:
     """Member -> its caps over :attr:`ids` (a floor where it has none)."""
     total: np.ndarray = field(default_factory=lambda: np.empty(0))
     """Per bucket of :attr:`ids`: the sum of every live member's cap."""
+    utotal: float = 0.0
+    """The sum of every live member's :attr:`_Held.ucap`: what they may enforce of a bucket the book does not hold."""
+    history: dict[int, np.ndarray] = field(default_factory=dict)
+    """Epoch -> its buckets (:attr:`ids` then), for the epochs a live grant may come from: a record names the epoch
+    of the grant its writer enforces, and that grant's unclaimed share applies to every bucket not among them."""
     boundaries: int = 0
 
     # -------------------------------------------------------------------------------------------- taking
@@ -224,10 +280,22 @@ class LeaseBook:
         if epoch > self.epoch:
             self._boundary(rec.ts_ms)
             self.epoch = epoch
+            self.history[epoch] = self.ids
+            oldest = epoch - (MAX_LEASE_MS + 4 * self.skew_ms) // self.interval_ms - 2
+            for e in [e for e in self.history if e < oldest]:
+                del self.history[e]
         floor_ratio = self.floor_fraction / max(1, rec.members)
         prev = self.members.get(rec.member)  # (again: the boundary may have dropped it)
         # Until this record is read back its writer still uses the floor of its previous one.
         cap_ratio = floor_ratio if prev is None else max(floor_ratio, prev.floor_ratio)
+        # The unclaimed share it takes from this record: an equal part of the quota, as far as the others' caps on
+        # a bucket the book does not hold leave it (a member joining gets its part as the others give theirs up).
+        others_u = self.utotal - (prev.ucap if prev is not None else 0.0)
+        live = len(self.members) + (prev is None)
+        unclaimed = max(0.0, min(1.0 / live, 1.0 - others_u) * (1 - 1e-12))
+        stated = min(1.0, rec.unclaimed)
+        ucap = max(cap_ratio, stated, unclaimed)
+        self.utotal = others_u + ucap
         col = self.order.get(rec.member)
         ids = self.ids
         target = self.targets[:, col] if col is not None and len(ids) else np.zeros(len(ids))
@@ -236,7 +304,7 @@ class LeaseBook:
         # Its record's holds, on the boundary's buckets and on those new since (fast path: the same buckets).
         if len(rec.ids) == len(ids) and np.array_equal(rec.ids, ids):
             cap_dense = np.maximum(np.maximum(rec.hold, target), floor_cap)
-            all_ids, all_caps = ids, cap_dense
+            new_ids = new_caps = None
         else:
             where = np.searchsorted(ids, rec.ids)
             where = np.minimum(where, max(0, len(ids) - 1))
@@ -245,23 +313,39 @@ class LeaseBook:
             hold_dense[where[known]] = rec.hold[known]
             cap_dense = np.maximum(np.maximum(hold_dense, target), floor_cap)
             new_ids = rec.ids[~known]
-            new_caps = np.maximum(rec.hold[~known], cap_ratio * rec.quota[~known])
+            # (once this record is back it holds the unclaimed share of a bucket the book does not hold)
+            new_caps = np.maximum(rec.hold[~known], max(cap_ratio, unclaimed) * rec.quota[~known])
+        # Until this record is read back, it enforces the unclaimed share it states on every bucket the grant it
+        # holds does not name (the buckets of that grant's epoch; every bucket when that epoch is unknown here).
+        named = self.history.get(rec.grant_epoch)
+        if named is not ids and stated > cap_ratio and len(ids):
+            unnamed = ~_named(ids, named) if named is not None else np.ones(len(ids), dtype=bool)
+            np.maximum(cap_dense, np.where(unnamed, stated * self.quota, 0.0), out=cap_dense)
+        above = cap_dense > floor_cap * (1 + 1e-9)
+        if new_ids is None or new_caps is None:
+            all_ids, all_caps = ids, cap_dense
+        else:
             all_ids = np.concatenate([ids, new_ids])
             all_caps = np.concatenate([cap_dense, new_caps])
+            above = np.concatenate([above, np.ones(len(new_ids), dtype=bool)])
             sort = np.argsort(all_ids, kind="stable")
-            all_ids, all_caps = all_ids[sort], all_caps[sort]
+            all_ids, all_caps, above = all_ids[sort], all_caps[sort], above[sort]
         old = self.dense.get(rec.member)
         total = self.total
         if old is not None:
             total -= old
         total += cap_dense  # (in place: the boundary made it, nobody else holds it)
         self.dense[rec.member] = cap_dense
+        lease_ms = min(rec.lease_ms, MAX_LEASE_MS)
         self.members[rec.member] = _Held(
             rec.ts_ms,
+            lease_ms,
             floor_ratio,
             cap_ratio,
+            ucap,
             all_ids,
             all_caps,
+            above,
             rec.ids,
             rec.demand,
             rec.quota,
@@ -271,29 +355,42 @@ class LeaseBook:
             return None
         others = total - cap_dense
         shares = np.clip(np.minimum(target, self.quota - others), 0.0, None)
-        return Grant(ids.copy(), shares, self.quota.copy(), rec.ts_ms + self.lease_ms, floor_ratio)
+        return Grant(ids.copy(), shares, self.quota.copy(), rec.ts_ms + lease_ms, floor_ratio, unclaimed, self.epoch)
 
     def _boundary(self, now_ms: int) -> None:
         """A new epoch: drop the members whose lease has run out, then new buckets, quotas, targets and caps."""
         self.boundaries += 1
-        dead = [m for m, h in self.members.items() if now_ms - h.ts_ms > self.lease_ms + self.skew_ms]
+        dead = [m for m, h in self.members.items() if now_ms - h.ts_ms > h.lease_ms + self.skew_ms]
         for m in dead:
             del self.members[m]
         names = sorted(self.members)
         self.order = {m: i for i, m in enumerate(names)}
         held = [self.members[m] for m in names]
-        # The buckets some member demands or holds more than its floor of. Fast path (a steady fleet): every
-        # member's record names exactly the last boundary's buckets, so no sets are merged nor searched.
+        self.utotal = sum(h.ucap for h in held)
+        # The buckets some member demands, holds more than its floor of, or may enforce more than its floor of (its
+        # cap: a grant it has not read back yet, an unclaimed share). Only then may the book forget a bucket: every
+        # member enforces at most its floor of it, so the unclaimed shares given out from now on are counted in
+        # full. Fast path (a steady fleet): every member's record and caps name exactly the last boundary's
+        # buckets, so no sets are merged nor searched.
         prev = self.ids
         wanted = [(h.demand > 0) | (h.hold > h.floor_ratio * h.quota * (1 + 1e-9)) for h in held]
-        aligned = [len(h.demand_ids) == len(prev) and np.array_equal(h.demand_ids, prev) for h in held]
+        aligned = [
+            len(h.demand_ids) == len(prev)
+            and (h.ids is prev or (len(h.ids) == len(prev) and np.array_equal(h.ids, prev)))
+            and np.array_equal(h.demand_ids, prev)
+            for h in held
+        ]
         if held and all(aligned):
-            keep = np.logical_or.reduce(wanted) if len(prev) else np.zeros(0, dtype=bool)
-            ids = prev[keep]
+            keep = np.logical_or.reduce([w | h.above for w, h in zip(wanted, held, strict=True)])
+            keep = keep if len(prev) else np.zeros(0, dtype=bool)
+            ids = prev if keep.all() else prev[keep]
         else:
             keep = None
-            demanded = [h.demand_ids[w] for h, w in zip(held, wanted, strict=True)]
-            ids = np.unique(np.concatenate(demanded)).astype(_IDS) if demanded else np.empty(0, dtype=_IDS)
+            listed = [h.demand_ids[w] for h, w in zip(held, wanted, strict=True)]
+            listed += [h.ids[h.above] for h in held]
+            ids = np.unique(np.concatenate(listed)).astype(_IDS) if listed else np.empty(0, dtype=_IDS)
+            if len(ids) == len(prev) and np.array_equal(ids, prev):
+                ids = prev  # (the same object: a record naming this epoch's grant needs no search)
         b, width = len(ids), len(names)
         if keep is not None and width:
             dem = np.stack([np.minimum(h.demand, h.quota) for h in held], axis=1)[keep]
@@ -310,20 +407,26 @@ class LeaseBook:
                 ok[ok] = ids[at[ok]] == h.demand_ids[ok]
                 demand[at[ok], j] = np.minimum(h.demand[ok], h.quota[ok])
                 np.minimum.at(quota, at[ok], h.quota[ok])
+            unlisted = ~np.isfinite(quota)
+            if unlisted.any():  # kept for a cap alone: the quota it was divided by (it was in the book)
+                in_prev = _named(ids, prev)
+                at = np.minimum(np.searchsorted(prev, ids), max(0, len(prev) - 1))
+                quota[unlisted & in_prev] = self.quota[at[unlisted & in_prev]] if len(prev) else 0.0
             quota[~np.isfinite(quota)] = 0.0
         self.ids, self.quota = ids, quota
         self.targets = max_min_fair(quota, demand, self.floor_fraction)
         self.dense = {}
         total = np.zeros(b)
         for name, h in zip(names, held, strict=True):
-            caps = h.cap_ratio * quota
-            if len(h.ids) == b and np.array_equal(h.ids, ids):
-                np.maximum(caps, h.caps, out=caps)
+            # a bucket new to it: its floor, or the unclaimed share it may enforce of a bucket the book did not hold
+            caps = max(h.cap_ratio, h.ucap) * quota
+            if len(h.ids) == b and (h.ids is ids or np.array_equal(h.ids, ids)):
+                caps = np.maximum(h.cap_ratio * quota, h.caps)
             elif len(h.ids) and b:
                 at = np.searchsorted(h.ids, ids)
                 ok = at < len(h.ids)
                 ok[ok] = h.ids[at[ok]] == ids[ok]
-                caps[ok] = np.maximum(caps[ok], h.caps[at[ok]])
+                caps[ok] = np.maximum(h.cap_ratio * quota[ok], h.caps[at[ok]])
             self.dense[name] = caps
             total += caps
         self.total = total
@@ -353,7 +456,10 @@ class LeaseHolder:
         self.interval_ms = interval_ms
         """How often it observes its usage (the first observation counts as that long)."""
         self.lease_ms = lease_ms
+        """The longest lease it asks for (:meth:`lease_for`)."""
         self.lost_ms = lease_ms // 2
+        self.round_trips: deque[int] = deque(maxlen=ROUND_TRIPS_KEPT)
+        """Its last records' round trips (ms from writing to reading back; a lost one as :attr:`lost_ms`)."""
         self.floor_fraction = floor_fraction
         self.fallback = fallback
         """What it enforces without a live lease: "split", quota / members (cut off from the topic: the others
@@ -426,20 +532,24 @@ class LeaseHolder:
         span = now_ms - max(h[0][0], start)
         return total / span if span > 0 else s
 
+    def fallback_ratio(self) -> float:
+        """What it enforces of every quota without a live lease, as a part of the quota."""
+        if self.fallback == "split":
+            return 1.0 / max(1, self.members_seen)
+        if self.fallback == "zero":
+            return 0.0
+        return self.floor_ratio()  # its floor, which the book counts while its records land
+
     def raw_share(self, lid: int, quota: float, now_ms: int) -> float:
         """The share it holds now (what its records state and the book counts)."""
         g = self.grant
         if g is None or now_ms >= g.until_ms:  # no record read back yet, or not for a lease
             self.expired += 1
-            if self.fallback == "split":
-                s = quota / max(1, self.members_seen)
-            elif self.fallback == "zero":
-                s = 0.0
-            else:  # its floor, which the book counts while its records land
-                s = quota * self.floor_ratio()
+            s = quota * self.fallback_ratio()
         else:
             got = self.shares.get(lid)
-            s = quota * g.floor_ratio if got is None else min(got, quota)
+            # a bucket its grant does not name: nobody held more than a floor of it, its unclaimed share
+            s = quota * g.unclaimed if got is None else min(got, quota)
             cap = self.self_caps.get(lid)
             if cap is not None:  # lowered since the grant (a floor at least)
                 s = min(s, max(cap, quota * g.floor_ratio))
@@ -447,13 +557,30 @@ class LeaseHolder:
 
     def due(self, now_ms: int) -> bool:
         """Whether to write a record now (none in flight, or the one in flight is taken as lost)."""
-        return self.in_flight is None or now_ms - self.written_ms >= self.lost_ms
+        if self.in_flight is None:
+            return True
+        if now_ms - self.written_ms >= self.lost_ms:
+            self.round_trips.append(self.lost_ms)  # (lost: ask for long leases for a while)
+            return True
+        return False
 
-    def read_back(self, rec: LeaseRecord, grant: Grant, members: int) -> bool:
-        """Its own record, read back and taken by the book: take the grant if it is the newest record written."""
+    def lease_for(self) -> int:
+        """The lease to ask for in its next record: long enough for its next grant to come before this one runs
+        out (an interval and two round trips, with a margin of two more), short so that a dead member's share
+        comes back soon (the book drops a member a lease and the skew after its last record)."""
+        if not self.round_trips:
+            return self.lease_ms
+        want = self.interval_ms + LEASE_ROUND_TRIPS * max(self.round_trips)
+        return int(min(self.lease_ms, max(MIN_LEASE_MS, want)))
+
+    def read_back(self, rec: LeaseRecord, grant: Grant, members: int, now_ms: int | None = None) -> bool:
+        """Its own record, read back and taken by the book: take the grant if it is the newest record written.
+        ``now_ms``: when (its clock), for the round trip its leases are sized by."""
         if rec.ts_ms != self.in_flight:
             return False
         self.in_flight = None
+        if now_ms is not None:
+            self.round_trips.append(max(0, now_ms - rec.ts_ms))
         self.grant = grant
         self.members_seen = max(1, members)
         ids = grant.ids.tolist()
@@ -537,6 +664,7 @@ class LeaseHolder:
                     self.lowered = True
         self.in_flight = now_ms
         self.written_ms = now_ms
+        g = self.grant
         return LeaseRecord(
             self.member,
             now_ms,
@@ -545,6 +673,9 @@ class LeaseHolder:
             np.array(quota, dtype=_F8),
             np.array(demand, dtype=_F8),
             np.array(hold, dtype=_F8),
+            g.unclaimed if live and g is not None else self.fallback_ratio(),
+            g.epoch if live and g is not None else NO_EPOCH,
+            self.lease_for(),
         )
 
 

@@ -68,7 +68,7 @@ class FleetSim:
         if self.kafka:
             for m in self.members:
                 m.holder.window_ms = 11_000
-        self.book = LeaseBook(self.interval_ms, lease_ms=self.lease_ms)
+        self.book = LeaseBook(self.interval_ms)
         self.landed = {lid: [] for lid in self.quotas}
 
     def shares(self, now: int | None = None) -> dict[str, dict[int, float]]:
@@ -105,7 +105,7 @@ class FleetSim:
                 _t, _s, name, rec, grant, live = heapq.heappop(self._reading)
                 m = byname[name]
                 if m.alive:
-                    m.holder.read_back(rec, grant, live)
+                    m.holder.read_back(rec, grant, live, now + m.skew_ms)
             # clients: each member admits min(demand, share)
             totals = dict.fromkeys(self.quotas, 0.0)
             landed_now = dict.fromkeys(self.quotas, 0.0)

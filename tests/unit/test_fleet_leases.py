@@ -231,3 +231,31 @@ def test_heavy_tailed_delays_reorder_records_without_going_over(seed):
     sim.run(45_000, lambda now, m, lid: 1.5 * Q if m != "m000" else 0.0)
     _check(sim)
     assert sim.rate(1, 10_000, 30_000) > 0.95
+
+
+def test_a_bucket_nobody_holds_is_split_so_a_first_burst_is_served_at_once():
+    """KIP-599's first burst, a first large Produce: a bucket no member holds more than its floor of is split
+    equally among the live members (the unclaimed quota), so a member's first client gets quota / N at once, not
+    the floor; once it demands more, the others give their parts up and it holds nearly all, never adding up past
+    the quota on the way."""
+    sim = fleet(3, {1: Q}, seed=11, skew_ms=100, read_delay=lambda rng: rng.randint(20, 100))
+    sim.run(2_000, lambda now, m, lid: 0.0)  # nobody uses the bucket
+    assert [s[1] / Q for s in sim.shares().values()] == pytest.approx([1 / 3] * 3, rel=1e-6)
+    before = len(sim.landed[1])
+    sim.run(2_010, lambda now, m, lid: Q if m == "m000" else 0.0)
+    assert sim.landed[1][before] == pytest.approx(Q / 3 * sim.step_ms / 1000, rel=1e-6)  # at once
+    sim.run(4_000, lambda now, m, lid: Q if m == "m000" else 0.0)
+    _check(sim)
+    assert sim.shares()["m000"][1] >= (1 - FLOOR_FRACTION) * Q * 0.999
+    assert sim.rate(1, 3_000, 4_000) > 0.94
+
+
+def test_a_member_joining_takes_its_unclaimed_part_only_as_the_others_give_theirs_up():
+    sim = fleet(4, {1: Q}, seed=12, skew_ms=100)
+    late = sim.members.pop()  # m003 starts writing a second later
+    sim.run(1_000, lambda now, m, lid: 0.0)
+    assert [s[1] / Q for s in sim.shares().values()] == pytest.approx([1 / 3] * 3, rel=1e-6)
+    sim.members.append(late)
+    sim.run(3_000, lambda now, m, lid: 0.0)
+    _check(sim)
+    assert [s[1] / Q for s in sim.shares().values()] == pytest.approx([1 / 4] * 4, rel=1e-6)
