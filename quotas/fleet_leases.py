@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from quotas.entities import BucketKey, QuotaStore, Resolved
-from quotas.fleet_reports import MAX_MEMBER_BYTES, MAX_REPORT_BYTES, ReportError, bucket_id
+from quotas.fleet_reports import MAX_MEMBER_BYTES, MAX_REPORT_BYTES, ReportError, bucket_id, member_id
 
 LEASE_MS = 4_000
 """The longest lease a member asks for: how long a grant may be enforced after the record it came from was written
@@ -171,10 +171,7 @@ class LeaseRecord:
         pos = _HEAD.size + mlen
         if n > MAX_LEASE_ENTRIES or pos + 32 * n != len(data) or members < 1:
             raise ReportError(f"lease record is malformed ({n} entries in {len(data)} bytes)")
-        try:
-            member = bytes(data[_HEAD.size : pos]).decode()
-        except UnicodeDecodeError:
-            raise ReportError("lease record is malformed (member id is not UTF-8)") from None
+        member = member_id(data, _HEAD.size, pos, "lease record")
         ids = np.frombuffer(data, _IDS, n, pos)
         arrays = [np.frombuffer(data, _F8, n, pos + 8 * n * (i + 1)) for i in range(3)]
         if n and not all(((a >= 0) & (a < np.inf)).all() for a in arrays):

@@ -100,6 +100,14 @@ class ReportError(ValueError):
     """A fleet report that is not one: malformed, oversized, or naming an unknown quota key."""
 
 
+def member_id(data: bytes, start: int, end: int, what: str) -> str:
+    """The member id a record (a usage report, a lease record) carries at ``data[start:end]``."""
+    try:
+        return bytes(data[start:end]).decode()
+    except UnicodeDecodeError:
+        raise ReportError(f"{what} is malformed (member id is not UTF-8)") from None
+
+
 def _name_bytes(key: str, user: str, client_id: str) -> bytes:
     k, u, c = key.encode(), user.encode(), client_id.encode()
     return b"".join((bytes((len(k),)), k, _U32.pack(len(u)), u, _U32.pack(len(c)), c))
@@ -180,10 +188,7 @@ class UsageReport:
         names_at = pos + 16 * n + 4 * m
         if n > MAX_ENTRIES or m > n or names_at > len(data):
             raise ReportError(f"fleet report is malformed ({n} entries, {m} named, in {len(data)} bytes)")
-        try:
-            member = bytes(data[_HEAD.size : pos]).decode()
-        except UnicodeDecodeError:
-            raise ReportError("fleet report is malformed (member id is not UTF-8)") from None
+        member = member_id(data, _HEAD.size, pos, "fleet report")
         ids = np.frombuffer(data, _IDS, n, pos)
         amounts = np.frombuffer(data, _AMOUNTS, n, pos + 8 * n)
         index = np.frombuffer(data, _INDEX, m, pos + 16 * n)

@@ -3,12 +3,23 @@ and deaths; a dead member's share comes back after a lease; an idle member start
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.fleet_leases import FLOOR_FRACTION, LEASE_MS, MIN_SHARE, SKEW_MS, LeaseBook, LeaseRecord, max_min_fair
+from quotas.fleet_leases import (
+    FLOOR_FRACTION,
+    LEASE_MS,
+    MAX_LEASE_MS,
+    MIN_SHARE,
+    SKEW_MS,
+    LeaseBook,
+    LeaseRecord,
+    max_min_fair,
+)
 from quotas.fleet_reports import ReportError
 from quotas.fleet_sim import fleet
 
@@ -259,3 +270,26 @@ def test_a_member_joining_takes_its_unclaimed_part_only_as_the_others_give_their
     sim.run(3_000, lambda now, m, lid: 0.0)
     _check(sim)
     assert [s[1] / Q for s in sim.shares().values()] == pytest.approx([1 / 4] * 4, rel=1e-6)
+
+
+def test_a_record_states_its_unclaimed_share_grant_epoch_and_lease():
+    rec = LeaseRecord("m", 5, 2, np.empty(0, dtype="<u8"), *(np.empty(0),) * 3, 0.25, 17, 1_500)
+    back = LeaseRecord.decode(rec.encode())
+    assert (back.unclaimed, back.grant_epoch, back.lease_ms) == (0.25, 17, 1_500)
+    for bad in (replace(rec, unclaimed=1.5), replace(rec, lease_ms=0), replace(rec, lease_ms=MAX_LEASE_MS + 1)):
+        with pytest.raises(ReportError):
+            LeaseRecord.decode(bad.encode())
+
+
+def test_a_member_asks_for_a_lease_of_an_interval_and_four_round_trips_within_bounds():
+    from quotas.fleet_leases import MIN_LEASE_MS, LeaseHolder
+
+    h = LeaseHolder("m", interval_ms=250)
+    assert h.lease_for() == LEASE_MS  # nothing measured yet: the longest
+    h.round_trips.extend([40, 60, 50])
+    assert h.lease_for() == MIN_LEASE_MS  # 250 + 4 x 60 < 1 s
+    h.round_trips.append(300)
+    assert h.lease_for() == 250 + 4 * 300
+    h.in_flight, h.written_ms = 1, 1
+    assert h.due(1 + h.lost_ms)  # a lost record: long leases for a while
+    assert h.lease_for() == LEASE_MS

@@ -12,16 +12,21 @@ from quotas.entities import QuotaStore
 from quotas.manager import QuotaManager
 
 
-@pytest.mark.parametrize("worker, member", [(None, "me"), (0, "me-w0"), (3, "me-w3")])
-def test_each_worker_of_a_host_is_a_member_of_its_own(monkeypatch, worker, member):
+def fleet_config(monkeypatch, member: str) -> ProxyConfig:
+    """A member of fleet ``prod`` (its secret in the environment), the cluster unreachable."""
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate(
+    return ProxyConfig.model_validate(
         {
             "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"},
+            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": member, "sync_interval_ms": 250},
             "quotas": {"scope": "fleet"},
         }
     )
+
+
+@pytest.mark.parametrize("worker, member", [(None, "me"), (0, "me-w0"), (3, "me-w3")])
+def test_each_worker_of_a_host_is_a_member_of_its_own(monkeypatch, worker, member):
+    config = fleet_config(monkeypatch, "me")
 
     async def build() -> FleetSync:  # (it makes an asyncio queue: inside a loop)
         return FleetSync(config, QuotaManager(QuotaStore()), lambda: 0, worker=worker)
@@ -40,13 +45,7 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
     clock = [1_000_000]
 
     def member(name: str) -> FleetSync:
-        config = ProxyConfig.model_validate(
-            {
-                "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-                "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": name, "sync_interval_ms": 250},
-                "quotas": {"scope": "fleet"},
-            }
-        )
+        config = fleet_config(monkeypatch, name)
         store = QuotaStore()
         store.set(QuotaEntity(None, "hot"), "producer_byte_rate", quota)
         qm = QuotaManager(store)
@@ -93,14 +92,7 @@ def test_a_bucket_throttled_without_usage_still_asks_for_more(monkeypatch):
     from quotas.entities import QuotaEntity
     from quotas.fleet_reports import FleetLedger
 
-    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate(
-        {
-            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "a"},
-            "quotas": {"scope": "fleet"},
-        }
-    )
+    config = fleet_config(monkeypatch, "a")
     store = QuotaStore()
     store.set(QuotaEntity(None, "c"), "controller_mutation_rate", 4.0)
     qm = QuotaManager(store)

@@ -299,17 +299,10 @@ def test_a_member_refuses_usage_reports_it_enforces_leases(monkeypatch):
     refused and counted, and changes nothing here."""
     import asyncio
 
-    from config.model import ProxyConfig
     from proxy.fleet_member import FleetSync
+    from tests.unit.test_fleet_member import fleet_config
 
-    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate(
-        {
-            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"},
-            "quotas": {"scope": "fleet"},
-        }
-    )
+    config = fleet_config(monkeypatch, "me")
     qm = _member()
 
     async def run():
