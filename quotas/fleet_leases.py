@@ -296,11 +296,21 @@ class LeaseBook:
         col = self.order.get(rec.member)
         ids = self.ids
         target = self.targets[:, col] if col is not None and len(ids) else np.zeros(len(ids))
-        target = np.maximum(target, floor_ratio * self.quota)
+        floor_share = floor_ratio * self.quota
         floor_cap = cap_ratio * self.quota
-        # Its record's holds, on the boundary's buckets and on those new since (fast path: the same buckets).
+        old = self.dense.get(rec.member)
+        others = self.total - old if old is not None else self.total
+        # Its record's holds and demands, on the boundary's buckets and on those new since (fast path: the same
+        # buckets). Its target is at most what this record demands (its floor at least): the boundary divided by
+        # its previous demand, and a member whose demand fell holds no more than it wants from this record on (it
+        # lowered itself so when writing it), so its cap falls a record sooner and a demand shift is followed
+        # sooner. Its share: the target, as far as the others' caps leave it. Its cap counts the share itself, not
+        # the target: the share is what it enforces once this record is back, and a target the others' caps cut
+        # would, counted whole, cut the next member's share for nothing (to nothing, once: a throttle for ever).
         if len(rec.ids) == len(ids) and np.array_equal(rec.ids, ids):
-            cap_dense = np.maximum(np.maximum(rec.hold, target), floor_cap)
+            target = np.maximum(np.minimum(target, rec.demand), floor_share)
+            shares = np.clip(np.minimum(target, self.quota - others), 0.0, None)
+            cap_dense = np.maximum(np.maximum(rec.hold, shares), floor_cap)
             new_ids = new_caps = None
         else:
             where = np.searchsorted(ids, rec.ids)
@@ -308,7 +318,11 @@ class LeaseBook:
             known = (ids[where] == rec.ids) if len(ids) else np.zeros(len(rec.ids), dtype=bool)
             hold_dense = np.zeros(len(ids))
             hold_dense[where[known]] = rec.hold[known]
-            cap_dense = np.maximum(np.maximum(hold_dense, target), floor_cap)
+            wants = np.zeros(len(ids))
+            wants[where[known]] = rec.demand[known]
+            target = np.maximum(np.minimum(target, wants), floor_share)
+            shares = np.clip(np.minimum(target, self.quota - others), 0.0, None)
+            cap_dense = np.maximum(np.maximum(hold_dense, shares), floor_cap)
             new_ids = rec.ids[~known]
             # (once this record is back it holds the unclaimed share of a bucket the book does not hold)
             new_caps = np.maximum(rec.hold[~known], max(cap_ratio, unclaimed) * rec.quota[~known])
@@ -327,7 +341,6 @@ class LeaseBook:
             above = np.concatenate([above, np.ones(len(new_ids), dtype=bool)])
             sort = np.argsort(all_ids, kind="stable")
             all_ids, all_caps, above = all_ids[sort], all_caps[sort], above[sort]
-        old = self.dense.get(rec.member)
         total = self.total
         if old is not None:
             total -= old
@@ -350,8 +363,6 @@ class LeaseBook:
         )
         if not grant:
             return None
-        others = total - cap_dense
-        shares = np.clip(np.minimum(target, self.quota - others), 0.0, None)
         return Grant(ids.copy(), shares, self.quota.copy(), rec.ts_ms + lease_ms, floor_ratio, unclaimed, self.epoch)
 
     def _boundary(self, now_ms: int) -> None:
