@@ -19,15 +19,22 @@ The scheme (docs/fleet.md, "Leases", has the derivation):
 - Targets: at each epoch boundary (the first record whose timestamp enters a new interval) the book divides each
   bucket's quota max-min fairly (:func:`max_min_fair`) among the live members, by the demands of their latest
   records, after a floor for each (so an idle member can start at once).
-- Caps: when the book takes member m's record, it notes the most m may enforce until its next record is taken:
-  cap = max(hold, target, floor). The caps of every live member on every bucket add up in ``total``.
-- Grants: m takes a new share only from its *own* record, once it has read it back: for each bucket
-  min(max(target, floor), quota - the caps of all the others). So a share is only ever raised into what the
-  others' caps leave, and every other member's cap bounds what it enforces: the shares enforced at any instant add
-  up to at most the quota (the argument in docs/fleet.md).
-- Leases expire: a member enforces a grant at most ``lease_ms`` after the timestamp of the record it came from
-  (its own clock); the book drops a member whose latest record is ``lease_ms + skew_ms`` older than a boundary, so
-  a dead member's share returns one lease (plus the clock skew allowed between hosts) after its last record.
+- Shares: when the book takes member m's record, m's share of each bucket is min(its target (at most what the
+  record demands, its floor at least), quota - the caps of all the others); m takes them (a grant) only from its
+  *own* record, once it has read it back.
+- Caps: the most m may enforce until its next record is taken: cap = max(hold, share, floor, and the unclaimed
+  share its record states on the buckets the grant it holds does not name). The caps of every live member on
+  every bucket add up in ``total``. So a share is only ever raised into what the others' caps leave, and every
+  other member's cap bounds what it enforces: the shares enforced at any instant add up to at most the quota (the
+  argument in docs/fleet.md).
+- Unclaimed shares: a bucket the book does not hold (nobody holds more than a floor of it) is split equally: each
+  grant carries u = min(1 / live members, 1 - the others' unclaimed caps), enforced on every bucket it does not
+  name, so a first burst is served at quota / N at once. A bucket leaves the book only once every cap on it is a
+  floor.
+- Leases expire: a member enforces a grant at most the lease its record asked for (1-4 s, by its round trips)
+  after that record's timestamp (its own clock); the book drops a member whose latest record is its lease +
+  ``skew_ms`` older than a boundary, so a dead member's share returns one lease (plus the clock skew allowed
+  between hosts) after its last record.
 """
 
 from __future__ import annotations
