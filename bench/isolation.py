@@ -25,6 +25,10 @@ wait, at most 60 s, until the kernel has written the flood's dirty pages back):
   flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (the default)
   flood-smooth   victim + flood through the proxy, quotas.enforcement: smooth, smooth_burst_seconds 0.1
   flood-broker   victim + flood straight to the cluster, the same quotas set on the brokers (kafka-configs)
+  flood-paced    victim + flood straight to the cluster, no quota anywhere: the flooder paces itself to exactly
+                 its quota (a ~1 MB batch to the next partition every 1/6 s, mutations at 5/s): the best any
+                 pacing of the same lumps can do, so what is left above alone is what these bytes cost the brokers
+  flood-paced-even  the same, the flooder's bytes spread evenly in 16-KiB batches: what the lumps add
   alone-proxy-again  victim alone through the proxy once more: how far the machine drifted meanwhile
 
 Before the phases, unmeasured (``--warmup`` s each): victim + flood straight to the cluster (fresh brokers' JIT),
@@ -103,6 +107,8 @@ PHASES = (
     "flood-kafka",
     "flood-smooth",
     "flood-broker",
+    "flood-paced",
+    "flood-paced-even",
     "alone-proxy-again",
 )
 LABELS = {
@@ -112,11 +118,17 @@ LABELS = {
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
     "flood-broker": "victim + flood, straight to the cluster, quotas on the brokers",
+    "flood-paced": "victim + flood paced by the flooder itself at the quota in 1-MB lumps, straight to the cluster",
+    "flood-paced-even": "victim + flood paced by the flooder itself at the quota in 16-KiB batches, straight",
     "alone-proxy-again": "victim alone, through the proxy, again (drift)",
 }
 
 
 # ------------------------------------------------------------------------------------------ phases
+PACING = {"flood-paced": ",paced-lumps", "flood-paced-even": ",paced-even"}
+"""The phases whose flooder paces itself (what flood_main's ``parts`` gets added)."""
+
+
 def parse_phases(text: str) -> list[str]:
     """``--phases``: a comma list of phase names (or ``all``), run in the canonical order whatever the list's:
     the reference (alone-proxy) comes first, every ratio divides by it."""
@@ -251,7 +263,15 @@ def windows(rows: Sequence[Sequence[float]], lo: float, hi: float, width: float 
     return out
 
 
-def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict) -> None:
+PACED_RATE = BYTE_QUOTA * 3 / FLOOD_PRODUCERS  # bytes/s per producer: the three brokers' quotas, shared
+LUMP_RECORDS = 60  # 60 × 16 KiB ≈ 0.98 MB: one batch under batch.size with its overhead
+
+
+def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pace: str = "", k: int = 0) -> None:
+    """One full-speed flooder, or with ``pace`` ("lumps" or "even") one that holds itself to PACED_RATE: lumps of
+    LUMP_RECORDS to one partition at a time (one ~1 MB batch each, the shape smooth pacing forwards), or single
+    records evenly spaced (16-KiB batches). Producer ``k`` of the flood starts at partition ``k``, a third of a
+    lump's period after producer k - 1: each broker then gets one lump at a time, evenly spaced, not three in step."""
     from confluent_kafka import KafkaError, Producer
 
     p = Producer(
@@ -275,9 +295,15 @@ def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict) -> 
 
     value = os.urandom(FLOOD_RECORD)
     i = 0
+    lump = LUMP_RECORDS if pace == "lumps" else 1
+    started = time.monotonic() + k * lump * FLOOD_RECORD / PACED_RATE / FLOOD_PRODUCERS
     while i < FLOOD_MAX_RECORDS and time.monotonic() < stop_at:
+        if pace and i % lump == 0:  # ahead of the rate: wait until the bytes sent so far are due
+            due = started + i * FLOOD_RECORD / PACED_RATE
+            while (now := time.monotonic()) < due and now < stop_at:
+                p.poll(min(due - now, 0.05))
         try:
-            p.produce(topic, value, partition=i % 3, on_delivery=delivered)
+            p.produce(topic, value, partition=(i // lump + k) % 3, on_delivery=delivered)
         except BufferError:  # the queue is full (a throttled client): wait for acknowledgements, not spin
             p.poll(0.05)
             continue
@@ -289,9 +315,10 @@ def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict) -> 
     p.flush(10)
 
 
-def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict) -> None:
+def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict, paced: bool = False) -> None:
     """CreateTopics then DeleteTopics, over and over: what controller_mutation_rate is for. A throttled request
-    (THROTTLING_QUOTA_EXCEEDED) is retried after a short pause, as a client following KIP-599 would."""
+    (THROTTLING_QUOTA_EXCEEDED) is retried after a short pause, as a client following KIP-599 would. ``paced``:
+    at most MUTATION_QUOTA partition mutations a second, by the loop's own clock (no quota anywhere)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -324,7 +351,10 @@ def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict) -> 
     def delete(names: list[str]) -> None:
         admin.delete_topics(names, request_timeout=15)[names[0]].result(20)
 
+    started = time.monotonic()
     for i in range(MUTATION_MAX_CYCLES):
+        if paced:  # each cycle is 2 × MUTATION_PARTITIONS mutations
+            time.sleep(max(0.0, started + i * 2 * MUTATION_PARTITIONS / MUTATION_QUOTA - time.monotonic()))
         if time.monotonic() >= stop_at:
             break
         name = f"{prefix}-{i}"
@@ -336,7 +366,9 @@ def flood_main(
     bootstrap: str, topic: str, seconds: float, out: Path, mutation_prefix: str, parts: str = "producers,mutations"
 ) -> int:
     """FLOOD_PRODUCERS full-speed producers and the mutation loop, all as client id FLOOD_ID, for ``seconds``
-    (``parts`` leaves one of them out, to tell which costs the victim what)."""
+    (``parts`` leaves one of them out, to tell which costs the victim what; with "paced-lumps" or "paced-even" in
+    it the producers and the loop hold themselves to the quotas)."""
+    pace = "lumps" if "paced-lumps" in parts else "even" if "paced-even" in parts else ""
     start = time.monotonic()
     stop_at = start + seconds
     producers = [
@@ -344,11 +376,14 @@ def flood_main(
     ]
     mutations: dict = {"events": [], "throttled": 0, "errors": 0}
     threads = [
-        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s), daemon=True) for s in producers
+        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s, pace, k), daemon=True)
+        for k, s in enumerate(producers)
     ]
     if "mutations" in parts:
         threads.append(
-            threading.Thread(target=_mutation_loop, args=(bootstrap, mutation_prefix, stop_at, mutations), daemon=True)
+            threading.Thread(
+                target=_mutation_loop, args=(bootstrap, mutation_prefix, stop_at, mutations, bool(pace)), daemon=True
+            )
         )
     for t in threads:
         t.start()
@@ -654,7 +689,7 @@ def references(results: Sequence[Result]) -> dict[str, float]:
 
 def path_of(phase: str) -> str:
     """Which path the victim took in a phase: straight to the cluster or through the proxy."""
-    return "direct" if phase in ("alone-direct", "flood-broker") else "proxy"
+    return "direct" if phase in ("alone-direct", "flood-broker", "flood-paced", "flood-paced-even") else "proxy"
 
 
 def format_table(results: list[Result]) -> list[str]:
@@ -892,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.settle,
                     flood,
                     proxy.bootstrap if proxy else cluster.bootstrap,
-                    args.flood,
+                    args.flood + PACING.get(phase, ""),
                     consumer_topic,
                     None,
                 )
