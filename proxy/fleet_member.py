@@ -22,8 +22,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
@@ -44,7 +43,6 @@ from quotas.fleet_leases import (
 from quotas.fleet_reports import (
     MAC_HEADER,
     ReportError,
-    Usage,
     authentic,
     decode_quota_record,
     encode_quota_record,
@@ -102,9 +100,7 @@ class FleetSync:
         self.topic = topic_name(fc.name)
         self.quota_topic = self.topic + "_quotas"
         self.sources = sources
-        self.alters: asyncio.Queue[tuple[QuotaEntity, dict[str, float | None]]] = asyncio.Queue(
-            maxsize=MAX_PENDING_ALTERS
-        )
+        self.alters: asyncio.Queue[tuple[QuotaEntity, dict]] = asyncio.Queue(maxsize=MAX_PENDING_ALTERS)
         self.alters_published = self.alters_taken_in = 0
         if sources is not None:
             sources.on_alter = self._altered_here
@@ -142,7 +138,7 @@ class FleetSync:
         """Lease id -> a (quota key, user, client id) charged to it, for the buckets the demand meter knows."""
         self._expiry_noted = True
         self.connected = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task] = []
         self._last_warning = -WARN_EVERY_S
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -218,7 +214,7 @@ class FleetSync:
         ordered = sorted(self.delays)
         return float(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
 
-    def _altered_here(self, entity: QuotaEntity, layer: dict[str, float | None]) -> None:
+    def _altered_here(self, entity: QuotaEntity, layer: dict) -> None:
         """QuotaSources' hook, on the event loop: queue the entity's new layer for every member. Kept while the
         topic is unreachable (a quota change must not be lost, unlike usage), up to a bound."""
         try:
@@ -330,7 +326,7 @@ class FleetSync:
         finally:
             await admin.close()
 
-    async def _learn_ids(self, admin: Any) -> None:
+    async def _learn_ids(self, admin) -> None:
         """The fleet topics' ids, for the guard: a client fetching by id (Fetch v13+) is refused as by name."""
         if self.guard is None:
             return
@@ -344,7 +340,7 @@ class FleetSync:
                     pairs[uuid.UUID(topic_id)] = t.get("topic")
         self.guard.learn(pairs)
 
-    async def _publish_alters(self, producer: Any) -> None:
+    async def _publish_alters(self, producer) -> None:
         while True:
             entity, layer = await self.alters.get()
             key, value = encode_quota_record(entity, layer)
@@ -357,17 +353,17 @@ class FleetSync:
                 raise
             self.alters_published += 1
 
-    async def _publish(self, producer: Any) -> None:
+    async def _publish(self, producer) -> None:
         """Every interval, on a fixed cadence: take the ledger's usage into the lease holder's demand meter and,
         unless its last record is still on its way (``LeaseHolder.due``), send a lease record, without waiting for
         its acknowledgement (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
         make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
         and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
         ledger = self.manager.ledger
-        unacked: set[asyncio.Future[Any]] = set()
+        unacked: set[asyncio.Future] = set()
         failed: list[BaseException] = []
 
-        def acked(fut: asyncio.Future[Any]) -> None:
+        def acked(fut: asyncio.Future) -> None:
             unacked.discard(fut)
             exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
             if exc is None:
@@ -402,7 +398,7 @@ class FleetSync:
             unacked.add(fut)
             fut.add_done_callback(acked)
 
-    def _observe(self, usage: Iterable[Usage], now: int) -> None:
+    def _observe(self, usage, now: int) -> None:
         """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to), with
         the buckets throttled in it: its clients want more than its share, in either enforcement mode, even when
         nothing was recorded (KIP-599 rejects a request over its bucket: no usage, only a throttle)."""
@@ -438,7 +434,7 @@ class FleetSync:
         """Shares changed: every kept handle binds again (as after a quota alter), to the new limits."""
         self.manager._store_changed()
 
-    async def _read(self, consumer: Any) -> None:
+    async def _read(self, consumer) -> None:
         """Take every record as it comes: lease records into the book, quota alters into the quotas."""
         while True:
             batches = await consumer.getmany(timeout_ms=1_000, max_records=500)
@@ -449,9 +445,7 @@ class FleetSync:
     def _mac(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
         return [(MAC_HEADER, record_mac(self.secret, topic, key, value))]
 
-    def take(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None
-    ) -> None:
+    def take(self, topic: str, key: bytes | None, value: bytes | None, headers) -> None:
         """One record read from a fleet topic: folded in only when a member wrote it (its MAC checks out)."""
         if not authentic(self.secret, topic, key, value, headers):
             self.unauthenticated += 1
