@@ -11,7 +11,10 @@ import pytest
 
 from tests.support import REPO
 
-PHASES = "alone-proxy, alone-direct, flood-noquota, flood-kafka, flood-smooth, flood-broker, alone-proxy-again"
+PHASES = (
+    "alone-proxy, alone-direct, flood-noquota, flood-kafka, flood-smooth, flood-broker, flood-paced, flood-paced-even, "
+    "alone-proxy-again"
+)
 
 
 @pytest.mark.parametrize(("given", "named"), [("alone-proxy,flood-smoth", "['flood-smoth']"), (" , ", "[]")])
