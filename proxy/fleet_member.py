@@ -24,8 +24,8 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
@@ -100,7 +100,9 @@ class FleetSync:
         self.topic = topic_name(fc.name)
         self.quota_topic = self.topic + "_quotas"
         self.sources = sources
-        self.alters: asyncio.Queue[tuple[QuotaEntity, dict]] = asyncio.Queue(maxsize=MAX_PENDING_ALTERS)
+        self.alters: asyncio.Queue[tuple[QuotaEntity, dict[str, float | None]]] = asyncio.Queue(
+            maxsize=MAX_PENDING_ALTERS
+        )
         self.alters_published = self.alters_taken_in = 0
         if sources is not None:
             sources.on_alter = self._altered_here
@@ -128,7 +130,7 @@ class FleetSync:
         (both clocks are wall clocks: a skew between hosts shows up here)."""
         self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
         self.connected = False
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._last_warning = -WARN_EVERY_S
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -190,7 +192,7 @@ class FleetSync:
         ordered = sorted(self.delays)
         return float(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
 
-    def _altered_here(self, entity: QuotaEntity, layer: dict) -> None:
+    def _altered_here(self, entity: QuotaEntity, layer: dict[str, float | None]) -> None:
         """QuotaSources' hook, on the event loop: queue the entity's new layer for every member. Kept while the
         topic is unreachable (a quota change must not be lost, unlike usage), up to a bound."""
         try:
@@ -294,7 +296,7 @@ class FleetSync:
         finally:
             await admin.close()
 
-    async def _learn_ids(self, admin) -> None:
+    async def _learn_ids(self, admin: Any) -> None:
         """The fleet topics' ids, for the guard: a client fetching by id (Fetch v13+) is refused as by name."""
         if self.guard is None:
             return
@@ -308,7 +310,7 @@ class FleetSync:
                     pairs[uuid.UUID(topic_id)] = t.get("topic")
         self.guard.learn(pairs)
 
-    async def _publish_alters(self, producer) -> None:
+    async def _publish_alters(self, producer: Any) -> None:
         while True:
             entity, layer = await self.alters.get()
             key, value = encode_quota_record(entity, layer)
@@ -321,17 +323,17 @@ class FleetSync:
                 raise
             self.alters_published += 1
 
-    async def _publish(self, producer) -> None:
+    async def _publish(self, producer: Any) -> None:
         """Every interval, on a fixed cadence: drain the ledger and send its reports without waiting for their
         acknowledgements (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
         make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
         and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
         ledger = self.manager.ledger
         last_sent = 0.0
-        unacked: set[asyncio.Future] = set()
+        unacked: set[asyncio.Future[Any]] = set()
         failed: list[BaseException] = []
 
-        def acked(fut: asyncio.Future) -> None:
+        def acked(fut: asyncio.Future[Any]) -> None:
             unacked.discard(fut)
             exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
             if exc is None:
@@ -363,7 +365,7 @@ class FleetSync:
                 fut.add_done_callback(acked)
                 last_sent = time.monotonic()
 
-    async def _read(self, consumer) -> None:
+    async def _read(self, consumer: Any) -> None:
         """Read as records come (quota alters are taken in at once); fold usage once per interval."""
         last_fold = time.monotonic()
         while True:
@@ -403,7 +405,9 @@ class FleetSync:
     def _mac(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
         return [(MAC_HEADER, record_mac(self.secret, topic, key, value))]
 
-    def take(self, topic: str, key: bytes | None, value: bytes | None, headers) -> None:
+    def take(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None
+    ) -> None:
         """One record read from a fleet topic: folded in only when a member wrote it (its MAC checks out)."""
         if not authentic(self.secret, topic, key, value, headers):
             self.unauthenticated += 1
