@@ -1,23 +1,21 @@
-"""The fleet's channel: usage reports over a topic on the cluster the proxy already fronts (quota scope fleet).
+"""The fleet's channel: lease records over a topic on the cluster the proxy already fronts (quota scope fleet).
 
 Why a topic: the cluster is an existing, replicated, ordered log every member can reach; no consensus of our own,
-no extra server. Topic ``__ktp_fleet_<name>``, one partition (every member reads every report, in one order),
-short retention (a report older than a quota window changes nothing). Each member publishes what
-``quotas.fleet_reports.FleetLedger`` collected every ``fleet.sync_interval_ms`` and, once per interval, folds every
-other member's reports read since into its trackers (``quotas.fleet_reports.FleetFold`` sums them per bucket, then one
-``QuotaManager.apply_remote`` per bucket: at 100 members that is 1 call where there were 99).
+no extra server. Topic ``__ktp_fleet_<name>``, one partition (every member reads every record, in one order),
+short retention (a record older than a lease changes nothing). Every ``fleet.sync_interval_ms`` a member takes what
+``quotas.fleet_reports.FleetLedger`` collected into its lease holder's demand meter and writes a lease record
+(``quotas.fleet_leases``: its demand and hold per bucket); every member runs the same lease book over the topic, in
+its order, and enforces the share its own records, read back, give it (issue 39; docs/fleet.md, "Leases").
 
 Never in the clients' way: publishing and reading run as tasks on the event loop through aiokafka; when the
-topic is unreachable, the member keeps enforcing its own usage (the local charges never stopped), logs one
-WARNING per minute and counts the failures; usage that could not be published is dropped, not queued (late usage
-would throttle clients for traffic long gone).
+topic is unreachable, the member's lease runs out and it enforces an equal split of each quota (the others count
+its last hold until its lease has run out for them too), logs one WARNING per minute and counts the failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import socket
@@ -25,24 +23,34 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
 from quotas.entities import QuotaEntity
+from quotas.fleet_leases import (
+    LEASE_MS,
+    SKEW_MS,
+    LeaseBook,
+    LeasedStore,
+    LeaseHolder,
+    LeaseRecord,
+    lease_id,
+)
+from quotas.fleet_leases import (
+    MAGIC as LEASE_MAGIC,
+)
 from quotas.fleet_reports import (
     MAC_HEADER,
-    MAX_NAMES,
-    FleetFold,
     ReportError,
-    UsageReport,
+    Usage,
     authentic,
     decode_quota_record,
     encode_quota_record,
     record_mac,
 )
-from quotas.manager import Bound, QuotaManager
+from quotas.manager import QuotaManager
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +64,13 @@ HEARTBEAT_S = 2.0
 MAX_PENDING_ALTERS = 10_000
 MAX_UNACKED = 8
 """Reports sent and not yet acknowledged, at most (two seconds of reports at the default interval)."""
-MAX_FOLD_ENTRIES = 1_000_000
-"""Entries of other members' reports waiting for the next fold, at most (16 MB): past that they are folded at
-once (a slow loop, or a burst of reports, must not grow memory)."""
-MAX_FOLD_REPORTS = 10_000
+HISTORY_MS = 2 * (LEASE_MS + SKEW_MS) + 1_000
+"""How far back a member starts reading the usage topic: every record still live in the lease book (a lease and
+the skew) and the records those were taken with (as long again), so its book equals everybody else's."""
 
 
-class _Unbound(enum.Enum):
-    """Type of :data:`_UNBOUND` (an enum so that ``is`` narrows it away)."""
-
-    UNBOUND = 0
-
-
-_UNBOUND: Final = _Unbound.UNBOUND
-"""A bucket id not bound yet (a bound one may hold None: no quota applies to it here)."""
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def topic_name(fleet: str) -> str:
@@ -87,6 +88,7 @@ class FleetSync:
         sources: QuotaSources | None = None,
         guard: ProtectedTopics | None = None,
         worker: int | None = None,
+        wall_ms: Callable[[], int] = _wall_ms,
     ) -> None:
         """``worker``: this process's index among the host's workers (None: a single process); workers of one host
         are members of their own, so each needs its own id."""
@@ -116,19 +118,29 @@ class FleetSync:
         self.client = dict(fc.client)
         self.manager = manager
         self.now_ms = now_ms
-        self.sent = self.received = self.applied = self.errors = self.dropped = self.bad = 0
+        self.sent = self.received = self.errors = self.dropped = self.bad = 0
         self.unauthenticated = 0
         """Records on the fleet's topics without a valid MAC: ignored (not a member's, or altered)."""
-        self.fold = FleetFold()
-        """Reports read since the last fold: folded into the trackers once per ``sync_interval_ms``, summed per
-        bucket (a member folds as often as it publishes)."""
-        self._folding_ts: list[int] = []  # the ts of every report in self.fold
-        self._bound: dict[int, Bound | None] = {}  # bucket id -> its tracker's handle, while the stamp holds
-        self._bound_stamp = -1
         self.delays: deque[int] = deque(maxlen=4096)
-        """ms from a report's ts (drained at its member) to its fold here, for the last reports: the sync delay
+        """ms from a lease record's ts (when its member wrote it) to when this member took it, for the last records:
+        the sync delay
         (both clocks are wall clocks: a skew between hosts shows up here)."""
         self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
+        self.wall_ms = wall_ms
+        """The lease records' clock: a wall clock, compared across hosts (within ``SKEW_MS``)."""
+        self.book = LeaseBook(fc.sync_interval_ms)
+        """The fleet's leases, as every member computes them from the topic (``quotas.fleet_leases``)."""
+        self.holder = LeaseHolder(self.member, interval_ms=fc.sync_interval_ms)
+        if config.quotas.enforcement == "kafka":  # the limit is the share's average over the rate window
+            self.holder.window_ms = manager.windows.rate.samples * manager.windows.rate.size_ms
+        self.inner_store = manager.store
+        manager.store = LeasedStore(self.inner_store, self.holder, wall_ms)  # the manager enforces the shares
+        self.leases_taken = 0
+        self._throttles_seen: dict[int, int] = {}
+        """Lease id -> its tracker's throttle total when last looked at (a rise: throttled since)."""
+        self._lease_names: dict[int, tuple[str, str, str]] = {}
+        """Lease id -> a (quota key, user, client id) charged to it, for the buckets the demand meter knows."""
+        self._expiry_noted = True
         self.connected = False
         self._tasks: list[asyncio.Task[None]] = []
         self._last_warning = -WARN_EVERY_S
@@ -138,6 +150,20 @@ class FleetSync:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._run(), name="fleet-sync"))
+        self._tasks.append(loop.create_task(self._watch_lease(), name="fleet-lease"))
+
+    async def _watch_lease(self) -> None:
+        """When the lease runs out (records late, or the topic unreachable), the connections bind again: to the
+        minimum share while connected, to the equal split while cut off (``LeaseHolder.share``)."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.check_lease(self.wall_ms())
+
+    def check_lease(self, now: int) -> None:
+        g = self.holder.grant
+        if g is not None and now >= g.until_ms and not self._expiry_noted:
+            self._expiry_noted = True
+            self._rebind()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -157,21 +183,15 @@ class FleetSync:
                 float(self.connected),
             ),
             "ktp_fleet_reports_sent": ("Usage reports this member published", self.sent),
-            "ktp_fleet_reports_received": ("Usage reports from other members folded in", self.received),
-            "ktp_fleet_usage_applied": ("Bucket usages from other members recorded here", self.applied),
+            "ktp_fleet_reports_received": ("Lease records taken into this member's lease book", self.received),
             "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
             "ktp_fleet_usage_dropped": (
                 "Own usage not published: reports the topic refused, bucket usages over the ledger's bound",
                 self.dropped + (self.manager.ledger.dropped if self.manager.ledger else 0),
             ),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
-            "ktp_fleet_usage_unnamed": (
-                "Bucket usages of other members dropped before any report had named the "
-                "bucket here (a member's first seconds)",
-                self.fold.unnamed,
-            ),
             "ktp_fleet_sync_delay_p99_ms": (
-                "99th percentile of the last 4096 reports' delay from their member's drain to their fold here (ms)",
+                "99th percentile of the last 4096 lease records' delay from their writing to their taking here (ms)",
                 self.delay_p99(),
             ),
             "ktp_fleet_records_unauthenticated": (
@@ -184,6 +204,12 @@ class FleetSync:
                 self.alters_published,
             ),
             "ktp_fleet_quota_alters_taken_in": ("Quota alters of other members taken in", self.alters_taken_in),
+            "ktp_fleet_lease_members": ("Members holding leases in this member's lease book", self.book.live()),
+            "ktp_fleet_leases_taken": ("Lease grants this member took (its own records read back)", self.leases_taken),
+            "ktp_fleet_lease_expired": (
+                "Shares asked while this member held no live lease (the equal split applied)",
+                self.holder.expired,
+            ),
         }
 
     def delay_p99(self) -> float:
@@ -249,7 +275,12 @@ class FleetSync:
                 await consumer.start()
                 tp, qtp = TopicPartition(self.topic, 0), TopicPartition(self.quota_topic, 0)
                 consumer.assign([tp, qtp])
-                await consumer.seek_to_end(tp)  # history is usage of windows gone by
+                # the records still live in everybody's lease book, and those they were taken with
+                since = await consumer.offsets_for_times({tp: self.wall_ms() - HISTORY_MS})
+                if since.get(tp) is not None:
+                    consumer.seek(tp, since[tp].offset)
+                else:
+                    await consumer.seek_to_end(tp)
                 await consumer.seek_to_beginning(qtp)  # compacted: the last alter of every entity
                 self.connected = True
                 backoff = 1.0
@@ -263,12 +294,15 @@ class FleetSync:
                 self._warn("unreachable", exc)
             finally:
                 self.connected = False
+                self.holder.fallback = "split"  # cut off: the equal split once the lease has run out
+                if self._expiry_noted:  # (already run out: bind again to the split now)
+                    self._rebind()
                 for client in (producer, consumer):
                     if client is not None:
                         with contextlib.suppress(Exception):  # closing a broken client
                             await client.stop()
             if self.manager.ledger is not None:  # what piled up while disconnected is stale: drop it
-                self.manager.ledger.drain(self.member, self.now_ms())
+                self.manager.ledger.take()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -324,12 +358,12 @@ class FleetSync:
             self.alters_published += 1
 
     async def _publish(self, producer: Any) -> None:
-        """Every interval, on a fixed cadence: drain the ledger and send its reports without waiting for their
-        acknowledgements (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
+        """Every interval, on a fixed cadence: take the ledger's usage into the lease holder's demand meter and,
+        unless its last record is still on its way (``LeaseHolder.due``), send a lease record, without waiting for
+        its acknowledgement (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
         make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
         and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
         ledger = self.manager.ledger
-        last_sent = 0.0
         unacked: set[asyncio.Future[Any]] = set()
         failed: list[BaseException] = []
 
@@ -348,59 +382,69 @@ class FleetSync:
             await asyncio.sleep(tick - time.monotonic())
             if failed:
                 raise failed[0]
-            reports = ledger.drain(self.member, self.now_ms()) if ledger is not None else []
-            if not reports and time.monotonic() - last_sent >= HEARTBEAT_S:
-                reports = [UsageReport(self.member, self.now_ms())]  # empty: "still here", for ktp_fleet_members
-            for report in reports:
-                if len(unacked) >= MAX_UNACKED:
-                    self.dropped += 1
-                    continue
-                try:
-                    value = report.encode()
-                    fut = await producer.send(self.topic, value, headers=self._mac(self.topic, None, value))
-                except Exception:
-                    self.dropped += 1
-                    raise
-                unacked.add(fut)
-                fut.add_done_callback(acked)
-                last_sent = time.monotonic()
+            now = self.wall_ms()
+            self.holder.fallback = "floor"  # connected: its floor until a record is back (first, or late ones)
+            self._observe(ledger.take() if ledger is not None else [], now)
+            if not self.holder.due(now):
+                continue
+            if len(unacked) >= MAX_UNACKED:
+                self.dropped += 1
+                continue
+            try:
+                value = self.holder.record(now).encode()
+                if self.holder.lowered:  # it lowered shares at once: the connections bind to them before it goes
+                    self.holder.lowered = False
+                    self._rebind()
+                fut = await producer.send(self.topic, value, headers=self._mac(self.topic, None, value))
+            except Exception:
+                self.dropped += 1
+                raise
+            unacked.add(fut)
+            fut.add_done_callback(acked)
+
+    def _observe(self, usage: Iterable[Usage], now: int) -> None:
+        """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to), with
+        the buckets throttled in it: its clients want more than its share, in either enforcement mode, even when
+        nothing was recorded (KIP-599 rejects a request over its bucket: no usage, only a throttle)."""
+        store = self.inner_store
+        per: dict[int, tuple[float, float]] = {}
+        held: dict[int, int] = {}
+        seen = self._throttles_seen
+        names = self._lease_names
+        mono = self.now_ms()
+        for key, user, client_id, amount in usage:
+            r = store.resolve(user, client_id, key)
+            if r is None:
+                continue
+            lid = lease_id(key, r.bucket)
+            got = per.get(lid)
+            per[lid] = (amount + (got[0] if got else 0.0), r.limit)
+            names[lid] = (key, user, client_id)
+        # Every bucket used lately (the demand meter's), with usage in this interval or not: throttled since?
+        for lid in [lid for lid in names if lid not in per and lid not in self.holder.usage]:
+            del names[lid]
+            seen.pop(lid, None)
+        for lid, (key, user, client_id) in names.items():
+            b = self.manager.bind(key, user, client_id, "", mono)
+            if b is None:
+                continue
+            total = b.tracker.throttle_ms_total
+            if total > seen.get(lid, 0):
+                held[lid] = b.tracker.last_throttle_ms
+            seen[lid] = total
+        self.holder.observe(per, now, held)
+
+    def _rebind(self) -> None:
+        """Shares changed: every kept handle binds again (as after a quota alter), to the new limits."""
+        self.manager._store_changed()
 
     async def _read(self, consumer: Any) -> None:
-        """Read as records come (quota alters are taken in at once); fold usage once per interval."""
-        last_fold = time.monotonic()
+        """Take every record as it comes: lease records into the book, quota alters into the quotas."""
         while True:
-            wait = self.interval_s - (time.monotonic() - last_fold)
-            batches = await consumer.getmany(timeout_ms=max(10, round(wait * 1000)), max_records=500)
+            batches = await consumer.getmany(timeout_ms=1_000, max_records=500)
             for tp, records in batches.items():
                 for record in records:
                     self.take(tp.topic, record.key, record.value, record.headers)
-            if time.monotonic() - last_fold >= self.interval_s:
-                last_fold = time.monotonic()
-                self._apply_pending()
-
-    def _apply_pending(self) -> None:
-        """Fold every report read since the last fold into the trackers: one record per bucket, through a handle
-        kept per bucket id while the manager's stamp holds (quotas altered or trackers dropped: bound anew)."""
-        ids, amounts = self.fold.drain_ids()
-        now = self.now_ms()
-        manager = self.manager
-        stamp = manager.stamp()
-        if stamp != self._bound_stamp or len(self._bound) > MAX_NAMES:
-            self._bound.clear()
-            self._bound_stamp = stamp
-        bound = self._bound
-        names = self.fold.names
-        apply = manager.apply_bound
-        for bid, amount in zip(ids, amounts, strict=True):
-            b = bound.get(bid, _UNBOUND)
-            if b is _UNBOUND:
-                key, user, client_id = names[bid]
-                b = bound[bid] = manager.bind(key, user, client_id, "", now)  # None: no quota applies here
-            if b is not None:
-                apply(b, amount, now)
-                self.applied += 1
-        self.delays.extend(now - ts for ts in self._folding_ts)
-        self._folding_ts.clear()
 
     def _mac(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
         return [(MAC_HEADER, record_mac(self.secret, topic, key, value))]
@@ -420,7 +464,17 @@ class FleetSync:
                 )
             return
         if topic == self.topic:
-            self._fold(value)
+            if value is not None and value[:4] == LEASE_MAGIC:
+                self._take_lease(value)
+            else:  # a usage report (format 2): a member of an earlier version; members upgrade together
+                self.bad += 1
+                if self.bad == 1 or self.bad % 1000 == 0:
+                    log.warning(
+                        "fleet %s: a record that is not a lease record (a member older than issue 39's leases? "
+                        "the members of a fleet upgrade together; %d refused so far)",
+                        self.topic,
+                        self.bad,
+                    )
         else:
             self._take_alter(key, value)
 
@@ -436,22 +490,30 @@ class FleetSync:
             self.alters_taken_in += 1
             log.info("fleet %s: quotas of %s now %s", self.quota_topic, entity, layer)
 
-    def _fold(self, value: bytes | None) -> None:
+    def _take_lease(self, value: bytes) -> None:
+        """A lease record, in the topic's order: into the book (every member's book takes the same records in the
+        same order); this member's own newest record, read back, gives it its new shares."""
         try:
-            report = UsageReport.decode(value or b"")
-            if report.member == self.member:
-                return
-            self.fold.add(report)  # reads the names it does not know yet: may refuse the report
+            rec = LeaseRecord.decode(value)
         except ReportError as exc:
             self.bad += 1
             if self.bad == 1 or self.bad % 1000 == 0:
                 log.warning("fleet %s: %s (%d refused so far)", self.topic, exc, self.bad)
             return
-        self.heard[report.member] = time.monotonic()
+        mine = rec.member == self.member
+        grant = self.book.take(rec, grant=mine)
+        self.received += 1
+        g = self.holder.grant
+        if g is None or self.wall_ms() >= g.until_ms:  # no lease: the equal split among the members in the book
+            self.holder.members_seen = self.book.live() + (self.member not in self.book.members)
+        self.delays.append(self.wall_ms() - rec.ts_ms)
+        if mine:
+            if grant is not None and self.holder.read_back(rec, grant, self.book.live(), self.wall_ms()):
+                self.leases_taken += 1
+                self._expiry_noted = False
+                self._rebind()
+            return
+        self.heard[rec.member] = time.monotonic()
         if len(self.heard) > 10_000:  # bounded: anyone who can write the topic could invent members
             oldest = min(self.heard, key=self.heard.__getitem__)
             del self.heard[oldest]
-        self.received += 1
-        self._folding_ts.append(report.ts_ms)
-        if self.fold.entries >= MAX_FOLD_ENTRIES or len(self._folding_ts) >= MAX_FOLD_REPORTS:
-            self._apply_pending()

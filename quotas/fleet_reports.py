@@ -1,4 +1,8 @@
-"""Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage.
+"""Quota scope ``fleet``: every proxy of a fleet enforces the sum of everybody's usage (issue 32's scheme).
+
+Since issue 39 the members hold leases instead (``quotas.fleet_leases``): a member's :class:`FleetLedger` feeds
+its demand meter, and the record authentication (:func:`record_mac`, :func:`authentic`), :func:`bucket_id` and the
+quota records here are the leases' too; the usage reports and their fold below are no longer exchanged.
 
 Pure policy, no I/O (``proxy/fleet_member.py`` carries the messages over a Kafka topic). Each member records its own
 charges as before and, besides, adds them to a :class:`FleetLedger`: usage per bucket since the last sync. A few
@@ -96,6 +100,14 @@ class ReportError(ValueError):
     """A fleet report that is not one: malformed, oversized, or naming an unknown quota key."""
 
 
+def member_id(data: bytes, start: int, end: int, what: str) -> str:
+    """The member id a record (a usage report, a lease record) carries at ``data[start:end]``."""
+    try:
+        return bytes(data[start:end]).decode()
+    except UnicodeDecodeError:
+        raise ReportError(f"{what} is malformed (member id is not UTF-8)") from None
+
+
 def _name_bytes(key: str, user: str, client_id: str) -> bytes:
     k, u, c = key.encode(), user.encode(), client_id.encode()
     return b"".join((bytes((len(k),)), k, _U32.pack(len(u)), u, _U32.pack(len(c)), c))
@@ -176,10 +188,7 @@ class UsageReport:
         names_at = pos + 16 * n + 4 * m
         if n > MAX_ENTRIES or m > n or names_at > len(data):
             raise ReportError(f"fleet report is malformed ({n} entries, {m} named, in {len(data)} bytes)")
-        try:
-            member = bytes(data[_HEAD.size : pos]).decode()
-        except UnicodeDecodeError:
-            raise ReportError("fleet report is malformed (member id is not UTF-8)") from None
+        member = member_id(data, _HEAD.size, pos, "fleet report")
         ids = np.frombuffer(data, _IDS, n, pos)
         amounts = np.frombuffer(data, _AMOUNTS, n, pos + 8 * n)
         index = np.frombuffer(data, _INDEX, m, pos + 16 * n)
@@ -271,6 +280,12 @@ class FleetLedger:
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    def take(self) -> list[Usage]:
+        """Everything added since the last drain, one :class:`Usage` per tracker key (a lease holder's usage: it
+        resolves each to its bucket itself)."""
+        pending, self._pending = self._pending, {}
+        return [e for e in map(_as_usage, pending.values()) if e[3] > 0]
 
     def drain(self, member: str, now_ms: int) -> list[UsageReport]:
         """Everything added since the last drain, as reports of at most :data:`MAX_ENTRIES` entries and half of

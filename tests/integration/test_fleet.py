@@ -20,7 +20,7 @@ import pytest
 
 from tests.harness.cluster import free_port
 from tests.harness.measure import MIB, Sampler, create_topic, log_bytes, steady_rate, topic_dirs
-from tests.harness.traffic import RECORD, java_produce
+from tests.harness.traffic import RECORD, java_produce, rdkafka_produce
 from tests.support import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -45,23 +45,40 @@ def _gauge(port: int, name: str) -> float:
     return float("nan")
 
 
+def wait_for_leases(ports: list[int]) -> None:
+    """Until every member is connected and holds a lease from a book that knows every member (a member that has
+    not read its own record back yet enforces only its floor), and a second more: the unclaimed parts each took
+    while the others were still joining even out within a record or two."""
+    wait_until(
+        lambda: all(
+            _gauge(p, "ktp_fleet_connected") == 1
+            and _gauge(p, "ktp_fleet_lease_members") == len(ports)
+            and _gauge(p, "ktp_fleet_leases_taken") >= 1
+            for p in ports
+        ),
+        60,
+        what="every member connected, holding a lease among all of them",
+    )
+    time.sleep(1.0)
+
+
 # Smooth enforcement is held to the 5 % the other quotas get. Kafka's is held to what its semantics promise: 5 % plus
-# the sampled rate's memory over the window measured (W / T). The members throttle together (each sees the same fleet
-# usage a sync late) and burst together when their mutes end, so the landed rate saw-tooths between 5 s slices of ~0
-# and 3-5x the quota, and a window of a few periods is off by up to a rate window's worth at either end (CI: 1.872
-# MiB/s over 49 s, 2.209 over 87.7 s; here 2.036 over 117.6 s, 2.143 over 111 s at load 8). Smooth lands 1.983-1.988
-# MiB/s with every 5 s slice within 1.87-2.06, which is why docs/fleet.md recommends it for a fleet. Scope cluster:
-# three buckets, about three times the quota, 15 %.
+# the sampled rate's memory over the window measured (W / T): each member enforces its lease (a third each, all three
+# hungry) with Kafka's windowed rate and mute, and producers that started together burst and wait together, so 5-s
+# slices saw-tooth around the quota and a window of a few periods is off by up to a rate window's worth at either
+# end. Smooth holds every 5-s slice at the quota, which is why docs/fleet.md recommends it for a fleet. Scope
+# cluster: three buckets, about three times the quota, 15 %. librdkafka producers (the issue's clients) and Java's.
 @pytest.mark.parametrize(
-    "scope, factor, enforcement, steady_s, tolerance",
+    "scope, factor, enforcement, steady_s, tolerance, client",
     [
-        ("fleet", 1, "smooth", STEADY_S, 0.05),
-        ("fleet", 1, "kafka", STEADY_S * 3 // 2, None),  # None: 5 % + WINDOW_S / the steady seconds
-        ("cluster", MEMBERS, "kafka", STEADY_S, 0.15),
+        ("fleet", 1, "smooth", STEADY_S, 0.05, "rdkafka"),
+        ("fleet", 1, "kafka", STEADY_S * 3 // 2, None, "rdkafka"),  # None: 5 % + WINDOW_S / the steady seconds
+        ("fleet", 1, "smooth", STEADY_S, 0.05, "java"),
+        ("cluster", MEMBERS, "kafka", STEADY_S, 0.15, "java"),
     ],
 )
 def test_three_members_hold_three_producers_to_one_quota(
-    cluster, fresh_proxy, scope, factor, enforcement, steady_s, tolerance: float | None
+    cluster, fresh_proxy, scope, factor, enforcement, steady_s, tolerance: float | None, client
 ):
     """With scope fleet the three producers share the quota; with scope cluster each member has its own bucket
     for the client id, so together they get about three times the quota (what two proxies used to do)."""
@@ -84,11 +101,7 @@ def test_three_members_hold_three_producers_to_one_quota(
         for i in range(MEMBERS)
     ]
     if scope == "fleet":
-        wait_until(
-            lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports),
-            60,
-            what="every member connected to the fleet topic",
-        )
+        wait_for_leases(ports)
     topic = f"fleet-{fleet}"
     create_topic(cluster, topic, [1])
     dirs = topic_dirs(cluster, topic)
@@ -99,7 +112,12 @@ def test_three_members_hold_three_producers_to_one_quota(
     results: list[dict] = [{} for _ in range(MEMBERS)]
 
     def produce(i: int) -> None:
-        results[i] = java_produce(cluster, members[i].bootstrap, topic, n, client_id)
+        if client == "java":
+            results[i] = java_produce(cluster, members[i].bootstrap, topic, n, client_id)
+        else:  # as fast as it may for as long, then what it holds (2,000 records at most) drains
+            results[i] = rdkafka_produce(
+                members[i].bootstrap, topic, client_id, 10 + 3 + steady_s + 5, outstanding=2_000
+            )
 
     threads = [threading.Thread(target=produce, args=(i,)) for i in range(MEMBERS)]
     with Sampler(lambda: log_bytes(dirs)) as s:
@@ -108,7 +126,8 @@ def test_three_members_hold_three_producers_to_one_quota(
         for t in threads:
             t.join(600)
     for res in results:
-        assert res.get("sent") == n and not res["errors"], (res.get("errors") or [])[:5]
+        delivered = res.get("sent") == n if client == "java" else res.get("delivered") == res.get("produced")
+        assert delivered and not res["errors"], (res.get("errors") or [])[:5]
     rate = steady_rate(s.samples, factor * QUOTA)
     print(
         f"scope {scope}, {enforcement} enforcement, {MEMBERS} members: {rate.rate / MIB:.3f} MiB/s over "
@@ -119,10 +138,11 @@ def test_three_members_hold_three_producers_to_one_quota(
         assert tolerance is not None and abs(rate.rate / (factor * QUOTA) - 1) <= tolerance, f"{rate.rate / MIB:.3f}"
         return
     heard = [_gauge(p, "ktp_fleet_members") for p in ports]
-    applied = [_gauge(p, "ktp_fleet_usage_applied") for p in ports]
+    taken = [_gauge(p, "ktp_fleet_leases_taken") for p in ports]
+    expired = [_gauge(p, "ktp_fleet_lease_expired") for p in ports]
     delays = [_gauge(p, "ktp_fleet_sync_delay_p99_ms") for p in ports]
     print(
-        f"members heard {heard}, remote usages applied {applied}, sync delay p99 {delays} ms, 5 s slices "
+        f"members heard {heard}, leases taken {taken}, lease run out {expired}, sync delay p99 {delays} ms, 5 s slices "
         f"{[round(w / MIB, 2) for w in rate.windows]} MiB/s"
     )
     assert all(h == MEMBERS for h in heard), heard
@@ -215,17 +235,21 @@ def _create_loop(bootstrap: str, client_id: str, prefix: str, seconds: float, pa
     return admitted
 
 
-@pytest.mark.parametrize("scope", ["fleet", "cluster"])
+@pytest.mark.parametrize("scope", ["fleet", "cluster", "single"])
 def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
     """Three admin clients of one user, each at a different member, creating topics as fast as they are let:
-    KIP-599's bucket (R = 4 partitions/s, burst B = R x 11 s) for the fleet's sum, or for each member alone."""
+    KIP-599's bucket (R = 4 partitions/s, burst B = R x 11 s) for the fleet's sum, or for each member alone
+    (scope cluster); ``single``: the three at one proxy, the bucket a fleet must match. The fleet admits the burst
+    as one proxy does: a bucket no member held is split among them at once (not each member's floor: 12 partitions
+    in 20 s, when every member's first request was throttled for the floor's rate)."""
     fleet = f"c{uuid.uuid4().hex[:8]}"
-    ports = [free_port() for _ in range(MEMBERS)]
+    count = 1 if scope == "single" else MEMBERS
+    ports = [free_port() for _ in range(count)]
     rate, seconds, size = 4.0, 20.0, 4
     members = [
         fresh_proxy(
             **{
-                "quotas.scope": scope,
+                "quotas.scope": "cluster" if scope == "single" else scope,
                 **({"fleet.name": fleet, "fleet.member": f"m{i}", **SECRET} if scope == "fleet" else {}),
                 "metrics.port": ports[i],
                 "quotas.entities": [
@@ -233,14 +257,14 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
                 ],
             }
         )
-        for i in range(MEMBERS)
+        for i in range(count)
     ]
     if scope == "fleet":
-        wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
+        wait_for_leases(ports)
     admitted = [0] * MEMBERS
 
     def run(i: int) -> None:
-        admitted[i] = _create_loop(members[i].bootstrap, f"adm-{fleet}", f"fm-{fleet}-{i}", seconds, size)
+        admitted[i] = _create_loop(members[i % count].bootstrap, f"adm-{fleet}", f"fm-{fleet}-{i}", seconds, size)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(MEMBERS)]
     t0 = time.monotonic()
@@ -254,8 +278,9 @@ def test_mutation_rate_is_shared_by_the_fleet(cluster, fresh_proxy, scope):
         f"scope {scope}: {sum(admitted)} partitions admitted in {elapsed:.1f} s by {admitted}; one bucket allows "
         f"{bound:.0f} (+ one request per member in flight)"
     )
-    if scope == "fleet":
+    if scope != "cluster":  # one bucket: at most what it allows, and about that (a burst, then its rate)
         assert sum(admitted) <= bound + MEMBERS * size
+        assert sum(admitted) >= 0.8 * bound, f"{sum(admitted)} partitions admitted, one bucket allows {bound:.0f}"
     else:
         assert sum(admitted) > 1.5 * bound  # each member its own bucket: about 3x
 
@@ -427,7 +452,7 @@ def test_new_producer_ids_are_counted_for_the_fleet(cluster, fresh_proxy, scope)
         for i in range(MEMBERS)
     ]
     if scope == "fleet":
-        wait_until(lambda: all(_gauge(p, "ktp_fleet_connected") == 1 for p in ports), 60, what="fleet connected")
+        wait_for_leases(ports)
     topic = f"pids-{fleet}"
 
     def run(i: int) -> None:

@@ -294,40 +294,22 @@ def test_the_ledger_is_bounded_whatever_client_ids_arrive(monkeypatch):
     assert sum(u.amount for r in ledger.drain("m", 0) for u in r.usage) == 11
 
 
-def test_a_member_folds_what_it_read_once_per_interval_through_kept_handles(monkeypatch):
+def test_a_member_refuses_usage_reports_it_enforces_leases(monkeypatch):
+    """Since issue 39 a member enforces its lease, not the fleet's usage: a usage report (an older member's) is
+    refused and counted, and changes nothing here."""
     import asyncio
 
-    from config.model import ProxyConfig
     from proxy.fleet_member import FleetSync
+    from tests.unit.test_fleet_member import fleet_config
 
-    monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
-    config = ProxyConfig.model_validate(
-        {
-            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-            "fleet": {"name": "prod", "secret_env": "KTP_TEST_SECRET", "member": "me"},
-            "quotas": {"scope": "fleet"},
-        }
-    )
+    config = fleet_config(monkeypatch, "me")
     qm = _member()
-
-    def rate(now_ms: int) -> float:
-        return qm.charge_rate("producer_byte_rate", "alice", "c", "", 0, now_ms).observed
 
     async def run():
         sync = FleetSync(config, qm, lambda: 1000)
         value = _report([Usage("producer_byte_rate", "alice", "c", 300.0)], member="other", ts=900)
-        for _ in range(2):
-            sync.take(sync.topic, None, value, sync._mac(sync.topic, None, value))
-        own = _report([Usage("producer_byte_rate", "alice", "c", 1e6)], member="me")
-        sync.take(sync.topic, None, own, sync._mac(sync.topic, None, own))  # its own echo: not folded
-        assert sync.received == 2 and sync.applied == 0 and rate(1000) == 0  # read, not folded yet
-        sync._apply_pending()
-        assert sync.applied == 1 and list(sync.delays) == [100, 100]  # one record for the bucket's sum
-        first = rate(1000)
-        assert first > 0
-        qm.store.set(QuotaEntity(user="alice"), "producer_byte_rate", 600.0)  # the handle is stale now
         sync.take(sync.topic, None, value, sync._mac(sync.topic, None, value))
-        sync._apply_pending()
-        assert sync.applied == 2 and rate(1000) == pytest.approx(first * 1.5)
+        assert sync.bad == 1 and sync.received == 0
+        assert qm.charge_rate("producer_byte_rate", "alice", "c", "", 0, 1000).observed == 0
 
     asyncio.run(run())
