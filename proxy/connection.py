@@ -228,8 +228,9 @@ class Connection(ConnectionLife):
             log.exception("%s via %s: cannot process a request", self.peer, self.label)
             self.close(f"cannot process a request: {type(exc).__name__}: {exc}")
             return
-        if type(item) is Defer:
-            raise AssertionError("a deferred decision must not defer again")
+        if type(item) is Defer:  # it waits again (a paced request whose rate moved): still deciding, in order
+            self._start_decision(item, frame)
+            return
         if item is not None:
             self.upstream.transport.write(item)
         if self._timeline is not None:

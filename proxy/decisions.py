@@ -15,6 +15,7 @@ from protocol.apis import response_header_is_flexible
 from protocol.headers import RequestHeader, encode_response_header
 from protocol.record_batches import Shape
 from proxy.verdicts import Answer, Defer, Identity, Replace
+from quotas.manager import Bound
 from quotas.plans import BoundPlan, Charged
 from quotas.producer_ids import ProducerIdTracker
 from quotas.throttle import MAX_THROTTLE_MS
@@ -123,6 +124,7 @@ class Decision:
         "holds",
         "topic_partitions",
         "paced_ms",
+        "pace_marks",
         "out_term",
     )
 
@@ -161,8 +163,13 @@ class Decision:
         self.out_term = False
         """Its response's size is kept for the next request's request_percentage charge (``ConnState.last_out``)."""
         self.paced_ms = 0
-        """Smooth enforcement: how long the request was held before it went to the broker (its throttle, served
-        before the broker saw it, so nothing of it is left for the response)."""
+        """Smooth enforcement: the wait decided when the request arrived, before it goes to the broker (its
+        throttle, served before the broker saw it, so nothing of it is left for the response). What the log
+        records; the wait served follows the rate while it runs (:attr:`pace_marks`)."""
+        self.pace_marks: list[tuple[Bound, float]] | None = None
+        """Smooth enforcement, a paced request: per pacing bucket it owes, where that bucket's refill total stands
+        once the request is paid (``QuotaManager.pace_mark``); ``proxy.pacing.paced`` asks again how long that is
+        at the rate then in force."""
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
         if self.values is not None:

@@ -8,20 +8,61 @@ quotas.md); the charges themselves are the same as in Kafka's mode. Compiled wit
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from protocol.headers import RequestHeader
 from protocol.request_fields import fetch_max_bytes_at
 from proxy.decisions import Buffer, Decision, Verdict
-from proxy.verdicts import PolicyConnection
+from proxy.verdicts import Defer, PolicyConnection
 from quotas.manager import QuotaManager
+from quotas.plans import Charged
 
 _I32: Final = struct.Struct(">i")
 
 
-async def paced(conn: PolicyConnection, d: Decision) -> Verdict:
-    """A request held for its pacing wait (the connection waited ``Defer.wait_s``), now affordable: it goes to the
-    broker. A throttle of its own (KIP-936) still holds the reads behind it until served, as at arrival."""
+PACE_RECHECK_MS: Final = 250
+"""The longest a paced request waits before its wait is asked again (:func:`paced`). Why: the rate it waits at
+can change under it, above all a fleet member's share (issue 39): a member restarted in a rolling restart holds its
+floor until the old instance's lease expires, and a first large request paced at that floor would otherwise wait
+seconds after the share came back. A quarter second follows a lease change well inside the one second the fleet
+has to follow demand, for one timer per paced request per quarter second."""
+
+
+def pace_marks(quotas: QuotaManager, d: Decision, charged: tuple[Charged, ...], now_ms: int) -> None:
+    """A request just charged over its pacing buckets: where each bucket must have refilled to for it to go, kept
+    on the decision for :func:`paced`. Called only for a paced request, never on the common path."""
+    marks = []
+    for _kind, h, _how in charged:
+        mark = quotas.pace_mark(h, now_ms)
+        if mark is not None:
+            marks.append((h, mark))
+    d.pace_marks = marks
+
+
+def first_wait_s(d: Decision) -> float:
+    """The first slice of a paced request's wait, in seconds: all of it, or :data:`PACE_RECHECK_MS`."""
+    return (d.paced_ms if d.paced_ms < PACE_RECHECK_MS else PACE_RECHECK_MS) / 1000
+
+
+async def paced(conn: PolicyConnection, d: Decision, quotas: QuotaManager, clock_ms: Callable[[], int]) -> Verdict:
+    """A request held for its pacing wait (the connection waited ``Defer.wait_s``): still owing at the rate in
+    force now (the rate moved, or this was one slice of a longer wait), it waits again, at most
+    :data:`PACE_RECHECK_MS`; paid, it goes to the broker. A throttle of its own (KIP-936) still holds the reads
+    behind it until served, as at arrival. ``clock_ms``: the policy's clock, the one the charges used."""
+    marks = d.pace_marks
+    if marks:
+        now_ms = clock_ms()
+        wait = 0
+        for h, mark in marks:
+            w = quotas.pace_wait_ms(h, mark, now_ms)
+            if w > wait:
+                wait = w
+        if wait > 1:  # a millisecond is a timer's own granularity: one that fired that early has paid
+            if wait > PACE_RECHECK_MS:
+                wait = PACE_RECHECK_MS
+            return Defer(lambda: paced(conn, d, quotas, clock_ms), wait_s=wait / 1000)
+        d.pace_marks = None
     if d.throttle_ms > 0:
         d.holds = True
         conn.mute.hold()

@@ -28,6 +28,7 @@ from quotas.entities import BucketKey, QuotaStore, Resolved
 from quotas.fleet_reports import FleetLedger, Usage
 from quotas.kinds import BY_KEY, CLUSTER_WIDE_KEYS, CONTROLLER_MUTATION_RATE
 from quotas.rate import SampledRate, byte_rate_throttle_ms, request_throttle_ms
+from quotas.throttle import java_round
 from quotas.token_bucket import TokenBucket, admit
 
 GROUPS = {key: kind.group for key, kind in BY_KEY.items()}
@@ -327,6 +328,31 @@ class QuotaManager:
         the broker for no more."""
         pace = b.tracker.pace
         return None if pace is None else pace.tokens(now_ms)
+
+    def pace_mark(self, b: Bound, now_ms: int) -> float | None:
+        """Where the pacing bucket behind ``b`` stands on its refill total (:meth:`TokenBucket.refilled`) once the
+        debt it holds now is paid: the request just charged may go when :meth:`pace_wait_ms` of it is 0. None
+        without a pacing bucket or without a debt."""
+        pace = b.tracker.pace
+        if pace is None:
+            return None
+        tokens = pace.tokens(now_ms)
+        return None if tokens >= 0 else pace.refilled(now_ms) - tokens
+
+    def pace_wait_ms(self, b: Bound, mark: float, now_ms: int) -> int:
+        """How long, at the rate in force now, until the pacing bucket behind ``b`` has refilled up to ``mark``
+        (:meth:`pace_mark`). The rate is read from the store again first: a fleet member's share may have changed
+        since ``b`` was bound, and nothing else rebinds a connection that reads no request while it waits."""
+        t = b.tracker
+        pace = t.pace
+        if pace is None:
+            return 0
+        r = self.store.resolve(b.user, b.client_id, b.key)
+        if r is not None and r.bucket == b.bucket and r.limit != t.limit:
+            t.limit = r.limit
+            pace.set_rate(r.limit, now_ms)
+        owed = mark - pace.refilled(now_ms)
+        return 0 if owed <= 0 else java_round(owed / pace.rate * 1000.0)
 
     # ------------------------------------------------------------------------------------------ mutations
 

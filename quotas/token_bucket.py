@@ -50,7 +50,7 @@ class TokenBucket:
     time it is given.
     """
 
-    __slots__ = ("_burst", "_last_ms", "_rate", "_samples", "_tokens", "_window_s")
+    __slots__ = ("_burst", "_last_ms", "_rate", "_refilled", "_samples", "_tokens", "_window_s")
 
     def __init__(self, rate: float, samples: int = 11, window_s: float = 1.0, now_ms: float = 0.0) -> None:
         _check_rate(rate)
@@ -64,6 +64,8 @@ class TokenBucket:
         self._burst = self._rate * samples * self._window_s
         self._tokens = self._burst
         self._last_ms = now_ms
+        self._refilled = 0.0
+        """Every token the refill has added since creation, clamped or not (:meth:`refilled`)."""
 
     @property
     def rate(self) -> float:
@@ -78,9 +80,21 @@ class TokenBucket:
     def _refill(self, now_ms: float) -> None:
         dt = now_ms - self._last_ms
         if dt > 0:  # a clock that went backwards neither refills nor drains
-            t = self._tokens + self._rate * dt / 1000.0
+            add = self._rate * dt / 1000.0
+            self._refilled += add
+            t = self._tokens + add
             self._tokens = t if t < self._burst else self._burst
             self._last_ms = now_ms
+
+    def refilled(self, now_ms: float) -> float:
+        """Every token refilled from creation to ``now_ms``, at the rates in force as time passed, burst clamp
+        ignored: a running total a debt can be measured against. A paced request owing ``d`` tokens when it is
+        charged is paid once this total has grown by ``d`` (:meth:`quotas.manager.QuotaManager.pace_mark`),
+        however the rate changes meanwhile (the clamp only bites once no debt is left). Why: the wait of a request
+        already charged must follow a rate raised or lowered while it waits (a fleet member's lease), without
+        counting what later requests charged."""
+        self._refill(now_ms)
+        return self._refilled
 
     def tokens(self, now_ms: float) -> float:
         """Tokens at ``now_ms`` after refilling (Kafka's ``tokens`` metric); ``< 0`` means exhausted."""

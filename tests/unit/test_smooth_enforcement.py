@@ -9,12 +9,15 @@ mode is unchanged.
 from __future__ import annotations
 
 import asyncio
+import math
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest
 
 from config.model import ProxyConfig
+from proxy.pacing import PACE_RECHECK_MS
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats
 from proxy.verdicts import Defer, Replace
@@ -106,10 +109,108 @@ def test_a_produce_over_the_bucket_waits_before_the_broker_sees_it():
     verdict = policy.on_request(conn, header, frame, clock())
     assert type(verdict) is Defer
     size = len(frame) - 4
-    assert abs(verdict.wait_s - (size - 1000 * BURST_S) / 1000) < 0.002  # until the bucket is back to zero
+    d, waited, slices = _sit_out(verdict, clock)
+    assert abs(waited - (size - 1000 * BURST_S) / 1000) < 0.002  # until the bucket is back to zero
+    assert slices == math.ceil(waited / (PACE_RECHECK_MS / 1000) - 0.01)  # asked again every quarter second
     assert conn.mute.calls == []  # nothing held or muted here: the connection waits out the Defer
-    d = asyncio.run(verdict.decide())
     assert type(d) is Decision and d.throttle_ms == 0 and d.paced_ms > 0  # nothing left for the response
+
+
+def _sit_out(verdict, clock: Clock, at_slice=None) -> tuple[Decision, float, int]:
+    """What the connection does with a paced request: it waits out each Defer (muted), then asks again, until
+    the request goes. (decision, seconds waited, slices); ``at_slice(waited)`` runs before each ask."""
+    waited, slices = 0.0, 0
+    while type(verdict) is Defer:
+        assert 0 < verdict.wait_s <= PACE_RECHECK_MS / 1000
+        clock.now += verdict.wait_s
+        waited += verdict.wait_s
+        slices += 1
+        if at_slice is not None:
+            at_slice(waited)
+        verdict = asyncio.run(_ask(verdict))
+    assert type(verdict) is Decision
+    return verdict, waited, slices
+
+
+async def _ask(defer: Defer[Any]) -> Any:
+    return await defer.decide()
+
+
+def test_a_paced_wait_follows_a_rate_raised_while_it_waits():
+    """A fleet member's share rising mid-wait (issue 39's rolling restart: a restarted member holds its floor
+    until the old lease expires): the bytes still owed are paid at the new rate, not the old wait sat out."""
+    clock = Clock()
+    policy = _policy(clock, "smooth", producer_byte_rate=1000)
+    header, frame = _produce(2000)
+    owed = len(frame) - 4 - 1000 * BURST_S  # the debt after the burst
+    verdict = policy.on_request(FakeConn(), header, frame, clock())
+
+    def raise_at_half_a_second(waited: float) -> None:
+        if abs(waited - 0.5) < 1e-9:
+            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", 4000)
+
+    _, waited, _ = _sit_out(verdict, clock, raise_at_half_a_second)
+    assert abs(waited - (0.5 + (owed - 500) / 4000)) < 0.003  # 500 B paid at 1000 B/s, the rest at 4000 B/s
+
+
+def test_a_paced_wait_follows_a_rate_lowered_while_it_waits():
+    clock = Clock()
+    policy = _policy(clock, "smooth", producer_byte_rate=4000)
+    header, frame = _produce(2000)
+    owed = len(frame) - 4 - 4000 * BURST_S
+    verdict = policy.on_request(FakeConn(), header, frame, clock())
+
+    def lower_at_a_quarter(waited: float) -> None:
+        if abs(waited - 0.25) < 1e-9:
+            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", 1000)
+
+    _, waited, _ = _sit_out(verdict, clock, lower_at_a_quarter)
+    assert abs(waited - (0.25 + (owed - 1000) / 1000)) < 0.003
+
+
+def test_a_later_request_does_not_lengthen_an_earlier_one_s_wait():
+    """Two connections of one client: the second's charge is queued behind the first's, never in front of it."""
+    clock = Clock()
+    policy = _policy(clock, "smooth", producer_byte_rate=1000)
+    header, frame = _produce(2000)
+    owed = len(frame) - 4 - 1000 * BURST_S
+    first = policy.on_request(FakeConn(), header, frame, clock())
+    second = policy.on_request(FakeConn(), header, frame, clock())
+    assert type(second) is Defer
+    _, waited, _ = _sit_out(first, clock)
+    assert abs(waited - owed / 1000) < 0.003
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(500, 20_000),
+    st.lists(st.tuples(st.integers(1, 12), st.integers(200, 8_000)), max_size=6),
+)
+def test_a_paced_request_goes_when_the_rates_it_waited_at_have_paid_its_debt(size, changes):
+    """However the rate moves while a request waits (each change at a quarter-second ask, ``(ask, rate)``), it
+    goes at the first ask by which the refill, at the rates in force, has covered what it owed."""
+    clock = Clock()
+    policy = _policy(clock, "smooth", producer_byte_rate=1000)
+    header, frame = _produce(size)
+    owed = len(frame) - 4 - 1000 * BURST_S
+    verdict = policy.on_request(FakeConn(), header, frame, clock())
+    by_ask = dict(changes)
+    paid, last, rate, at_asks, fastest = 0.0, 0.0, 1000.0, [], 1000.0
+
+    def at_ask(waited: float) -> None:
+        nonlocal paid, last, rate, fastest
+        paid += rate * (waited - last)  # what the refill covered since the last ask, at the rate then in force
+        last = waited
+        at_asks.append(paid)
+        r = by_ask.get(len(at_asks))
+        if r is not None:
+            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", r)
+            rate, fastest = float(r), max(fastest, r)
+
+    _sit_out(verdict, clock, at_ask)
+    slack = fastest * 0.002  # the clock in whole milliseconds, and a timer's millisecond
+    assert at_asks[-1] >= owed - slack  # it went only once paid ...
+    assert all(p < owed + slack for p in at_asks[:-1])  # ... and at the first ask by which it was
 
 
 def test_kafka_mode_forwards_the_same_produce_and_holds_the_reads():
