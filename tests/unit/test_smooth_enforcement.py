@@ -12,6 +12,7 @@ import asyncio
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest
@@ -136,36 +137,23 @@ async def _ask(defer: Defer[Any]) -> Any:
     return await defer.decide()
 
 
-def test_a_paced_wait_follows_a_rate_raised_while_it_waits():
+@pytest.mark.parametrize(("before", "after", "at_s"), [(1000, 4000, 0.5), (4000, 1000, 0.25)])
+def test_a_paced_wait_follows_a_rate_changed_while_it_waits(before: int, after: int, at_s: float) -> None:
     """A fleet member's share rising mid-wait (issue 39's rolling restart: a restarted member holds its floor
-    until the old lease expires): the bytes still owed are paid at the new rate, not the old wait sat out."""
+    until the old lease expires), or falling: what is still owed is paid at the new rate, not the old wait sat
+    out."""
     clock = Clock()
-    policy = _policy(clock, "smooth", producer_byte_rate=1000)
+    policy = _policy(clock, "smooth", producer_byte_rate=before)
     header, frame = _produce(2000)
-    owed = len(frame) - 4 - 1000 * BURST_S  # the debt after the burst
+    owed = len(frame) - 4 - before * BURST_S  # the debt after the burst
     verdict = policy.on_request(FakeConn(), header, frame, clock())
 
-    def raise_at_half_a_second(waited: float) -> None:
-        if abs(waited - 0.5) < 1e-9:
-            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", 4000)
+    def change(waited: float) -> None:
+        if abs(waited - at_s) < 1e-9:
+            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", after)
 
-    _, waited, _ = _sit_out(verdict, clock, raise_at_half_a_second)
-    assert abs(waited - (0.5 + (owed - 500) / 4000)) < 0.003  # 500 B paid at 1000 B/s, the rest at 4000 B/s
-
-
-def test_a_paced_wait_follows_a_rate_lowered_while_it_waits():
-    clock = Clock()
-    policy = _policy(clock, "smooth", producer_byte_rate=4000)
-    header, frame = _produce(2000)
-    owed = len(frame) - 4 - 4000 * BURST_S
-    verdict = policy.on_request(FakeConn(), header, frame, clock())
-
-    def lower_at_a_quarter(waited: float) -> None:
-        if abs(waited - 0.25) < 1e-9:
-            policy.quotas.store.set(QuotaEntity("alice", None), "producer_byte_rate", 1000)
-
-    _, waited, _ = _sit_out(verdict, clock, lower_at_a_quarter)
-    assert abs(waited - (0.25 + (owed - 1000) / 1000)) < 0.003
+    _, waited, _ = _sit_out(verdict, clock, change)
+    assert abs(waited - (at_s + (owed - before * at_s) / after)) < 0.003  # paid at the old rate until at_s
 
 
 def test_a_later_request_does_not_lengthen_an_earlier_one_s_wait():
