@@ -64,6 +64,9 @@ HEARTBEAT_S = 2.0
 MAX_PENDING_ALTERS = 10_000
 MAX_UNACKED = 8
 """Reports sent and not yet acknowledged, at most (two seconds of reports at the default interval)."""
+FAREWELL_WAIT_S = 2.0
+"""How long a stopping member waits for its farewell record to be acknowledged (:meth:`FleetMember.stop`): a
+shutdown must end even when the topic is slow; without the record its share comes back a lease later."""
 HISTORY_MS = 2 * (LEASE_MS + SKEW_MS) + 1_000
 """How far back a member starts reading the usage topic: every record still live in the lease book (a lease and
 the skew) and the records those were taken with (as long again), so its book equals everybody else's."""
@@ -142,6 +145,8 @@ class FleetSync:
         """Lease id -> a (quota key, user, client id) charged to it, for the buckets the demand meter knows."""
         self._expiry_noted = True
         self.connected = False
+        self._producer: Any = None
+        """The lease records' producer while connected: :meth:`stop` writes the farewell with it."""
         self._tasks: list[asyncio.Task[None]] = []
         self._last_warning = -WARN_EVERY_S
 
@@ -166,6 +171,28 @@ class FleetSync:
             self._rebind()
 
     async def stop(self) -> None:
+        """Called once every client connection is closed (``Server.shutdown``): the farewell record first, so the
+        others take this member's share at their next grant instead of when its lease runs out (a rolling restart;
+        ``LeaseHolder.farewell``), then the tasks. Best effort: a topic that does not answer within
+        :data:`FAREWELL_WAIT_S` leaves the lease to run out, as if the member had died."""
+        producer = self._producer
+        if producer is not None and self.connected:
+            try:
+                value = self.holder.farewell(self.wall_ms()).encode()
+                await asyncio.wait_for(
+                    producer.send_and_wait(self.topic, value, headers=self._mac(self.topic, None, value)),
+                    FAREWELL_WAIT_S,
+                )
+                log.info("fleet %s: member %s wrote its farewell record", self.topic, self.member)
+            except Exception as exc:  # noqa: BLE001 - stopping regardless
+                log.warning(
+                    "fleet %s: member %s could not write its farewell record (%s: %s); its share returns when its "
+                    "lease runs out",
+                    self.topic,
+                    self.member,
+                    type(exc).__name__,
+                    exc,
+                )
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -272,6 +299,7 @@ class FleetSync:
                     **self.client,
                 )
                 await producer.start()
+                self._producer = producer
                 await consumer.start()
                 tp, qtp = TopicPartition(self.topic, 0), TopicPartition(self.quota_topic, 0)
                 consumer.assign([tp, qtp])
@@ -294,6 +322,7 @@ class FleetSync:
                 self._warn("unreachable", exc)
             finally:
                 self.connected = False
+                self._producer = None
                 self.holder.fallback = "split"  # cut off: the equal split once the lease has run out
                 if self._expiry_noted:  # (already run out: bind again to the split now)
                     self._rebind()

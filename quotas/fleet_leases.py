@@ -79,6 +79,9 @@ MIN_SHARE = 1e-6
 USAGE_TAU_MS = 250.0
 """Time constant of the usage a member's demand is computed from (an exponential average)."""
 
+FAREWELL_LEASE_MS = 1
+"""The lease a member's last record asks for when it stops (:meth:`LeaseHolder.farewell`): the shortest a record
+may state, so the book drops it at the first epoch boundary after :data:`SKEW_MS`, not a whole lease later."""
 MAX_LEASE_MS = 10_000
 """The longest lease a record may state (the book keeps the buckets of every epoch a live grant may come from)."""
 NO_EPOCH = -(1 << 62)
@@ -691,6 +694,35 @@ class LeaseHolder:
             g.unclaimed if live and g is not None else self.fallback_ratio(),
             g.epoch if live and g is not None else NO_EPOCH,
             self.lease_for(),
+        )
+
+    def farewell(self, now_ms: int) -> LeaseRecord:
+        """The record a member writes when it stops, after its last client connection is closed: it demands and
+        holds nothing of any bucket it knew, states no unclaimed share and asks for a lease of
+        :data:`FAREWELL_LEASE_MS`. The book counts its floor on each bucket until it drops it, at the first
+        boundary :data:`SKEW_MS` after this record, and the others' next grants take its share then. Why: a
+        rolling restart stops every member in turn, and a stopped member's share otherwise came back only when its
+        last lease ran out (up to :data:`LEASE_MS`), while its clients, reconnected to the others, were held to
+        what the others held. Safe because it admits nothing any more: what it enforced before, no cap needs to
+        cover now."""
+        if self.in_flight is not None and now_ms <= self.in_flight:
+            now_ms = self.in_flight + 1
+        known = dict(self.granted_quota)
+        known.update(self.quotas)
+        ids = sorted(known)
+        zeros = np.zeros(len(ids), dtype=_F8)
+        self.in_flight = self.written_ms = now_ms
+        return LeaseRecord(
+            self.member,
+            now_ms,
+            self.members_seen,
+            np.array(ids, dtype=_IDS),
+            np.array([known[lid] for lid in ids], dtype=_F8),
+            zeros,
+            zeros.copy(),
+            0.0,
+            NO_EPOCH,
+            FAREWELL_LEASE_MS,
         )
 
 

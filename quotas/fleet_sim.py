@@ -169,6 +169,18 @@ class FleetSim:
                 m.alive = False
                 m.died_ms = self.now
 
+    def leave(self, name: str) -> None:
+        """The member stops as a proxy does (``FleetMember.stop``): it admits nothing more, then writes its
+        farewell record (:meth:`LeaseHolder.farewell`), delayed or lost like any other."""
+        for m in self.members:
+            if m.name == name and m.alive:
+                self.kill(name)
+                rec = m.holder.farewell(self.now + m.skew_ms)
+                delay = self.write_delay(self._rng)
+                if delay is not None:
+                    self._seq += 1
+                    heapq.heappush(self._landing, (self.now + max(0, delay), self._seq, rec))
+
     def rate(self, lid: int, start_ms: int, end_ms: int) -> float:
         """The fleet's admitted rate of a bucket between two times, as a part of its quota."""
         xs = self.landed[lid][start_ms // self.step_ms : end_ms // self.step_ms]

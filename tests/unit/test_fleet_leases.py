@@ -11,10 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotas.fleet_leases import (
+    FAREWELL_LEASE_MS,
     FLOOR_FRACTION,
     LEASE_MS,
     MAX_LEASE_MS,
     MIN_SHARE,
+    NO_EPOCH,
     SKEW_MS,
     LeaseBook,
     LeaseRecord,
@@ -133,13 +135,15 @@ delays = st.one_of(st.none(), st.integers(0, 3_000))
         max_size=4,
     ),
     kill=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.integers(0, 8_000))),
+    leaves=st.booleans(),
 )
 def test_the_shares_enforced_never_add_up_past_the_quota(
-    lease, n, buckets, seed, loss, max_write, max_read, phases, kill
+    lease, n, buckets, seed, loss, max_write, max_read, phases, kill, leaves
 ):
     """For any member set, demands (changing in phases), record delays and losses, clock skews within SKEW_MS
-    and a member dying at any time: at every step, every bucket, the live members' shares add up to at most the
-    quota (the strict fallback: a member whose lease ran out enforces nothing)."""
+    and a member dying or stopping (its farewell record) at any time: at every step, every bucket, the live
+    members' shares add up to at most the quota (the strict fallback: a member whose lease ran out enforces
+    nothing)."""
     quotas = {i + 1: Q * (i + 1) for i in range(buckets)}
 
     def write(rng):
@@ -163,7 +167,10 @@ def test_the_shares_enforced_never_add_up_past_the_quota(
 
         if kill is not None and t - length <= kill[1] < t and kill[0] < n:
             sim.run(kill[1], demand)
-            sim.kill(f"m{kill[0]:03d}")
+            if leaves:  # stopped: its farewell record (itself delayed or lost)
+                sim.leave(f"m{kill[0]:03d}")
+            else:
+                sim.kill(f"m{kill[0]:03d}")
         sim.run(t, demand)
         _check(sim)
 
@@ -197,6 +204,38 @@ def test_a_dead_members_share_returns_after_one_lease():
     _check(sim)
     assert sim.shares()["m001"][1] > 0.9 * Q
     assert sim.rate(1, 4_000 + back - 250, 4_000 + back) > 0.9
+
+
+def _followed_in(seed: int, stop: str) -> int:
+    """ms from m000, holding nearly all the quota, stopping (``leave``) or dying (``kill``) until m001's clients
+    land over 0.9 x the quota in a 100-ms slice."""
+    sim = fleet(3, {1: Q}, seed=seed, skew_ms=100, read_delay=lambda rng: rng.randint(20, 200))
+    sim.run(4_000, lambda now, m, lid: Q if m == "m000" else 0.0)
+    assert sim.shares()["m000"][1] > 0.9 * Q
+    getattr(sim, stop)("m000")
+    sim.run(4_000 + LEASE_MS + 2_000, lambda now, m, lid: Q if m == "m001" else 0.0)
+    _check(sim)
+    return next(t + 100 - 4_000 for t in range(4_000, sim.now - 100, 10) if sim.rate(1, t, t + 100) > 0.9)
+
+
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_a_member_that_stops_gives_its_share_back_sooner_than_one_that_dies(seed):
+    """A rolling restart: a member stopping writes a farewell record (no demand, no hold, the shortest lease), so
+    its share comes back at the first boundary after the allowed skew, not when its last lease runs out (the
+    sim's quick records ask for ~1 s leases; a dead member's share took 1.5-1.9 s, a stopped one's 0.6-1.1 s)."""
+    stopped, died = _followed_in(seed, "leave"), _followed_in(seed, "kill")
+    assert stopped <= SKEW_MS + 1_000, stopped  # the skew, a boundary, a record of m001's and its read-back
+    assert stopped < died, (stopped, died)
+
+
+def test_a_farewell_record_demands_and_holds_nothing_and_asks_the_shortest_lease():
+    sim = fleet(2, {1: Q, 2: Q}, seed=1)
+    sim.run(2_000, lambda now, m, lid: Q)
+    holder = sim.members[0].holder
+    rec = LeaseRecord.decode(holder.farewell(2_000).encode())
+    assert rec.ids.tolist() == [1, 2] and rec.quota.tolist() == [Q, Q]
+    assert rec.demand.tolist() == [0.0, 0.0] and rec.hold.tolist() == [0.0, 0.0]
+    assert (rec.unclaimed, rec.grant_epoch, rec.lease_ms) == (0.0, NO_EPOCH, FAREWELL_LEASE_MS)
 
 
 def test_an_idle_member_admits_at_its_floor_at_once():

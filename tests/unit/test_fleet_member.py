@@ -115,3 +115,47 @@ def test_a_bucket_throttled_without_usage_still_asks_for_more(monkeypatch):
         rec = a.holder.record(clock[0])
         a.holder.in_flight = None
         assert rec.demand.tolist() == [4.0]
+
+
+class _Producer:
+    """What FleetSync.stop asks of its aiokafka producer; ``hang``: the topic never answers."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.sent: list[tuple[str, bytes, list[tuple[str, bytes]]]] = []
+        self.hang = hang
+
+    async def send_and_wait(self, topic: str, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        self.sent.append((topic, value, headers))
+        if self.hang:
+            await asyncio.sleep(3600)
+
+
+def test_a_stopping_member_writes_a_farewell_record_and_does_not_wait_on_a_silent_topic(monkeypatch):
+    """Server.shutdown closes every connection, then stops the fleet: the member's last record gives its share
+    back (LeaseHolder.farewell), authenticated like the others; a topic that does not answer costs the shutdown
+    FAREWELL_WAIT_S, no more, and the lease then runs out as if the member had died."""
+    import time
+
+    from proxy import fleet_member
+    from quotas.fleet_leases import FAREWELL_LEASE_MS, LeaseRecord
+
+    config = fleet_config(monkeypatch, "me")
+    monkeypatch.setattr(fleet_member, "FAREWELL_WAIT_S", 0.2)
+
+    async def stop(producer: _Producer) -> tuple[FleetSync, float]:
+        sync = FleetSync(config, QuotaManager(QuotaStore()), lambda: 0, wall_ms=lambda: 5_000)
+        sync._producer, sync.connected = producer, True
+        began = time.monotonic()
+        await sync.stop()
+        return sync, time.monotonic() - began
+
+    answered = _Producer()
+    sync, _ = asyncio.run(stop(answered))
+    [(topic, value, headers)] = answered.sent
+    rec = LeaseRecord.decode(value)
+    assert topic == sync.topic and rec.member == "me" and rec.lease_ms == FAREWELL_LEASE_MS
+    assert headers == sync._mac(sync.topic, None, value)
+
+    silent = _Producer(hang=True)
+    _, took = asyncio.run(stop(silent))
+    assert len(silent.sent) == 1 and took < 1.0
