@@ -13,6 +13,12 @@ P is chosen from the unthrottled rates so that the brokers' quota binds: about a
 :data:`NOMINAL_MS` a request, and at most 40 % of the rate through the proxy. Every workload's topic is led by
 broker 1, so one broker's request quota (Kafka's, and the proxy's ``broker`` scope) is what binds.
 
+Beside every phase a load probe (:class:`LoadProbe`) times a small request straight to broker 1 and, through a
+proxy, scrapes the proxy's own upstream time per API; the second table sets the brokers' implied charge per
+request (:func:`implied_ms`) against both, round by round. ``--burn N --burn-rounds 2,4`` runs N busy loops
+through the rounds named, for a known extra load (issue 36: does the brokers' charge follow load the proxy can
+see?).
+
 Rates come from the clients: for the librdkafka producers, requests answered (delivery reports, one record a
 request; :func:`rdk_produce_served` says why not requests sent); for the consumers, librdkafka's statistics
 (``brokers[].req``, sampled each second: Fetches sent to broker 1, one in flight at a time) between the end of
@@ -406,6 +412,11 @@ def _proxy_latency(port: int) -> dict[str, tuple[float, float]]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except OSError:
         return {}
+    return parse_latency(text)
+
+
+def parse_latency(text: str) -> dict[str, tuple[float, float]]:
+    """api -> (seconds summed, responses), from a Prometheus text scrape."""
     sums: dict[str, list[float]] = {}
     for m in re.finditer(r'^ktp_request_latency_seconds_(sum|count)\{api="([^"]+)"\} (\S+)$', text, re.M):
         sums.setdefault(m.group(2), [0.0, 0.0])[0 if m.group(1) == "sum" else 1] = float(m.group(3))
