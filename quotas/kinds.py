@@ -150,7 +150,7 @@ HEARTBEAT: Final = 12
 # max_wait, so wall time over-charged quick APIs by 3-4x and charged nothing where the issue's flooders live.
 # The bases of Produce, Fetch and ListOffsets were calibrated against the brokers' own enforcement
 # (bench/request_quota.py: the brokers' charge in these units = the estimate x proxy rate / broker rate under the
-# same P; BENCHMARKS.md runs 4-7b). That charge moved 1.7-2.9 x from run to run for the same client and P, and
+# same P; BENCHMARKS.md runs 4-7b). That charge moved 2-2.9 x from run to run for the same client and P, and
 # followed no load the proxy can time (run 7b), so each base sits at the geometric middle of the per-run medians:
 # no run is off by more than the square root of that spread (Produce: 0.013-0.038 ms, a librdkafka linger-0 one;
 # an empty Fetch 0.021-0.042 with the head term below; ListOffsets 0.022-0.044). The per-KiB terms are not
