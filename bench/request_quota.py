@@ -13,6 +13,12 @@ P is chosen from the unthrottled rates so that the brokers' quota binds: about a
 :data:`NOMINAL_MS` a request, and at most 40 % of the rate through the proxy. Every workload's topic is led by
 broker 1, so one broker's request quota (Kafka's, and the proxy's ``broker`` scope) is what binds.
 
+Beside every phase a load probe (:class:`LoadProbe`) times a small request straight to broker 1 and, through a
+proxy, scrapes the proxy's own upstream time per API; the second table sets the brokers' implied charge per
+request (:func:`implied_ms`) against both, round by round. ``--burn N --burn-rounds 2,4`` runs N busy loops
+through the rounds named, for a known extra load (issue 36: does the brokers' charge follow load the proxy can
+see?).
+
 Rates come from the clients: for the librdkafka producers, requests answered (delivery reports, one record a
 request; :func:`rdk_produce_served` says why not requests sent); for the consumers, librdkafka's statistics
 (``brokers[].req``, sampled each second: Fetches sent to broker 1, one in flight at a time) between the end of
@@ -293,6 +299,138 @@ WORKLOADS = {
 }
 
 
+# ------------------------------------------------------------------------------------------ load probe
+PROBE_INTERVAL_S = 0.05
+"""The probe's pace: 20 small requests a second, nothing beside the workload's thousands."""
+
+
+class LoadProbe:
+    """What the proxy could observe of a broker's load, measured beside every phase (issue 36): the round trip
+    of a small request (ListOffsets, latest, of partition 0 of the phase's topic, led by broker 1) sent straight
+    to broker 1 every :data:`PROBE_INTERVAL_S` on a connection of its own (client id ``rq-probe``, no quota), and,
+    when the phase runs through a proxy, that proxy's own upstream time per API (``ktp_request_latency_seconds``:
+    forwarding to response, the client's own requests) over the measured window. Why: the brokers' charge per
+    request moved 2-4 x between rounds with the machine's load, and a load factor on the proxy's estimate is only
+    worth building if the charge tracks something the proxy can see. The request is encoded once and sent raw, so
+    the figure is the broker's and the loopback's, not kafka-python's."""
+
+    def __init__(self, broker: str, topic: str, warm: float, seconds: float, metrics_port: int | None) -> None:
+        self.broker, self.topic, self.warm, self.seconds = broker, topic, warm, seconds
+        self.metrics_port = metrics_port
+        self.rtts: list[float] = []
+        self.scrapes: list[dict[str, tuple[float, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> LoadProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(10)
+        if len(self.scrapes) == 1 and self.metrics_port is not None:  # the worker ended before the window did
+            self.scrapes.append(_proxy_latency(self.metrics_port))
+        return self.summary()
+
+    def _frame(self) -> bytes:
+        from kafka.protocol.consumer import ListOffsetsRequest
+
+        T = ListOffsetsRequest.ListOffsetsTopic
+        req = ListOffsetsRequest(
+            replica_id=-1,
+            isolation_level=0,
+            topics=[
+                T(
+                    name=self.topic,
+                    partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)],
+                )
+            ],
+        )
+        req.API_VERSION = 7
+        req.with_header(correlation_id=1, client_id="rq-probe")
+        return req.encode(header=True, framed=True)
+
+    def _run(self) -> None:
+        import socket
+
+        host, port = self.broker.rsplit(":", 1)
+        frame = self._frame()
+        t0 = time.monotonic()
+        scrape_at = [t0 + 1 + self.warm, t0 + 1 + self.warm + self.seconds]  # the worker's own start-up: ~1 s
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if scrape_at and now >= scrape_at[0] and self.metrics_port is not None:
+                    scrape_at.pop(0)
+                    self.scrapes.append(_proxy_latency(self.metrics_port))
+                t = time.perf_counter()
+                sock.sendall(frame)
+                size = int.from_bytes(_recv_exactly(sock, 4), "big")
+                _recv_exactly(sock, size)
+                rtt = time.perf_counter() - t
+                if t0 + 1 + self.warm <= now <= t0 + 1 + self.warm + self.seconds:
+                    self.rtts.append(rtt * 1000)
+                self._stop.wait(PROBE_INTERVAL_S)
+
+    def summary(self) -> dict:
+        out: dict = {}
+        if self.rtts:
+            r = sorted(self.rtts)
+            out["probe_ms"] = {
+                "n": len(r),
+                "p50": r[len(r) // 2],
+                "mean": statistics.mean(r),
+                "p90": r[int(len(r) * 0.9)],
+            }
+        if len(self.scrapes) == 2:
+            a, b = self.scrapes
+            out["proxy_upstream_ms"] = {
+                api: (b[api][0] - a.get(api, (0, 0))[0]) / n * 1000
+                for api in b
+                if (n := b[api][1] - a.get(api, (0, 0))[1]) > 0
+            }
+        return out
+
+
+def _recv_exactly(sock, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("probe connection closed")
+        buf += chunk
+    return buf
+
+
+def _proxy_latency(port: int) -> dict[str, tuple[float, float]]:
+    """api -> (seconds summed, responses) of the proxy's ``ktp_request_latency_seconds``."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    return parse_latency(text)
+
+
+def parse_latency(text: str) -> dict[str, tuple[float, float]]:
+    """api -> (seconds summed, responses), from a Prometheus text scrape."""
+    sums: dict[str, list[float]] = {}
+    for m in re.finditer(r'^ktp_request_latency_seconds_(sum|count)\{api="([^"]+)"\} (\S+)$', text, re.M):
+        sums.setdefault(m.group(2), [0.0, 0.0])[0 if m.group(1) == "sum" else 1] = float(m.group(3))
+    return {api: (v[0], v[1]) for api, v in sums.items()}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # ------------------------------------------------------------------------------------------ orchestration
 @dataclass
 class Result:
@@ -340,12 +478,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brokers", type=int, default=2)
     ap.add_argument("--p", action="append", default=[], help="name=P: fix P for a workload")
     ap.add_argument("--output", default=str(REPO / "bench" / "REQUEST_QUOTA.md"))
+    ap.add_argument(
+        "--burn", type=int, default=0, help="busy-loop processes run through the rounds of --burn-rounds (load)"
+    )
+    ap.add_argument("--burn-rounds", default="", help="1-based rounds (both phases) that run beside --burn")
     args = ap.parse_args(argv)
     fixed = {k: float(v) for k, v in (x.split("=") for x in args.p)}
     names = [n for n in args.workloads.split(",") if n]
     # The unthrottled phases come first (they warm the brokers' JIT, and P is chosen from them), then the
     # brokers' and the proxy's enforcement of P alternate, so slow drift of the machine hits both alike.
-    phases = [p for p in args.phases.split(",") if p] + ["broker", "proxy-p"] * args.rounds
+    unthrottled = [p for p in args.phases.split(",") if p]
+    phases = unthrottled + ["broker", "proxy-p"] * args.rounds
+    burn_rounds = {int(x) for x in args.burn_rounds.split(",") if x}
     from tests.harness import KafkaCluster
     from tests.support import ProxyProcess
 
@@ -372,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                     if phase in ("broker", "proxy-p") and p is None:
                         p = choose_p(rates.get("direct", 0) or 4000, rates.get("proxy", 0) or 4000)
                     proxy = None
+                    metrics_port: int | None = None
                     bootstrap = cluster.bootstrap
                     if phase == "broker":
                         cluster.tool(
@@ -383,9 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                         bootstrap = free.bootstrap
                     elif phase == "proxy-p":
                         ents = [{"entity": {"client-id": client_id}, "quotas": {"request_percentage": p}}]
-                        proxy = ProxyProcess(
-                            workdir, cluster.bootstrap, {"quotas.entities": ents}, name=f"proxy-{name}-{i}"
-                        ).start()
+                        metrics_port = _free_port()
+                        extra = {"quotas.entities": ents, "metrics.port": metrics_port}
+                        proxy = ProxyProcess(workdir, cluster.bootstrap, extra, name=f"proxy-{name}-{i}").start()
                         bootstrap = proxy.bootstrap
                     if name == "consumer-tail":
                         bootstrap = f"{bootstrap}|{cluster.bootstrap}"  # the feeder always writes straight to it
@@ -395,7 +540,20 @@ def main(argv: list[str] | None = None) -> int:
                     if phase in ("broker", "proxy-p") and p is not None:  # the rate P allows at NOMINAL_MS
                         os.environ["RQ_JAVA_RATE"] = f"{max(p * 10 / NOMINAL_MS, 50):.0f}"
                     load = os.getloadavg()[0]
-                    stats = run_worker(name, bootstrap, topic, client_id, args.warmup, args.seconds, kafka_bin)
+                    probe = LoadProbe(
+                        _leader_address(cluster.bootstrap, topic), topic, args.warmup, args.seconds,
+                        metrics_port if proxy is not None else None,
+                    ).start()  # fmt: skip
+                    rnd = (i - len(unthrottled)) // 2 + 1 if i >= len(unthrottled) else 0
+                    burners = _burn(args.burn if rnd in burn_rounds else 0)
+                    try:
+                        stats = run_worker(name, bootstrap, topic, client_id, args.warmup, args.seconds, kafka_bin)
+                    finally:
+                        for b in burners:
+                            b.kill()
+                            b.wait()
+                    stats["burn"] = len(burners)
+                    stats.update(probe.stop())
                     if proxy is not None:
                         proxy.terminate()
                     rates.setdefault(phase, stats["rate"])
@@ -411,7 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
     shutil.rmtree(workdir, ignore_errors=True)
     minutes = (time.monotonic() - t_start) / 60
+    Path(args.output).with_suffix(".json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     table = format_table(results)
+    table += ["", *format_load_table(results)]
     print("\n".join(table))
     doc = [
         "# KIP-124 request_percentage: the brokers' enforcement vs the proxy's",
@@ -425,9 +585,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     Path(args.output).write_text("\n".join(doc))
-    Path(args.output).with_suffix(".json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     print(f"wrote {args.output}")
     return 0
+
+
+def _burn(n: int) -> list[subprocess.Popen]:
+    """``n`` busy-loop processes at the default priority: CPU contention on demand, so the brokers' charge per
+    request can be read against the probe's round trip at two known loads in one run (issue 36's finding: a
+    broker's request-time sensor is wall-clock time on its threads, so it should grow with contention)."""
+    code = "while True:\n    pass"
+    return [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 def _create_topic(bootstrap: str, topic: str, w: Workload, brokers: int) -> None:
@@ -481,6 +648,76 @@ def ratios(results: list[Result], workload: str) -> list[float]:
     b = [r.stats["rate"] for r in results if r.workload == workload and r.phase == "broker"]
     pp = [r.stats["rate"] for r in results if r.workload == workload and r.phase == "proxy-p"]
     return [x / y for x, y in zip(pp, b, strict=False) if y > 0]
+
+
+API_OF = {
+    "rdk-produce": "Produce",
+    "rdk-produce-all": "Produce",
+    "java-produce": "Produce",
+    "consumers-nowait": "Fetch",
+    "consumer-tail": "Fetch",
+    "list-offsets": "ListOffsets",
+}
+"""The API each workload floods (the proxy's ``ktp_request_latency_seconds`` label)."""
+
+
+def implied_ms(p: float, rate: float) -> float:
+    """The thread time a quota of P % charges a request when it holds a client at ``rate`` requests/s: 0.8 x P %
+    x 1 s / rate, the 0.8 being the throttle-then-mute duty cycle of Kafka's windowed formula (docs/quotas.md)."""
+    return 0.8 * p / 100 * 1000 / rate
+
+
+def _probe(r: Result, key: str = "p50") -> float | None:
+    pm = r.stats.get("probe_ms")
+    return pm[key] if pm else None
+
+
+def format_load_table(results: list[Result]) -> list[str]:
+    """Per workload and round: the brokers' implied charge per request, the probe's round trip beside it (p50,
+    mean) and their ratio; the proxy's phase's probe and its own upstream time of the workload's API. Read the
+    spread (max/min over rounds) of the charge against that of the ratio: a ratio steadier than the charge is what
+    a load factor on the proxy's estimate would need."""
+    out = [
+        "| workload | round | brokers: implied ms/request | probe p50 / mean ms (brokers' phase) | implied ÷ "
+        "probe p50 | implied ÷ probe mean | proxy's phase: probe p50 / mean ms | proxy's upstream ms of the "
+        "workload's API | proxy's effective ms/request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.workload, []).append(r)
+    spreads = []
+    for name, rs in by.items():
+        bs = [r for r in rs if r.phase == "broker"]
+        ps = [r for r in rs if r.phase == "proxy-p"]
+        charges, r50, rmean = [], [], []
+        for i, b in enumerate(bs):
+            pp = ps[i] if i < len(ps) else None
+            c = implied_ms(b.p, b.stats["rate"]) if b.p and b.stats["rate"] else None
+            p50, pmean = _probe(b), _probe(b, "mean")
+            if c is not None and p50 and pmean:
+                charges.append(c)
+                r50.append(c / p50)
+                rmean.append(c / pmean)
+            up = (pp.stats.get("proxy_upstream_ms") or {}).get(API_OF[name]) if pp else None
+            eff = implied_ms(pp.p, pp.stats["rate"]) if pp and pp.p and pp.stats["rate"] else None
+            burn = f" (burn {b.stats['burn']})" if b.stats.get("burn") else ""
+            out.append(
+                f"| {name} | {i + 1}{burn} | {_f(c)} | {_f(p50)} / {_f(pmean)} | "
+                f"{_f(c / p50 if c and p50 else None)} | {_f(c / pmean if c and pmean else None)} | "
+                f"{_f(_probe(pp) if pp else None)} / "
+                f"{_f(_probe(pp, 'mean') if pp else None)} | {_f(up)} | {_f(eff)} |"
+            )
+        if len(charges) > 1:
+            spreads.append(
+                f"- {name}: max/min over rounds: implied charge {max(charges) / min(charges):.2f}, ÷ probe p50 "
+                f"{max(r50) / min(r50):.2f}, ÷ probe mean {max(rmean) / min(rmean):.2f}"
+            )
+    return [*out, "", *spreads]
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def format_table(results: list[Result]) -> list[str]:

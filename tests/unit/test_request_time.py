@@ -71,10 +71,11 @@ def test_acks_all_is_charged_whatever_the_transactional_id(version, transactiona
 
 
 def test_produce_small_flood_is_charged_what_the_brokers_did():
-    """A 16-B-record linger-0 Produce, acks 1: ~0.016 ms (the brokers' implied charge for librdkafka's was
-    0.012-0.024 ms at 2,300-5,400 requests/s: BENCHMARKS.md runs 5 and 6)."""
+    """A 16-B-record linger-0 Produce, acks 1: ~0.022 ms, the geometric middle of the brokers' implied charge
+    for librdkafka's, whose per-run medians went from 0.013 ms (run 6a) to 0.038 ms (run 7a): BENCHMARKS.md runs
+    4-7b. Within a factor 1.3 of every run's but those two extremes (0.6 and 1.7)."""
     header, frame = _produce(1)
-    assert 0.015 < _ms(header, frame) < 0.02
+    assert 0.013 * 1.3 < _ms(header, frame) < 0.038 / 1.3
     assert _ms(header, frame) == pytest.approx(thread_ms(PRODUCE, len(frame) - 4, 0))
 
 
@@ -82,8 +83,8 @@ def test_produce_small_flood_is_charged_what_the_brokers_did():
 def test_produce_acks_all_adds_the_followers_delayed_fetch(version):
     """acks=-1 adds PRODUCE_ACKS_ALL_MS (the completion of each follower's delayed Fetch runs on the producer's
     request thread): ~0.14 ms in all, between the brokers' ~0.086 ms (run 4) and ~0.155 ms (run 6) an RF-2
-    acks=all Produce; acks 0 and 1 do not get it. The replication wait itself is never charged: no term depends
-    on time."""
+    acks=all Produce (0.3-0.5 ms in run 7a, at load 3); acks 0 and 1 do not get it. The replication wait itself
+    is never charged: no term depends on time."""
     h1, f1 = _produce(1, version)
     hall, fall = _produce(-1, version)
     h0, f0 = _produce(0, version)
@@ -102,14 +103,14 @@ def test_produce_grows_with_its_bytes_and_not_with_its_response():
 
 
 def test_fetch_empty_and_tailing_are_charged_what_the_brokers_did():
-    """An empty Fetch (a ~90-byte answer before it) ~0.02 ms (brokers 0.019-0.025 ms, two no-wait consumers);
-    one after an answer carrying a few record batches (~700 bytes) ~0.08 ms (brokers ~0.075 ms, a tailing
-    consumer: run 4)."""
+    """An empty Fetch (a ~90-byte answer before it) ~0.03 ms, the geometric middle of the brokers' implied charge
+    for two no-wait consumers, per-run medians 0.021 ms (run 5) to 0.042 ms (runs 6b, 7b); one after an answer
+    carrying a few record batches (~700 bytes) ~0.09 ms (brokers ~0.075 ms, a tailing consumer: run 4)."""
     header, frame = _frame(fetch_request("t", max_wait_ms=0, version=12))
     empty = _ms(header, frame, 90)
     tailing = _ms(header, frame, 700)
-    assert 0.017 < empty < 0.025
-    assert 0.065 < tailing < 0.09
+    assert 0.027 < empty < 0.033
+    assert 0.075 < tailing < 0.1
 
 
 def test_fetch_response_term_is_steep_over_its_head_then_shallow():
@@ -125,7 +126,8 @@ def test_fetch_response_term_is_steep_over_its_head_then_shallow():
 
 
 def test_list_offsets_is_charged_what_the_brokers_did():
-    """ListOffsets (latest, one partition): ~0.045 ms (brokers 0.031-0.056 ms across runs 1-4)."""
+    """ListOffsets (latest, one partition): ~0.031 ms, the geometric middle of the brokers' implied charge, per-run
+    medians 0.022 ms (run 7b) to 0.044 ms (run 4)."""
     T = ListOffsetsRequest.ListOffsetsTopic
     req = ListOffsetsRequest(
         replica_id=-1,
@@ -137,7 +139,7 @@ def test_list_offsets_is_charged_what_the_brokers_did():
     req.API_VERSION = 7
     header, frame = _frame(req)
     assert header.api_key == LIST_OFFSETS
-    assert 0.04 < _ms(header, frame) < 0.05
+    assert 0.022 * 1.3 < _ms(header, frame) < 0.044 / 1.3
 
 
 @settings(max_examples=300, deadline=None)
