@@ -354,25 +354,28 @@ class LoadProbe:
     def _run(self) -> None:
         import socket
 
-        host, port = self.broker.rsplit(":", 1)
+        from tests.support import KafkaWire
+
         frame = self._frame()
         t0 = time.monotonic()
         scrape_at = [t0 + 1 + self.warm, t0 + 1 + self.warm + self.seconds]  # the worker's own start-up: ~1 s
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire = KafkaWire(self.broker, timeout=10)
+        wire.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if scrape_at and now >= scrape_at[0] and self.metrics_port is not None:
                     scrape_at.pop(0)
                     self.scrapes.append(_proxy_latency(self.metrics_port))
                 t = time.perf_counter()
-                sock.sendall(frame)
-                size = int.from_bytes(_recv_exactly(sock, 4), "big")
-                _recv_exactly(sock, size)
+                wire.send_raw(frame)
+                wire.read_frame()
                 rtt = time.perf_counter() - t
                 if t0 + 1 + self.warm <= now <= t0 + 1 + self.warm + self.seconds:
                     self.rtts.append(rtt * 1000)
                 self._stop.wait(PROBE_INTERVAL_S)
+        finally:
+            wire.close()
 
     def summary(self) -> dict:
         out: dict = {}
@@ -392,16 +395,6 @@ class LoadProbe:
                 if (n := b[api][1] - a.get(api, (0, 0))[1]) > 0
             }
         return out
-
-
-def _recv_exactly(sock, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("probe connection closed")
-        buf += chunk
-    return buf
 
 
 def _proxy_latency(port: int) -> dict[str, tuple[float, float]]:

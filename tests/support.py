@@ -219,9 +219,12 @@ class KafkaWire:
             buf += chunk
         return buf
 
+    def read_frame(self) -> bytes:
+        """The next response frame, raw, without its size prefix."""
+        return self._read(int.from_bytes(self._read(4), "big"))
+
     def recv(self):
-        size = int.from_bytes(self._read(4), "big")
-        frame = self._read(size)
+        frame = self.read_frame()
         corr = int.from_bytes(frame[:4], "big")
         cls = self._pending.pop(corr)
         return corr, cls.decode(frame, header=True)
