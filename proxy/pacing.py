@@ -40,9 +40,9 @@ def pace_marks(quotas: QuotaManager, d: Decision, charged: tuple[Charged, ...], 
     d.pace_marks = marks
 
 
-def first_wait_s(d: Decision) -> float:
-    """The first slice of a paced request's wait, in seconds: all of it, or :data:`PACE_RECHECK_MS`."""
-    return (d.paced_ms if d.paced_ms < PACE_RECHECK_MS else PACE_RECHECK_MS) / 1000
+def wait_slice_s(wait_ms: int) -> float:
+    """One slice of a paced request's wait, in seconds: all of it, or :data:`PACE_RECHECK_MS`."""
+    return (wait_ms if wait_ms < PACE_RECHECK_MS else PACE_RECHECK_MS) / 1000
 
 
 async def paced(conn: PolicyConnection, d: Decision, quotas: QuotaManager, clock_ms: Callable[[], int]) -> Verdict:
@@ -59,9 +59,7 @@ async def paced(conn: PolicyConnection, d: Decision, quotas: QuotaManager, clock
             if w > wait:
                 wait = w
         if wait > 1:  # a millisecond is a timer's own granularity: one that fired that early has paid
-            if wait > PACE_RECHECK_MS:
-                wait = PACE_RECHECK_MS
-            return Defer(lambda: paced(conn, d, quotas, clock_ms), wait_s=wait / 1000)
+            return Defer(lambda: paced(conn, d, quotas, clock_ms), wait_s=wait_slice_s(wait))
         d.pace_marks = None
     if d.throttle_ms > 0:
         d.holds = True

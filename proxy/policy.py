@@ -50,7 +50,7 @@ from proxy.decision_recording import DecisionRecorder
 from proxy.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
-from proxy.pacing import fetch_cap, first_wait_s, pace_marks, paced
+from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
 from proxy.partition_counts import PartitionCounts
 from proxy.producer_id_charge import charge_producer_ids
 from proxy.stats import Stats
@@ -284,7 +284,7 @@ class Policy:
                 quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, header, frame, now_ms
             )
         if d.paced_ms > 0 and self.enforce:
-            return Defer(lambda: paced(conn, d, quotas, self.now_ms), wait_s=first_wait_s(d))
+            return Defer(lambda: paced(conn, d, quotas, self.now_ms), wait_s=wait_slice_s(d.paced_ms))
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()

@@ -159,6 +159,15 @@ class Tracker:
         self.last_throttle_ms = throttle_ms
         self.throttle_ms_total += max(throttle_ms, 0)
 
+    def set_limit(self, limit: float, now_ms: int) -> None:
+        """A quota altered, or a fleet member's share moved: the buckets keep their debt and credit
+        (:meth:`TokenBucket.set_rate`)."""
+        self.limit = limit
+        if isinstance(self.stat, TokenBucket):
+            self.stat.set_rate(limit, now_ms)
+        if self.pace is not None:
+            self.pace.set_rate(limit, now_ms)
+
 
 class Bound:
     """One quota key resolved for one (user, client id, scope) to its tracker: a handle the caller may keep and
@@ -255,11 +264,7 @@ class QuotaManager:
                 self._evict()
             t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations, pace)
         elif t.limit != r.limit:
-            t.limit = r.limit
-            if isinstance(t.stat, TokenBucket):
-                t.stat.set_rate(r.limit, now_ms)
-            if t.pace is not None:
-                t.pace.set_rate(r.limit, now_ms)
+            t.set_limit(r.limit, now_ms)
         t.last_used_ms = now_ms
         return t
 
@@ -349,8 +354,7 @@ class QuotaManager:
             return 0
         r = self.store.resolve(b.user, b.client_id, b.key)
         if r is not None and r.bucket == b.bucket and r.limit != t.limit:
-            t.limit = r.limit
-            pace.set_rate(r.limit, now_ms)
+            t.set_limit(r.limit, now_ms)
         owed = mark - pace.refilled(now_ms)
         return 0 if owed <= 0 else java_round(owed / pace.rate * 1000.0)
 
