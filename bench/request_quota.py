@@ -1,7 +1,7 @@
 """KIP-124 fidelity: the request rate a binding ``request_percentage`` allows a request-heavy, byte-light client,
 with the brokers enforcing it (no proxy) and with the proxy enforcing it (brokers without quota), side by side.
 
-    flock /work/cluster.lock .venv/bin/python -m bench.request_quota [--warmup 8] [--seconds 15] [--rounds 3]
+    flock /work/cluster.lock .venv/bin/python -m bench.request_quota [--warmup 12] [--seconds 48] [--rounds 3]
         [--workloads rdk-produce,consumers-nowait,...] [--brokers 2] [--output PATH]
 
 Per workload, each phase with a fresh client id (so no phase inherits another's window): unthrottled straight
@@ -12,6 +12,13 @@ the brokers (``kafka-configs --alter --entity-type clients``) and P set in the p
 P is chosen from the unthrottled rates so that the brokers' quota binds: about a quarter of the direct rate at
 :data:`NOMINAL_MS` a request, and at most 40 % of the rate through the proxy. Every workload's topic is led by
 broker 1, so one broker's request quota (Kafka's, and the proxy's ``broker`` scope) is what binds.
+
+Why a phase measures 48 s: the brokers hold a flooding client in cycles about one quota window long (11 s),
+not evenly. The windowed rate crosses P, every answer then carries the 1-s cap and the muted client gets about
+one request a second through until the burst's samples leave the window, then it bursts at full speed for a
+second or two (bench/broker_request_log.py shows the cycle). A 12-s phase caught one burst or two, so the
+brokers' rate moved 1.3-2 x between rounds of one run and read high on the whole; over 48 s (four cycles or
+more) their two rounds agreed within 2-9 % for three workloads of six (BENCHMARKS.md, run 8).
 
 Beside every phase a load probe (:class:`LoadProbe`) times a small request straight to broker 1 and, through a
 proxy, scrapes the proxy's own upstream time per API; the second table sets the brokers' implied charge per
@@ -463,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(argv[7]).write_text(json.dumps(WORKERS[ns.name](ns)))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--warmup", type=float, default=8)
-    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--warmup", type=float, default=12)
+    ap.add_argument("--seconds", type=float, default=48)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved broker / proxy-p rounds per workload")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--phases", default="direct,proxy", help="unthrottled phases before the rounds (warm-up)")
@@ -511,12 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                     proxy = None
                     metrics_port: int | None = None
                     bootstrap = cluster.bootstrap
-                    if phase == "broker":
-                        cluster.tool(
-                            "configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
-                            "--entity-name", client_id, "--add-config", f"request_percentage={p}", check=True,
-                        )  # fmt: skip
-                        time.sleep(1)
+                    if phase == "broker" and p is not None:  # p is set above for both quota phases
+                        set_brokers_quota(cluster, client_id, p)
                     elif phase == "proxy":
                         bootstrap = free.bootstrap
                     elif phase == "proxy-p":
@@ -525,10 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                         extra = {"quotas.entities": ents, "metrics.port": metrics_port}
                         proxy = ProxyProcess(workdir, cluster.bootstrap, extra, name=f"proxy-{name}-{i}").start()
                         bootstrap = proxy.bootstrap
-                    if name == "consumer-tail":
-                        bootstrap = f"{bootstrap}|{cluster.bootstrap}"  # the feeder always writes straight to it
-                    if name == "list-offsets":  # a raw connection: the leader's own listener, or its proxy port
-                        bootstrap = _leader_address(bootstrap, topic)
+                    bootstrap = worker_bootstrap(name, bootstrap, cluster.bootstrap, topic)
                     os.environ.pop("RQ_JAVA_RATE", None)
                     if phase in ("broker", "proxy-p") and p is not None:  # the rate P allows at NOMINAL_MS
                         os.environ["RQ_JAVA_RATE"] = f"{max(p * 10 / NOMINAL_MS, 50):.0f}"
@@ -580,6 +580,25 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.output).write_text("\n".join(doc))
     print(f"wrote {args.output}")
     return 0
+
+
+def set_brokers_quota(cluster, client_id: str, p: float) -> None:
+    """``request_percentage = p`` on the brokers for ``client_id`` (``kafka-configs``), given a second to reach
+    every broker before the client starts."""
+    cluster.tool(
+        "configs", "--bootstrap-server", cluster.bootstrap, "--alter", "--entity-type", "clients",
+        "--entity-name", client_id, "--add-config", f"request_percentage={p}", check=True,
+    )  # fmt: skip
+    time.sleep(1)
+
+
+def worker_bootstrap(name: str, bootstrap: str, cluster_bootstrap: str, topic: str) -> str:
+    """What workload ``name``'s worker is given to connect to, ``bootstrap`` being the cluster or a proxy."""
+    if name == "consumer-tail":
+        return f"{bootstrap}|{cluster_bootstrap}"  # the feeder always writes straight to the cluster
+    if name == "list-offsets":  # a raw connection: the leader's own listener, or its proxy port
+        return _leader_address(bootstrap, topic)
+    return bootstrap
 
 
 def _burn(n: int) -> list[subprocess.Popen]:
