@@ -218,6 +218,7 @@ class KafkaCluster:
         jvm_opts: Sequence[str] = BROKER_JVM_OPTS,
         keep_workdir: bool = False,
         dist: KafkaDist | None = None,
+        request_log: bool = False,
     ) -> None:
         if num_brokers < 1:
             raise ValueError("num_brokers must be >= 1")
@@ -231,6 +232,9 @@ class KafkaCluster:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ktp-kafka-"))
         self.dist = dist
+        # Every request the brokers complete, as one JSON line in server.log (kafka.request.logger at DEBUG): their
+        # own handler time per request, for bench/broker_request_log.py. It costs the brokers CPU and disk.
+        self.request_log = request_log
         self.cluster_id = _cluster_id()
         self.brokers: list[BrokerInfo] = []
         self._cds: tuple[int, CdsDump] | None = None  # node writing the broker AppCDS archive
@@ -362,7 +366,8 @@ class KafkaCluster:
             raise RuntimeError("cluster already started")
         self.dist = self.dist or ensure_kafka(self.version)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "log4j2.properties").write_text(_LOG4J_BROKER)
+        logged = _LOG4J_BROKER.replace("logger.req.level = WARN", "logger.req.level = DEBUG")
+        (self.workdir / "log4j2.properties").write_text(logged if self.request_log else _LOG4J_BROKER)
         (self.workdir / "log4j2-tools.properties").write_text(_LOG4J_TOOLS)
         self.brokers = [
             BrokerInfo(i, self.host, free_port(self.host), free_port(self.host), free_port(self.host),
