@@ -148,18 +148,19 @@ HEARTBEAT: Final = 12
 # request-time sensor counts thread time only, which on the calibration machine was a third to a quarter of the
 # upstream round trip (queues, the loopback hop, the proxy's own reads) and none of a Produce acks=all or a Fetch
 # max_wait, so wall time over-charged quick APIs by 3-4x and charged nothing where the issue's flooders live.
-# The bases of Produce, Fetch and ListOffsets were calibrated against the brokers' own enforcement
-# (bench/request_quota.py: the brokers' charge in these units = the estimate x proxy rate / broker rate under the
-# same P; BENCHMARKS.md runs 4-7b). That charge moved 2-2.9 x from run to run for the same client and P, and
-# followed no load the proxy can time (run 7b), so each base sits at the geometric middle of the per-run medians:
-# no run is off by more than the square root of that spread (Produce: 0.013-0.038 ms, a librdkafka linger-0 one;
-# an empty Fetch 0.021-0.042 with the head term below; ListOffsets 0.022-0.044). The per-KiB terms are not
-# calibrated, except Fetch's first KiB (FETCH_HEAD_*). Fetch's response bytes beyond those are mostly record data
-# sent by sendfile: cheap per KiB.
+# The bases of Produce, Fetch and ListOffsets, and the two terms below, were calibrated against the brokers' own
+# enforcement (bench/request_quota.py: the same client under the same P, brokers vs proxy; BENCHMARKS.md run 8).
+# Each was scaled by the median proxy / broker rate of its workloads measured over 48-s phases: the brokers hold a
+# flooder in ~11-s cycles (a burst, then about a request a second at the 1-s throttle cap), so the 12-s phases of
+# runs 4-7 caught one burst or two and read their rate 1.3-2 x high, more so a fresh client's first burst; the
+# bases fitted to them were too low by 1.5-2.6 x. Produce's base sits between the librdkafka (x 1.80) and Java
+# (x 2.64) linger-0 producers, whom the brokers charge differently for requests the proxy cannot tell apart. The
+# other per-KiB terms are not calibrated. Fetch's response bytes beyond the head are mostly record data sent by
+# sendfile: cheap per KiB.
 THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
-    PRODUCE:          (0.022, 0.003, 0.0),
-    FETCH:            (0.021, 0.002, 0.0005),
-    LIST_OFFSETS:     (0.031, 0.002, 0.002),
+    PRODUCE:          (0.048, 0.003, 0.0),
+    FETCH:            (0.036, 0.002, 0.0005),
+    LIST_OFFSETS:     (0.046, 0.002, 0.002),
     METADATA:         (0.025, 0.002, 0.005),
     OFFSET_COMMIT:    (0.030, 0.002, 0.002),
     OFFSET_FETCH:     (0.025, 0.002, 0.002),
@@ -170,16 +171,18 @@ THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
 }
 # fmt: on
 FETCH_HEAD_BYTES: Final = 1024
-FETCH_HEAD_MS_PER_KIB: Final = 0.1
+FETCH_HEAD_MS_PER_KIB: Final = 0.17
 """A Fetch's response term is steep over its first :data:`FETCH_HEAD_BYTES` (on top of the row's ``out``): a
-broker charged a tailing consumer's Fetch that returns a few record batches ~0.08 ms against ~0.02 ms an empty one
-(BENCHMARKS.md, run 4), the cost of finding and reading the data at all (index lookup, batch headers scanned from
-the index position, the network thread's send), which does not keep growing with a large answer's bytes."""
-PRODUCE_ACKS_ALL_MS: Final = 0.12
+Fetch that returns record batches costs a broker more than an empty one: finding and reading the data at all (index
+lookup, batch headers scanned from the index position, the network thread's send), which does not keep growing
+with a large answer's bytes. Its brokers' own request log showed a tailing consumer's Fetch at 0.02-0.1 ms of
+handler time (p50) against 0.003 ms an empty one; scaled with the base by run 8's x 1.7 (BENCHMARKS.md)."""
+PRODUCE_ACKS_ALL_MS: Final = 0.35
 """Added to an acks=-1 Produce. A broker completes, on the producer's request thread, the delayed Fetch of each
 follower the append unblocked (ReplicaManager.addCompletePurgatoryAction, run by KafkaApis.handle's
-tryCompleteActions before the request's thread time is stamped): ~0.08 ms a librdkafka acks=all Produce to an RF-2
-partition against ~0.02 at RF 1 (BENCHMARKS.md, run 4). The proxy does not know a partition's followers; a
+tryCompleteActions before the request's thread time is stamped). Run 8's brokers charged a librdkafka acks=all
+Produce to an RF-2 partition ~0.4-0.56 ms at load 2-3 (~0.15 ms at load 1 in run 7d, over 12-s phases, so
+likely low); the term puts the whole at ~0.4 ms. The proxy does not know a partition's followers; a
 producer asking acks=all almost always has some. (acks=1 to a replicated partition costs the same and is not
 charged it; docs/quotas.md.)"""
 DEFAULT_THREAD_COST_MS: tuple[float, float, float] = (0.030, 0.002, 0.005)

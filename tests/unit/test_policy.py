@@ -281,9 +281,10 @@ def test_thread_time_per_api_base_and_byte_terms():
         assert thread_ms(key, 1024, 0) == pytest.approx(base + per_in)
         assert thread_ms(key, 0, 2048) == pytest.approx(base + 2 * per_out + head)
         assert 0 < base < 0.1 and per_in >= 0 and per_out >= 0
-    # What the flooders send: a few hundred bytes, each charged within the 0.01-0.045 ms their brokers did.
+    # What the flooders send: a few hundred bytes, each charged within the 0.035-0.065 ms their brokers did
+    # (BENCHMARKS.md run 8, 48-s phases: 0.040-0.058 ms in the proxy's units).
     for key in (PRODUCE, FETCH, LIST_OFFSETS):
-        assert 0.01 < thread_ms(key, 200, 100) < 0.045
+        assert 0.035 < thread_ms(key, 200, 100) < 0.065
 
 
 def test_acks_0_produce_is_charged_thread_time_with_no_response():
