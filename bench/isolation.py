@@ -152,7 +152,7 @@ def victim_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
             "client.id": VICTIM_ID,
             "acks": "all",
             "linger.ms": 0,
-            "message.timeout.ms": 30_000,
+            "message.timeout.ms": 120_000,  # issue 48: a no-quota flood holds it 45 s; nothing may be lost
         }
     )
     p.list_topics(topic, timeout=15)  # metadata and connections before the clock starts

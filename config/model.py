@@ -182,8 +182,72 @@ class QuotaEntry(_Strict):
         return self
 
 
+class FairShareWeight(_Strict):
+    """One tenant's weight in the fair division: ``{client-id: batch, weight: 0.5}``. The tenant is named as
+    ``fair_share.tenant`` keys them: ``user`` and ``client-id`` (``user_client``), ``user`` alone, or ``address``."""
+
+    user: str | None = None
+    client_id: str | None = Field(default=None, alias="client-id")
+    address: str | None = None
+    weight: float = Field(gt=0, le=1000)
+    """How many equal tenants' shares this one gets (1 by default for every tenant not listed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+
+
+class FairShareConfig(_Strict):
+    """Capacity-aware fair share (docs/fair-share.md): with no quota anywhere, a broker whose answers slow down is
+    shared max-min among the tenants on it, so one tenant's flood cannot take the others' latency. A tenant below
+    its share is never delayed; a lone tenant, or tenants that all use about the same, are never limited."""
+
+    enabled: bool = True
+    """False turns it off (reloadable: every held request goes at once)."""
+    enforce: bool = True
+    """False is shadow mode for fair share alone: limits and shares are computed, counted and logged, nobody is
+    held (``quotas.enforce: false`` makes it shadow too)."""
+    target_delay_ms: float = Field(default=1.0, gt=0, le=60_000)
+    """The queueing delay (a request's service time over its class's baseline) a limited broker is held at; half
+    the baseline when that is larger. Lower protects latency-sensitive tenants more and lets floods less through."""
+    min_work_rate: int = Field(default=1024 * 1024, gt=0)
+    """Bytes of work per second a limited broker always admits, whatever the delay (its floor)."""
+    burst_seconds: float = Field(default=0.1, gt=0, le=60)
+    """A held tenant's bucket, in seconds of its share: the largest burst it is let through at once."""
+    tenant: Literal["user_client", "user", "address"] = "user_client"
+    """What one tenant is: ``user_client``, the quota entity (user and client id, as Kafka's quotas key them);
+    ``user``, the principal alone (an authenticated tenant cannot multiply its share by inventing client ids);
+    ``address``, the client's IP address."""
+    weights: list[FairShareWeight] = []
+
+    @model_validator(mode="after")
+    def _weights_name_tenants(self) -> Self:
+        for i, w in enumerate(self.weights):
+            named = {k for k in ("user", "client_id", "address") if getattr(w, k) is not None}
+            allowed = {"user_client": {"user", "client_id"}, "user": {"user"}, "address": {"address"}}[self.tenant]
+            if not named or named - allowed:
+                raise ValueError(
+                    f"weights[{i}] names {sorted(named) or 'no tenant'}; with tenant: {self.tenant} a weight names "
+                    + " and/or ".join(sorted(allowed))
+                )
+        return self
+
+    def weight_keys(self) -> dict[str, float]:
+        """Tenant key (``proxy.fair_share.tenant_key``) -> weight."""
+        out = {}
+        for w in self.weights:
+            if self.tenant == "address":
+                key = w.address or ""
+            elif self.tenant == "user":
+                key = w.user or ""
+            else:
+                key = f"{w.user or ''}\x1f{w.client_id or ''}"
+            out[key] = w.weight
+        return out
+
+
 class QuotaConfig(_Strict):
     """How quotas are enforced, and the quotas the operator writes in this file."""
+
+    fair_share: FairShareConfig = FairShareConfig()
 
     enforce: bool = True
     """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""

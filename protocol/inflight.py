@@ -45,7 +45,7 @@ class Pending:
     A plain class rather than a dataclass: compiled, a dataclass keeps its generated, interpreted ``__init__``.
     """
 
-    __slots__ = ("header", "sent_at", "decision", "local", "internal", "wait_ms", "whole")
+    __slots__ = ("header", "sent_at", "decision", "local", "internal", "wait_ms", "whole", "sample")
 
     def __init__(
         self,
@@ -67,6 +67,8 @@ class Pending:
         """How long the broker may take on purpose (see :func:`requested_wait_ms`): the hung-broker check adds it."""
         self.whole = whole
         """The response is rewritten past its leading bytes: it is assembled, never streamed."""
+        self.sample = -1
+        """Its round trip's baseline class for fair share (``quotas.fair_share.sample_class``); -1: not a sample."""
 
     def __repr__(self) -> str:
         return f"Pending({self.header!r}, sent_at={self.sent_at}, decision={self.decision!r}, wait_ms={self.wait_ms})"

@@ -54,3 +54,34 @@ def is_replica_fetch(frame: bytes | bytearray | memoryview, header: RequestHeade
     ):
         return False
     return int(_I32.unpack_from(frame, 4 + header.body_offset + FetchFields.REPLICA_ID_AT)[0]) >= 0
+
+
+MUTATION_FLEXIBLE_SINCE: Final = {19: 5, 20: 4, 37: 2}
+"""CreateTopics, DeleteTopics, CreatePartitions: the first version whose body is flexible (compact arrays). Each
+body starts with its topics (``topics``, or DeleteTopics' ``topic_names`` before v6): one array, counted below."""
+
+
+def mutation_topics(frame: bytes | bytearray | memoryview, header: RequestHeader) -> int:
+    """How many topics a CreateTopics, DeleteTopics or CreatePartitions request names (the length of the array its
+    body starts with), for fair share's charge; 0 for another API or a body too short to say. Clamped to the
+    frame's size: the count is the client's, and a topic takes at least a byte."""
+    since = MUTATION_FLEXIBLE_SINCE.get(header.api_key, -1)
+    if since < 0 or header.body_offset is None:
+        return 0
+    pos = 4 + header.body_offset
+    n = 0
+    if header.api_version >= since:  # compact array: unsigned varint of count + 1
+        shift = 0
+        while pos < len(frame) and shift < 35:
+            byte = frame[pos]
+            n |= (byte & 0x7F) << shift
+            pos += 1
+            if not byte & 0x80:
+                break
+            shift += 7
+        n -= 1
+    elif len(frame) >= pos + 4:
+        n = int(_I32.unpack_from(frame, pos)[0])
+    if n <= 0:
+        return 0
+    return n if n < len(frame) else len(frame)

@@ -42,7 +42,7 @@ from protocol.headers import (
     response_body_offset,
     response_correlation_id,
 )
-from protocol.inflight import InFlight, Pending, expects_response, requested_wait_ms
+from protocol.inflight import InFlight, Pending, produce_acks, requested_wait_ms
 from protocol.principal import ConnectionIdentity
 from protocol.sasl_identity import (
     SaslTokenError,
@@ -52,6 +52,7 @@ from protocol.sasl_identity import (
     decode_handshake_response,
 )
 from protocol.throttle_field import needs_walk
+from quotas.fair_share import sample_class
 
 RAW = RequestHeader(-1, 0, 0, None, None)
 """The header of a raw SASL token (SaslHandshake v0 is followed by frames without Kafka headers)."""
@@ -104,15 +105,27 @@ Memory): a connection that fetched a burst should not keep the buffer that burst
 class Request:
     """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 
-    __slots__ = ("header", "frame", "answered")
+    __slots__ = ("header", "frame", "answered", "acks")
 
-    def __init__(self, header: RequestHeader, frame: Any, answered: bool) -> None:
+    def __init__(self, header: RequestHeader, frame: Any, answered: bool, acks: int = 1) -> None:
         self.header = header
         self.frame = frame
         """The whole frame, size prefix included (``bytes``, or a view of a large one: copy that to keep it); its
         body is at ``4 + header.body_offset``."""
         self.answered = answered
         """False for Produce acks=0: no response will come."""
+        self.acks = acks
+        """A Produce's ``acks``, read once here (1 for every other API): its answer's baseline class
+        (``quotas.fair_share.sample_class``) tells acks=all from acks=1."""
+
+
+def read_request(header: RequestHeader, frame: Any) -> Request:
+    """A request frame whose header is read: its acks (a Produce's) and whether an answer comes. Raises the
+    protocol's errors for a Produce too short to hold acks."""
+    if header.api_key == Api.PRODUCE:
+        acks = produce_acks(frame, header, 4)
+        return Request(header, frame, acks != 0, acks)
+    return Request(header, frame, True)
 
 
 def _body(frame: Any, header: RequestHeader) -> memoryview:
@@ -182,7 +195,7 @@ class Session:
                     self.inflight.push(Pending(header, now, None, local=local))
                     return None
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
-            answered = expects_response(frame, header, 4)
+            request = read_request(header, frame)
             if header.api_key == Api.SASL_HANDSHAKE:
                 self.identity.on_handshake_request(
                     decode_handshake_request(_body(frame, header), header.api_version), header.api_version
@@ -199,7 +212,7 @@ class Session:
             raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
-        return Request(header, frame, answered)
+        return request
 
     def forward(self, request: Request, decision: Any, frame: Any, now: float, whole: bool = False) -> None:
         """``frame`` (the client's, or the policy's replacement) goes to the broker; its answer, if one comes,
@@ -209,7 +222,9 @@ class Session:
             header = request.header
             if decision is not None and not whole:
                 whole = self._needs_walk(header.api_key, header.api_version)
-            self.inflight.push(Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4), whole=whole))
+            pending = Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4), whole=whole)
+            pending.sample = sample_class(header.api_key, request.acks, len(frame) - 4)
+            self.inflight.push(pending)
 
     def _needs_walk(self, api_key: int, api_version: int) -> bool:
         """``throttle_field.needs_walk``, remembered for the (api, version) asked last: a client sends the same

@@ -36,11 +36,13 @@ COMPILED = (
     "quotas.token_bucket",
     "quotas.kinds",
     "quotas.plans",  # the bound plan whose handles every charged request reads
+    "quotas.fair_share",  # fair share: every request counted, every answer sampled while it is on
     "proxy.policy",
     "proxy.decisions",  # the Decision every charged request fills, read natively by the modules below
     "proxy.decision_recording",  # every decision counted at its response
     "proxy.producer_id_charge",  # every Produce under producer_ids_rate
     "proxy.pacing",  # smooth enforcement: every paced Fetch
+    "proxy.fair_seat",  # fair share's per-request steps
     "mute.holds",  # the policy asks it about KIP-936 holds on every Produce
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).

@@ -30,8 +30,8 @@ from protocol.frames import (
     StreamPiece,
 )
 from protocol.headers import parse_request_header, response_body_offset
-from protocol.inflight import Pending, expects_response
-from protocol.session import RAW, Pause, Request
+from protocol.inflight import Pending
+from protocol.session import RAW, Pause, Request, read_request
 from protocol.text import printable
 from proxy.connection_life import ConnectionLife, Services, error_kind
 from proxy.policy import Decision, Verdict
@@ -219,7 +219,7 @@ class Connection(ConnectionLife):
         # A task: what escapes it is no WARNING and no close but "Task exception was never retrieved", long after.
         try:
             header = parse_request_header(frame, 4)
-            request = Request(header, frame, expects_response(frame, header, 4))
+            request = read_request(header, frame)
             item = self._apply(verdict, request, monotonic())
         except ProtocolError as exc:  # the client's bytes: one line, its connection only (as _process_requests)
             self.close(str(exc))
@@ -420,10 +420,16 @@ class Connection(ConnectionLife):
             self._api = self.services.stats.api(api_label(api_key))
         return self._api
 
-    def _count_latency(self, pending: Pending, now: float) -> None:
+    def _count_latency(self, pending: Pending, now: float, nbytes: int) -> None:
+        """An answer of ``nbytes`` from the broker, read at ``now``: its round trip counted, and handed to the policy
+        with when the broker could start on it (sent, and the previous answer back: a broker reads one request of a
+        connection at a time; an answer read in the same read as the previous one has no time of its own)."""
         counters = self._api_counters(pending.header.api_key)
         counters.latency_sum += now - pending.sent_at
         counters.latency_count += 1
+        prev = self._answered_at
+        self._answered_at = now
+        self.services.policy.on_answer(self, pending, nbytes, now, pending.sent_at if pending.sent_at > prev else prev)
 
     def _on_response(self, frame: Any, out: list[Any], now: float) -> None:
         self._release_local(out, now)
@@ -432,7 +438,7 @@ class Connection(ConnectionLife):
             # may_stream checked that it answers the oldest request, that nothing in it is ever
             # rewritten, and that the policy needs no more than its leading bytes (throttle_time_ms).
             pending = session.streamed()
-            self._count_latency(pending, now)
+            self._count_latency(pending, now, frame.total - 4)
             key, version = pending.header.api_key, pending.header.api_version
             if carries_endpoints_tail(key, version):
                 pieces: list[Any] = []
@@ -455,7 +461,7 @@ class Connection(ConnectionLife):
                 pending.internal.set_result(bytes(body[offset:]))
             self._release_local(out, now)
             return
-        self._count_latency(pending, now)
+        self._count_latency(pending, now, len(frame) - 4)
         if sasl_released:
             asyncio.get_running_loop().call_soon(self._sasl_handshake_answered)
         identity = session.identity

@@ -138,7 +138,10 @@ class ConnectionLife(SideOwner):
         self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
+        self._answered_at = 0.0  # when the broker's last answer was read (fair share's service times)
         self._timeline: list[Any] | None = services.timeline  # None unless diagnosing (proxy.loop_lag)
+        if self._timeline is not None:  # which broker the connection's requests go to, for per-broker round trips
+            self._timeline.append(("conn", self.id, self.label))
         self.draining = False
         self.closed = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -8,6 +8,7 @@ finished :class:`proxy.decisions.Decision` to :meth:`DecisionRecorder.record`; c
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -19,8 +20,11 @@ from config.model import ProxyConfig
 from proxy.decisions import Decision
 from proxy.stats import Stats
 from proxy.verdicts import PolicyConnection
-from quotas.decision_events import request_event, summary_event
+from quotas.decision_events import fair_share_event, request_event, summary_event
+from quotas.fair_share import MIB, BrokerLoad
 from quotas.kinds import keys_of
+
+log = logging.getLogger(__name__)
 
 
 class EventSink(Protocol):
@@ -44,6 +48,8 @@ class DecisionRecorder:
         """Epoch seconds (the log's timestamps); injected beside the policy's monotonic clock."""
         self.log: EventSink | None = open_decision_log(config)
         self.epoch_offset_ms = round(wall_clock() * 1000) - now_ms()
+        self._fair_logged: dict[str, float] = {}
+        """Broker -> when its fair share's last "saturated" line was logged (at most one a minute)."""
         """Added to the policy's monotonic ms (``now_ms``) to stamp events in epoch ms (one wall-clock read)."""
 
     def record(
@@ -57,11 +63,17 @@ class DecisionRecorder:
     ) -> None:
         """Count the decision (metrics) and ship it to the decision log."""
         throttle_ms = d.throttle_ms if d.throttle_ms >= d.paced_ms else d.paced_ms
-        if not d.rejected and throttle_ms <= 0 and not shadow:  # the usual decision: a pass, counted once for
-            self.stats.passes[d.noted].n += 1  # its set of kinds (Stats.passes)
+        fair_ms = d.fair_ms
+        if not d.rejected and throttle_ms <= 0 and fair_ms <= 0 and not shadow:  # the usual decision: a pass,
+            self.stats.passes[d.noted].n += 1  # counted once for its set of kinds (Stats.passes)
             if self.log is None:
                 return
-        action = "reject" if d.rejected else "throttle" if throttle_ms > 0 else "pass"
+        if fair_ms > 0:
+            self.stats.decisions[("fair_share", "held", shadow)] += 1
+        if fair_ms > throttle_ms:  # fair share held it longest: the log says so (its reason, its wait)
+            action, throttle_ms = "fair_share", fair_ms
+        else:
+            action = "reject" if d.rejected else "throttle" if throttle_ms > 0 else "pass"
         if action != "pass" or shadow:
             decisions = self.stats.decisions
             for key in keys_of(d.noted):
@@ -93,8 +105,41 @@ class DecisionRecorder:
                 scope=d.scope,
                 topic_partitions=d.topic_partitions,
                 values=d.values or {},
+                fair=_fair_columns(d) if action == "fair_share" else None,
             )
         )
+
+    def fair_share_change(self, b: BrokerLoad, state: str, shadow: bool) -> None:
+        """A broker's fair share opened (``open``: unlimited again) or started limiting: one log line at most a
+        minute per broker (the load, not a client, moves it, but it may flap), one decision-log event each."""
+        now = self._wall_clock()
+        if state == "open" or now - self._fair_logged.get(b.key, -1e9) >= 60:
+            self._fair_logged[b.key] = now
+            if state != "open":
+                log.info(
+                    "fair share: %s saturated (delay %.1f ms over a %.1f ms baseline, target %.1f ms): limited to "
+                    "%.1f MiB/s of work, shared by %d tenants%s",
+                    b.key, b.q, b.base, b.target, b.limit / MIB, len(b.tenants), " (shadow)" if shadow else "",
+                )  # fmt: skip
+            else:
+                log.info("fair share: %s no longer limited%s", b.key, " (shadow)" if shadow else "")
+            if len(self._fair_logged) > 4096:
+                self._fair_logged.clear()
+        if self.log is not None:
+            self.log.emit(
+                fair_share_event(
+                    ts_ms=round(now * 1000),
+                    broker=b.key,
+                    action="saturated" if state != "open" else "released",
+                    limit=b.limit,
+                    level=b.level,
+                    delay_ms=b.q,
+                    baseline_ms=b.base,
+                    target_ms=b.target,
+                    tenants=len(b.tenants),
+                    shadow=shadow,
+                )
+            )
 
     def summarise(self, conn: PolicyConnection, scope: str, shadow: bool) -> None:
         """One decision-log event for a connection's traffic since its last summary (pass-through included)."""
@@ -124,6 +169,15 @@ class DecisionRecorder:
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
+
+
+def _fair_columns(d: Decision) -> dict[str, Any] | None:
+    """A held request's fair-share columns: the broker, its limit and the tenant's share when it was held."""
+    t = d.state.fair
+    if t is None:
+        return None
+    b = t.broker
+    return {"fair_broker": b.key, "fair_limit": b.limit, "fair_level": b.level, "fair_delay_ms": b.q}
 
 
 def open_decision_log(config: ProxyConfig) -> EventSink | None:

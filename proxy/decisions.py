@@ -15,6 +15,7 @@ from protocol.apis import response_header_is_flexible
 from protocol.headers import RequestHeader, encode_response_header
 from protocol.record_batches import Shape
 from proxy.verdicts import Answer, Defer, Identity, Replace
+from quotas.fair_share import Tenant
 from quotas.manager import Bound
 from quotas.plans import BoundPlan, Charged
 from quotas.producer_ids import ProducerIdTracker
@@ -65,6 +66,10 @@ class ConnState:
 
     __slots__ = (
         "identity",
+        "fair",
+        "fair_client_id",
+        "fair_stamp",
+        "fair_user",
         "last",
         "last_client_id",
         "last_key",
@@ -98,6 +103,12 @@ class ConnState:
         has a response term (Fetch, Metadata, ...; never Produce): charged with the next request of that API."""
         self.produce_shape: Shape | None = None
         """The skeleton of the last Produce request (protocol.record_batches.Shape), to read the next one's id."""
+        self.fair: Tenant | None = None
+        """Fair share (quotas.fair_share): the tenant this connection's requests are counted to on its broker,
+        for the client id and user it was bound with, while ``fair_stamp`` is the policy's fair-share stamp."""
+        self.fair_client_id = ""
+        self.fair_user = ""
+        self.fair_stamp = -1
 
 
 class Decision:
@@ -126,6 +137,9 @@ class Decision:
         "paced_ms",
         "pace_marks",
         "out_term",
+        "fair",
+        "fair_mark",
+        "fair_ms",
     )
 
     def __init__(
@@ -166,6 +180,13 @@ class Decision:
         """Smooth enforcement: the wait decided when the request arrived, before it goes to the broker (its
         throttle, served before the broker saw it, so nothing of it is left for the response). What the log
         records; the wait served follows the rate while it runs (:attr:`pace_marks`)."""
+        self.fair: Tenant | None = None
+        """Fair share held this request back (its mark, :attr:`fair_mark`) or charges its answer (a Fetch while the
+        broker is limited): the tenant it is counted to."""
+        self.fair_mark = -1.0
+        """Where the tenant's fair-share bucket must have refilled to for this request to go (-1: it need not wait)."""
+        self.fair_ms = 0
+        """The wait or throttle fair share gave this request (the decision log's ``fair_share`` action)."""
         self.pace_marks: list[tuple[Bound, float]] | None = None
         """Smooth enforcement, a paced request: per pacing bucket it owes, where that bucket's refill total stands
         once the request is paid (``QuotaManager.pace_mark``); ``proxy.pacing.paced`` asks again how long that is

@@ -48,6 +48,7 @@ from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
 from proxy.decision_recording import DecisionRecorder
 from proxy.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
+from proxy.fair_seat import FETCH_APIS, FairSeat
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
 from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
@@ -58,12 +59,13 @@ from proxy.topic_counts import RecentTopics
 from proxy.verdicts import Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.entities import QuotaStore
+from quotas.fair_share import BrokerLoad, Tenant
 from quotas.fleet_reports import FleetLedger
 from quotas.kinds import amount_from, request_percent
 from quotas.manager import QuotaManager, Windows
 from quotas.plans import BoundPlan, Plan, Plans, bind
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
-from quotas.throttle import combine
+from quotas.throttle import MAX_THROTTLE_MS, combine
 
 __all__ = ["Decision", "Policy", "Verdict"]
 
@@ -109,6 +111,9 @@ class Policy:
         """Partition counts the cluster answered this proxy's mutations with, newer than brokers' metadata."""
         self.partition_counts = PartitionCounts(self.recent_topics, self.now_ms)
         self.mutations = MutationQuota(self.quotas, self.partition_counts, self.now_ms)
+        self.fair: FairSeat | None = None
+        """Capacity-aware fair share (``proxy.fair_seat``); None while ``quotas.fair_share.enabled`` is false."""
+        self.fair_enforce = True
         self.reload(config)
 
     @property
@@ -140,6 +145,14 @@ class Policy:
         if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
             self.producer_ids = ProducerIdTracker(pid_config)
         self.smooth = qc.enforcement == "smooth"
+        fc = qc.fair_share
+        if not fc.enabled:
+            self.fair = None  # a request held for its share asks again, finds none, and goes
+        elif self.fair is None:
+            self.fair = FairSeat(fc)
+        else:
+            self.fair.configure(fc)
+        self.fair_enforce = fc.enforce and qc.enforce
         self.quotas.configure(
             Windows.from_settings(qc.model_dump()),
             round(qc.entity_idle_seconds * 1000),
@@ -193,7 +206,43 @@ class Policy:
             wait = self._pid_holds.remaining(conn.identity.principal, now)
             if wait > 0 and self.enforce:
                 return self._hold(conn, header, frame, wait)
-        return self._decide(conn, header, frame, now)
+        return self._gate(conn, header, frame, now)
+
+    def _gate(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
+        """Fair share's step before the quotas' decision: the request counted to its tenant, and held while its
+        tenant is over its share of a limited broker (``proxy.fair_seat``)."""
+        fair = self.fair
+        if fair is None:
+            return self._decide(conn, header, frame, now)
+        st: ConnState | None = conn.policy_state
+        if st is None:
+            st = conn.policy_state = ConnState(conn.identity)
+        now_ms = ms(now)
+        t, mark = fair.request(conn, st, header, frame, now_ms)
+        if mark >= 0 and self.fair_enforce:  # over its share of a limited broker: it waits, unread behind it
+            wait_ms = t.broker.wait_ms(t, mark, now_ms)
+            if wait_ms > 1:
+                held = bytes(frame)  # the client's chunk may be reused before the wait ends
+                return Defer(
+                    lambda: self._after_fair_hold(conn, header, held, t, mark, now_ms), wait_s=wait_slice_s(wait_ms)
+                )
+        return self._decide(conn, header, frame, now, t)
+
+    async def _after_fair_hold(
+        self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, held_ms: int
+    ) -> Verdict:
+        """A request held for its tenant's fair share, asked again (at most ``PACE_RECHECK_MS`` after it was last):
+        still owing at the share in force now, it waits again; paid (or fair share released or turned off), it is
+        decided as if it had just arrived, with the wait it was given (``held_ms``: when it arrived)."""
+        now = self._clock()
+        now_ms = ms(now)
+        if self.fair is not None and self.fair_enforce:
+            wait_ms = t.broker.wait_ms(t, mark, now_ms)
+            if wait_ms > 1:
+                return Defer(
+                    lambda: self._after_fair_hold(conn, header, frame, t, mark, held_ms), wait_s=wait_slice_s(wait_ms)
+                )
+        return self._decide(conn, header, frame, now, t, now_ms - held_ms)
 
     def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer[Verdict]:
         """A method of its own: compiled, a lambda in :meth:`on_request` allocated its closure on every request."""
@@ -203,7 +252,7 @@ class Policy:
     async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, frame: bytes) -> Verdict:
         """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
-        return self._decide(conn, header, frame, self._clock())
+        return self._gate(conn, header, frame, self._clock())
 
     def _bind(
         self, conn: PolicyConnection, st: ConnState, plan: Plan, key: int, client_id: str, now_ms: int
@@ -220,7 +269,17 @@ class Policy:
         st.last_key, st.last_client_id, st.last = key, client_id, b
         return b
 
-    def _decide(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
+    def _decide(
+        self,
+        conn: PolicyConnection,
+        header: RequestHeader,
+        frame: Buffer,
+        now: float,
+        ft: Tenant | None = None,
+        fair_ms: int = 0,
+    ) -> Verdict:
+        """The quotas' decision on one request. ``ft``: its fair-share tenant (None while fair share is off);
+        ``fair_ms``: how long fair share held it (recorded with the decision)."""
         key = header.api_key
         now_ms = ms(now)
         client_id = header.client_id or ""
@@ -234,17 +293,19 @@ class Policy:
             and st.user == st.identity.principal
         ):  # as the last request: its plan, bound (see ConnState.last)
             b = st.last
-            if b is None:
-                return None
         else:
             plan = self.plans.plan(key)
             if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
+                b = None
+            else:
+                if st is None:
+                    st = conn.policy_state = ConnState(conn.identity)
+                b = self._bind(conn, st, plan, key, client_id, now_ms)
+        if b is None:
+            if ft is None or st is None or (fair_ms <= 0 and not (ft.paced and key in FETCH_APIS)):
                 return None
-            if st is None:
-                st = conn.policy_state = ConnState(conn.identity)
-            b = self._bind(conn, st, plan, key, client_id, now_ms)
-            if b is None:
-                return None
+            return self._fair_only(st, client_id, header, frame, ft, fair_ms, now_ms)
+        assert st is not None  # a bound plan is kept on the connection's state
         plan = b.plan
         size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
         d = Decision(st, client_id, header, size, self.keep_values)
@@ -271,12 +332,18 @@ class Policy:
             d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
         else:
             d.later, d.later_kinds = b.later, b.later_kinds
+        if ft is not None:
+            d.fair_ms = fair_ms
+            if ft.paced and key in FETCH_APIS:
+                d.fair = ft  # its answer is charged to the tenant's share, and throttled over it
         if self.smooth:
             if d.throttle_ms > 0:  # the pacing wait of the kinds charged now: served before the broker sees it
                 d.paced_ms, d.throttle_ms = d.throttle_ms, 0
                 pace_marks(quotas, d, b.at_request, now_ms)
-            elif key == Api.FETCH and d.later:
+            elif key == Api.FETCH and (d.later or d.fair is not None):
                 capped = fetch_cap(quotas, d, header, frame, now_ms)
+                if d.fair is not None and self.fair is not None and self.fair_enforce:
+                    capped = self.fair.fetch_cap(d.fair, header, capped or frame, now_ms) or capped
                 if capped is not None:
                     return Replace(d, capped)
         if b.pids is not None:
@@ -290,8 +357,32 @@ class Policy:
             conn.mute.hold()
         if plan.mutation:
             return self.mutations.request(conn, d, header, memoryview(frame)[4:], now_ms)
-        if not (d.noted or d.later):
+        if not (d.noted or d.later or d.fair is not None or d.fair_ms > 0):
             return None
+        return d
+
+    def _fair_only(
+        self,
+        st: ConnState,
+        client_id: str,
+        header: RequestHeader,
+        frame: Buffer,
+        ft: Tenant,
+        fair_ms: int,
+        now_ms: int,
+    ) -> Verdict:
+        """A request no quota charges, that fair share held (``fair_ms``: its wait, recorded) or whose answer it
+        charges (a Fetch from a paced tenant, its ``max_bytes`` capped to the tenant's bucket)."""
+        size = len(frame) - 4
+        d = Decision(st, client_id, header, size, self.keep_values)
+        d.charged_ms = now_ms
+        d.fair_ms = fair_ms
+        if ft.paced and header.api_key in FETCH_APIS:
+            d.fair = ft
+            if self.fair is not None and self.fair_enforce:
+                capped = self.fair.fetch_cap(ft, header, frame, now_ms)
+                if capped is not None:
+                    return Replace(d, capped)
         return d
 
     # ------------------------------------------------------------------------------------------ responses
@@ -316,6 +407,15 @@ class Policy:
                 a: float = float(size) if how == "response_bytes" else amount_from(how, d.bytes_in, size, d.api_key)
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
             d.noted |= d.later_kinds
+        ft = d.fair
+        if ft is not None:  # a paced tenant's Fetch: its answer charged to its share, throttled over it (KIP-219)
+            fb: BrokerLoad = ft.broker
+            fb.charge(ft, float(size), now_ms)
+            f = fb.throttle_ms(ft, now_ms)
+            if f > 0 and self.fair_enforce:
+                d.fair_ms = f
+                if f > d.throttle_ms:
+                    d.throttle_ms = f if f < MAX_THROTTLE_MS else MAX_THROTTLE_MS
         upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response
         if self._logging and pending.local is None:
             upstream_ms = (now - pending.sent_at) * 1000
@@ -346,6 +446,22 @@ class Policy:
             conn.mute.served(throttle / 1000 if self.enforce else 0)
         self.recorder.record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms, not self.enforce)
         return pieces
+
+    def on_answer(self, conn: PolicyConnection, pending: Pending, nbytes: int, now: float, start: float) -> None:
+        """Every answer from the broker (``nbytes`` long, read at ``now``; the broker could start on its request at
+        ``start``): fair share's sample of the broker's service time, and a Fetch's bytes counted to its tenant."""
+        fair = self.fair
+        if fair is not None:
+            st: ConnState | None = conn.policy_state
+            if st is not None:
+                fair.answer(st, pending, nbytes, now, start)
+
+    def fair_tick(self) -> None:
+        """Fair share's control step (the server calls it every ``quotas.fair_share.TICK_MS``)."""
+        fair = self.fair
+        if fair is not None:
+            for b, state in fair.state.tick(self.now_ms()):
+                self.recorder.fair_share_change(b, state, not self.fair_enforce)
 
     def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:
         """Produce acks=0: no response will come, so the mute starts now. A broker spends thread time on it all

@@ -34,6 +34,7 @@ from proxy.sockets import ClientSide
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
+from quotas.fair_share import TICK_MS as FAIR_TICK_MS
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ class Proxy:
                 ",".join(self.config.upstream.bootstrap_servers),
             )
         self._tasks.append(loop.create_task(self._upkeep()))
+        self._tasks.append(loop.create_task(self._fair_ticks()))
         if self.config.metrics.port is not None or self.loop_lag.timeline is not None:
             self.loop_lag.start(loop)  # nobody could read it otherwise: no wake-ups for nothing
         if self.config.quotas.scope == "fleet":
@@ -234,6 +236,16 @@ class Proxy:
                         self.policy.summarise(conn)
             except Exception:  # a bug here must not end every timeout, expiry and summary for good
                 log.exception("upkeep failed; trying again in a second")
+
+    async def _fair_ticks(self) -> None:
+        """Fair share's control loop, every tick (``quotas.fair_share.TICK_MS``) while it is on; a reload may turn
+        it on or off, so the task runs for the life of the server and costs a wake-up a tick."""
+        while True:
+            await asyncio.sleep(FAIR_TICK_MS / 1000)
+            try:
+                self.policy.fair_tick()
+            except Exception:  # a bug here must not end fair share for good
+                log.exception("fair share's tick failed; trying again at the next")
 
     async def _import_quotas(self) -> None:
         while True:

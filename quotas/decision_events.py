@@ -54,6 +54,15 @@ _TAIL: Final[tuple[tuple[str, str], ...]] = (
     ("scope", "string"),
     ("req_ts_ms", "int64"),
     ("topic_partitions", "list<int32>"),
+    # Fair share (issue 48; optional in v1, null elsewhere): a broker's limit, set on its "fair_share" events
+    # (saturated, released) and on requests fair share held (action "fair_share"), with the broker it was.
+    ("fair_broker", "string"),
+    ("fair_limit", "float64"),
+    ("fair_level", "float64"),
+    ("fair_delay_ms", "float64"),
+    ("fair_baseline_ms", "float64"),
+    ("fair_target_ms", "float64"),
+    ("fair_tenants", "int32"),
 )
 COLUMNS: Final[tuple[tuple[str, str], ...]] = _BASE + _PER_KIND + _TAIL
 """Schema version 1: every column, in file order, with its type."""
@@ -103,6 +112,7 @@ def request_event(
     scope: str,
     topic_partitions: list[int] | None,
     values: dict[str, tuple[float, float, int]],
+    fair: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One decided request. ``values``: quota key -> (amount recorded, limit, throttle ms); ``ts_ms`` and
     ``req_ts_ms`` are the exact (epoch-shifted) clock values the response- and request-time charges used, so
@@ -134,6 +144,8 @@ def request_event(
         event[name + "_value"] = value
         event[name + "_limit"] = limit
         event[name + "_throttle_ms"] = throttle
+    if fair:  # fair share held it: the fair_* columns of the broker it was held on
+        event.update(fair)
     return event
 
 
@@ -168,4 +180,43 @@ def summary_event(
         "throttle_ms": 0,
         "shadow": shadow,
         "scope": scope,
+    }
+
+
+def fair_share_event(
+    *,
+    ts_ms: int,
+    broker: str,
+    action: str,
+    limit: float,
+    level: float,
+    delay_ms: float,
+    baseline_ms: float,
+    target_ms: float,
+    tenants: int,
+    shadow: bool,
+) -> dict[str, Any]:
+    """A broker's fair share changed state: ``saturated`` (it limits the work it admits to ``limit`` bytes/s, each
+    tenant to ``level``) or ``released`` (unlimited again). Counts no request (``requests`` 0)."""
+    return {
+        "event": "fair_share",
+        "ts_ms": ts_ms,
+        "api_key": -1,
+        "api_version": -1,
+        "requests": 0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "mutations": 0,
+        "new_pids": 0,
+        "action": action,
+        "throttle_ms": 0,
+        "shadow": shadow,
+        "scope": broker,
+        "fair_broker": broker,
+        "fair_limit": limit,
+        "fair_level": level,
+        "fair_delay_ms": delay_ms,
+        "fair_baseline_ms": baseline_ms,
+        "fair_target_ms": target_ms,
+        "fair_tenants": tenants,
     }

@@ -21,6 +21,7 @@ from config.load import ConfigError
 from config.model import ProxyConfig
 from config.reload import RELOADABLE, RESTART_ONLY, is_reloadable, plan_reload, with_setting
 from config.reload import setting as get_setting
+from proxy.fair_seat import FairSeat
 from proxy.server import Proxy
 
 SECRET = "s" * 32
@@ -94,7 +95,24 @@ RELOADS: dict[str, tuple[Any, Probe, Any]] = {
         lambda p: {str(e): q for e, q in p.policy.store.entities().items()},
         {"<client-id 'tenant'>": {"producer_byte_rate": 1024}},
     ),
+    # Fair share: each setting read where the loop or the seat reads it.
+    "quotas.fair_share.enabled": (False, lambda p: p.policy.fair is None, True),
+    "quotas.fair_share.enforce": (False, lambda p: p.policy.fair_enforce, False),
+    "quotas.fair_share.target_delay_ms": (5.0, lambda p: _fair(p).state.settings.target_delay_ms, 5.0),
+    "quotas.fair_share.min_work_rate": (4096, lambda p: _fair(p).state.settings.min_limit, 4096.0),
+    "quotas.fair_share.burst_seconds": (0.5, lambda p: _fair(p).state.settings.burst_seconds, 0.5),
+    "quotas.fair_share.tenant": ("user", lambda p: _fair(p).kind, "user"),
+    "quotas.fair_share.weights": (
+        [{"client-id": "batch", "weight": 0.5}],
+        lambda p: _fair(p).state.weights,
+        {"\x1fbatch": 0.5},
+    ),
 }
+
+
+def _fair(proxy: Proxy) -> FairSeat:
+    assert proxy.policy.fair is not None
+    return proxy.policy.fair
 
 
 def _idle_after(proxy: Proxy, quiet_s: float) -> bool:

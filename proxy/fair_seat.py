@@ -1,0 +1,165 @@
+"""Fair share's seat in the policy: each request's work counted to its tenant on its broker, held while the broker is
+limited and the tenant over its share; each answer's service time fed to the broker's loop (``quotas.fair_share``).
+
+Why a module of its own: it is one job of the dispatcher (``proxy.policy``), like smooth pacing or KIP-599, and
+the one that runs with no quota configured at all, so it has its own fast path. What it does per request:
+
+- **every request** (but SASL, ApiVersions and the quota APIs, never charged) is counted to its tenant: its bytes
+  plus ``REQUEST_WORK``, a mutation request ``MUTATION_WORK`` a topic more; a Fetch's answer is counted when it
+  arrives;
+- while the broker is limited, a Produce or a mutation request over its tenant's share **waits** before the broker
+  sees it (the connection reads nothing behind it, as with smooth pacing), asked again at least every
+  ``PACE_RECHECK_MS`` so the wait follows the share; a Fetch asks for no more than the tenant's bucket holds
+  (``max_bytes``), and an answer that overdraws it is **throttled** (``throttle_time_ms``, then the mute:
+  KIP-219). Other requests are counted, never held (a held heartbeat would cost the group a rebalance);
+- every answer that measures the broker (``quotas.fair_share.sample_class``) is a sample of its service time.
+
+Compiled with the dispatcher (``proxy.build_info.COMPILED``): :meth:`FairSeat.request` and :meth:`FairSeat.answer`
+run on every request and every answer while fair share is on.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Final
+
+from config.model import FairShareConfig
+from protocol.apis import Api
+from protocol.headers import RequestHeader
+from protocol.inflight import Pending
+from protocol.request_fields import fetch_max_bytes_at, mutation_topics
+from proxy.decisions import Buffer, ConnState
+from proxy.verdicts import PolicyConnection
+from quotas.fair_share import MUTATION_WORK, REQUEST_WORK, BrokerLoad, FairShare, FairShareSettings, Tenant
+from quotas.kinds import NEVER_CHARGED_APIS
+
+_I32: Final = struct.Struct(">i")
+
+HELD_APIS: Final = frozenset({Api.PRODUCE, Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS})
+"""The requests fair share holds before the broker sees them: the ones that bring the broker work in their own
+bytes. A Fetch is capped and throttled instead; the rest are counted and never held."""
+MUTATION_APIS: Final = frozenset({Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS})
+FETCH_APIS: Final = frozenset({Api.FETCH, Api.SHARE_FETCH})
+TENANT_SEP: Final = "\x1f"
+"""Between a ``user_client`` tenant key's user and client id (a byte no principal or client id is expected to hold;
+one that does can only name a tenant of its own)."""
+
+
+def settings_of(config: FairShareConfig) -> FairShareSettings:
+    return FairShareSettings(
+        config.enabled, config.target_delay_ms, float(config.min_work_rate), config.burst_seconds, config.tenant
+    )
+
+
+def broker_key(conn: PolicyConnection) -> str:
+    """The broker a connection's requests go to: its listener's label, or the address a bootstrap connection
+    reached."""
+    if conn.label != "bootstrap":
+        return conn.label
+    host, port = conn.upstream_addr or ("?", 0)
+    return f"{host}:{port}"
+
+
+def tenant_key(kind: str, user: str, client_id: str, peer: str) -> str:
+    """The tenant a request is counted to (``quotas.fair_share.tenant``)."""
+    if kind == "user":
+        return user
+    if kind == "address":
+        host = peer.rpartition(":")[0]
+        return host.strip("[]") or peer
+    return user + TENANT_SEP + client_id
+
+
+def tenant_labels(kind: str, key: str) -> tuple[str, str]:
+    """A tenant key as (user, client id) for metric labels (an address tenant is its address in ``user``)."""
+    if kind == "user_client":
+        user, _, client_id = key.partition(TENANT_SEP)
+        return user, client_id
+    return key, ""
+
+
+class FairSeat:
+    """Fair share for one proxy process: the loop's state (:class:`FairShare`) and the per-request steps."""
+
+    def __init__(self, config: FairShareConfig) -> None:
+        self.state = FairShare(settings_of(config), config.weight_keys())
+        self.kind = config.tenant
+        self.enforce = config.enforce
+
+    def configure(self, config: FairShareConfig) -> None:
+        self.state.configure(settings_of(config), config.weight_keys())
+        self.kind = config.tenant
+        self.enforce = config.enforce
+
+    def bind(self, conn: PolicyConnection, st: ConnState, client_id: str, now_ms: int) -> Tenant:
+        """The connection's tenant on its broker, kept on its state until the client id, the principal or the
+        broker's epoch moves."""
+        user = st.identity.principal
+        b = self.state.broker(broker_key(conn), now_ms)
+        t = self.state.tenant(
+            b, tenant_key(self.kind, user, client_id, conn.peer if self.kind == "address" else ""), now_ms
+        )
+        st.fair, st.fair_client_id, st.fair_user, st.fair_stamp = t, client_id, user, b.epoch
+        return t
+
+    def request(
+        self, conn: PolicyConnection, st: ConnState, header: RequestHeader, frame: Buffer, now_ms: int
+    ) -> tuple[Tenant, float]:
+        """Count one request: its tenant, and its pacing mark (-1: it need not wait, or is not held)."""
+        client_id = header.client_id or ""
+        t = st.fair
+        if (
+            t is None
+            or st.fair_client_id != client_id
+            or st.fair_user != st.identity.principal
+            or st.fair_stamp != t.broker.epoch
+        ):
+            t = self.bind(conn, st, client_id, now_ms)
+        key = header.api_key
+        if key in NEVER_CHARGED_APIS:
+            return t, -1.0
+        work = float(len(frame) - 4 + REQUEST_WORK)
+        if key in MUTATION_APIS:
+            work += MUTATION_WORK * mutation_topics(frame, header)
+        mark = t.broker.charge(t, work, now_ms)
+        if mark >= 0 and key not in HELD_APIS:
+            return t, -1.0  # counted (its debt paces the tenant's next held request), never held itself
+        return t, mark
+
+    def fetch_cap(self, t: Tenant, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:
+        """A Fetch from a paced tenant asks for at most what its bucket holds (as ``proxy.pacing.fetch_cap``); the
+        frame with the lower ``max_bytes``, or None when it asks for no more already (or is not paced)."""
+        if not t.paced or header.api_key != Api.FETCH:
+            return None
+        at = fetch_max_bytes_at(header.api_version)
+        if at < 0 or header.body_offset is None or not isinstance(frame, bytes):
+            return None
+        room = t.broker.tokens(t, now_ms)
+        if room == math.inf:
+            return None
+        at += 4 + header.body_offset
+        if len(frame) < at + 4:
+            return None
+        asked = _I32.unpack_from(frame, at)[0]
+        cap = int(room) if room >= 1 else 1  # in debt: one batch, no more (a broker sends the first one whole)
+        if asked <= cap:
+            return None
+        return frame[:at] + _I32.pack(cap) + frame[at + 4 :]
+
+    def answer(self, st: ConnState, pending: Pending, nbytes: int, now: float, start: float) -> None:
+        """An answer of ``nbytes`` read at ``now`` for a request the broker could start on at ``start`` (sent, and
+        the connection's previous answer back; ``start == now``: read in the same read as the previous answer, so
+        no time of its own). A sample of the broker's service time; a Fetch's bytes counted to its tenant, unless
+        its decision charges them (a paced tenant's Fetch, throttled at its answer)."""
+        t = st.fair
+        if t is None:
+            return
+        b: BrokerLoad = t.broker
+        now_ms = int(now * 1000 + 0.5)
+        if pending.sample >= 0 and now > start:
+            b.sample(pending.sample, (now - start) * 1000.0, int(pending.sent_at * 1000 + 0.5), now_ms)
+        if pending.header.api_key in FETCH_APIS:
+            d = pending.decision
+            if d is None or d.fair is None:
+                b.charge(t, float(nbytes), now_ms)

@@ -1,0 +1,671 @@
+"""Capacity-aware fair share: protection nobody has to configure (issue 48).
+
+Pure policy, time passed in (monotonic milliseconds); the proxy feeds it what it measured and asks it what waits.
+
+The loop, per broker (docs/fair-share.md has the picture and the figures):
+
+1. **Signal.** Every request the proxy forwards and the broker answers is a sample of how long the broker took on
+   it: its *service time*, from when the broker could start on it (it was sent, and the connection's previous
+   response had come back: a broker reads one request of a connection at a time) to its response. A request's
+   *queueing delay* is its service time minus the baseline of its class (API, acks, size): the windowed minimum
+   of that class's service times (BBR's min-RTT filter, not an average, which drifts up in a long incident). Per
+   tick, the broker's delay ``q`` is the median of its samples' delays.
+2. **Control law** on the work admitted to the broker per second, ``limit`` (bytes of requests and of Fetch
+   answers, plus :data:`REQUEST_WORK` a request and :data:`MUTATION_WORK` a topic created or deleted): above the
+   target ``d`` it is cut multiplicatively (never below half at once), below ``d / 2`` it grows additively while
+   the admitted work actually uses it, in between it holds. Samples of requests sent before the last change are
+   ignored, so one standing queue is not cut for twice.
+3. **Max-min division** of the limit among the broker's active tenants by their measured demand (Doorman's
+   FAIR_SHARE): one water level; a tenant below it is never delayed, a tenant above it is paced at it.
+
+What makes it safe to have on by default: the limit is only ever cut while it protects somebody. A broker with one
+active tenant, or with tenants that all use about the same, is never limited (cutting them all alike protects none
+of them); the limit never falls below what the light tenants use plus :attr:`FairShareSettings.min_limit` for the
+others (:meth:`BrokerLoad._floor`). The known failure modes of the adaptive systems this borrows from, and what
+here answers each (docs/fair-share.md):
+
+- a minimum RTT that ratchets up under sustained load (envoy#11579): samples sent before a change are ignored,
+  and the minimum is kept over two epochs (:data:`BASELINE_EPOCH_MS`), refreshed by the fast samples a
+  controlled broker still gives;
+- probes that pin concurrency low until requests fail (envoy#8337): there are no probes; the baseline comes from
+  the traffic itself;
+- an additive term that grows the limit forever near the target (concurrency-limits PR #134): growth only below
+  ``d / 2`` and only while the limit is used; a hold band in between;
+- a dropped or coalesced answer reporting a near-zero round trip (concurrency-limits #176): a response read in the
+  same read as the previous one has no service time of its own and is not a sample (the proxy skips it), and a
+  class's baseline is used only after :data:`MIN_BASELINE_SAMPLES`;
+- an averaged baseline that drifts up during a long incident: the baseline is a minimum, never an average.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, NamedTuple
+
+from quotas.token_bucket import TokenBucket
+
+MIB: Final = 1024 * 1024
+
+# ------------------------------------------------------------------------------------------ the parameters
+# Every constant of the loop, with why it has its value. Those an operator may want to move are settings
+# (FairShareSettings, config's quotas.fair_share); these are the loop's own.
+
+TICK_MS: Final = 100
+"""The control interval. Why 100 ms: a flood's first queue builds in a few hundred milliseconds, and a tick must
+hold a few samples of a lightly loaded broker (a producer at 200 records/s gives ~7 samples per broker a tick)."""
+MIN_SAMPLES: Final = 3
+"""A tick decides on at least this many samples: the median of one or two is one request's luck. Fewer are kept
+for the next tick (up to :data:`MAX_CARRY_TICKS`)."""
+MAX_CARRY_TICKS: Final = 10
+"""Samples older than this many ticks are dropped undecided: a second-old delay says nothing of now."""
+MAX_TICK_SAMPLES: Final = 256
+"""Samples kept per broker per tick at most (every 2nd is dropped past it): the median needs no more, and memory
+stays bounded whatever the request rate."""
+BASELINE_EPOCH_MS: Final = 30_000
+"""A class's baseline is the minimum over the current epoch and the previous one (30-60 s). Long enough that a
+tick of noise does not move it; short enough that a broker that really became slower (a new disk, a busier host)
+is believed within a minute. A held broker still answers some requests at once, which keeps it honest."""
+MIN_BASELINE_SAMPLES: Final = 8
+"""A class's baseline is trusted after this many samples; before that its samples are not delays."""
+DECREASE: Final = 0.1
+"""Above the target, the limit is multiplied by ``1 - DECREASE × (q - d) / d``: a cut proportional to the excess
+(Breakwater's 0.02 per excess target acts every 10 µs; here a tick is 100 ms)."""
+MAX_CUT: Final = 0.5
+"""Never below half at once (the issue, and TCP's halving): a single bad tick cannot starve a tenant."""
+GROW_BELOW: Final = 0.5
+"""Growth only while ``q < GROW_BELOW × d``; between that and ``d`` the limit holds (a band against the
+grow-forever drift of an additive term near the target, concurrency-limits PR #134)."""
+GROW_FRACTION: Final = 0.01
+"""Growth per tick at or above the limit the last cut started from, as a fraction of the limit (about +10 % a
+second): probing for more, slowly enough that the queue it builds is seen before it grows much."""
+RECOVER_FRACTION: Final = 0.2
+"""Growth per tick below the limit the last cut started from: a fifth of the gap (CUBIC's concave part: back near
+the last good limit within a second after a cut, then probing slowly past it)."""
+RECOVER_UNTIL: Final = 0.9
+"""Below this fraction of the limit the last cut started from, growth is :data:`RECOVER_FRACTION` of the gap."""
+GROW_MIN: Final = 32 * 1024
+"""Growth per tick at least, in work bytes per second (0.3 MiB/s a second): from the floor, the limit still finds a
+few MiB/s in seconds."""
+USED_FRACTION: Final = 0.5
+"""Growth only while the work admitted in the tick is at least this fraction of the limit: a limit nobody uses
+would otherwise grow without bound while idle, and a later flood would meet no limit at all."""
+SPARSE_SHARE: Final = 0.25
+"""A tenant using less than this share of a limited broker's limit, and not held back, is *sparse*: paced at no
+less than :data:`LIGHT_HEADROOM` times its own demand, whatever the heavy tenants' level (FQ-CoDel's sparse flows).
+Why not max-min alone: a flooder spread over twenty client ids is twenty tenants, each with a level below what a
+steady producer beside it uses, and max-min would hold that producer down to the flood's level."""
+SPARSE_TOTAL: Final = 0.5
+"""Sparse tenants together are given at most this share of the limit; past it the heaviest of them are heavy: a
+tenant that invents client ids cannot make every one of them sparse."""
+SPARSE_AFTER_MS: Final = 5_000
+"""A heavy tenant becomes sparse again only after this long without being held back (and using less than half the
+sparse share): a flooder's client id that is held, then briefly is not, stays heavy."""
+GRACE_MS: Final = 2_000
+"""A new tenant on a limited broker is paced at no less than half the sparse share for this long: its demand is not
+known yet (its average starts at zero), and a new steady producer must not be held at the flood's level before it is
+seen to be light. A new flooder's demand passes the sparse share within this time and it is heavy from then on."""
+LIGHT_HEADROOM: Final = 2.0
+"""A light tenant is paced at no less than this many times its own demand (:meth:`BrokerLoad._divide`): its bursts
+(a batch after a pause, a rebalance's commits) fit with room to spare, however low the heavy tenants' level."""
+RELEASE_MS: Final = 10_000
+"""A limited broker is released (unlimited again) once nobody has been held back for this long and the delay is
+low: a limit learned in one incident does not slow a healthy cluster's next burst."""
+DEMAND_TAU_MS: Final = 1_000
+"""A tenant's demand is its work per second, averaged over about this long (Doorman's wants, measured)."""
+HELD_MS: Final = 300
+"""A tenant held back within this long counts as held (wanting more than it gets): a held request asks again at
+least every 250 ms (``proxy.pacing.PACE_RECHECK_MS``), so one still waiting is seen in every tick."""
+ACTIVE_MS: Final = 2_000
+"""A tenant counts as active on a broker while it sent work there within this long."""
+IDLE_MS: Final = 60_000
+"""A tenant's state on a broker is dropped after this long without a request (bounded state)."""
+MAX_TENANTS: Final = 1_000
+"""Tenants tracked per broker at most; past it new ones share :data:`OTHER`. Tenant keys come from clients."""
+OTHER: Final = "__other__"
+"""The tenant that stands for every tenant past :data:`MAX_TENANTS` (also its metric label)."""
+REQUEST_WORK: Final = 1024
+"""Work a request costs beyond its bytes: a broker's time per request is not free (a flood of tiny requests is
+work too). One KiB: a producer at 200 records/s a broker counts ~0.2 MiB/s, far below any share."""
+MUTATION_WORK: Final = 256 * 1024
+"""Work per topic in a CreateTopics, DeleteTopics or CreatePartitions request. Measured on the isolation bench: a
+create/delete loop of 2-partition topics at ~53 partition mutations a second cost the victim about what 4-8
+MiB/s of appends per broker did (docs/fair-share.md), ~0.25-0.5 MiB a mutation."""
+
+# ------------------------------------------------------------------------------------------ what is sampled
+SAMPLED_APIS: Final = {0: 0, 2: 2, 3: 3, 8: 4, 9: 4, 10: 4, 12: 4, 18: 4}
+"""API key -> sample family: Produce (acks=1; acks=all is family 1), ListOffsets, Metadata, and the quick group
+and coordinator calls (OffsetCommit/Fetch, FindCoordinator, Heartbeat) with ApiVersions. Not Fetch (its answer
+waits for data up to ``max_wait_ms``), JoinGroup/SyncGroup (rebalances) nor the admin APIs (controller waits and
+``timeout_ms``): their round trips hold waits the client asked for, not the broker's load."""
+SIZE_CLASSES: Final = 7
+"""Request sizes per family: below 1 KiB, 4, 16, 64, 256 KiB, 1 MiB, and larger (log4)."""
+CLASSES: Final = 5 * SIZE_CLASSES
+
+
+def sample_class(api_key: int, acks: int, size: int) -> int:
+    """The baseline class of a request (-1: its round trip is not a sample). ``acks``: a Produce's acks (-1
+    all, 0 none: no answer, never a sample), any value for other APIs."""
+    family = SAMPLED_APIS.get(api_key, -1)
+    if family < 0 or (api_key == 0 and acks == 0):
+        return -1
+    if api_key == 0 and acks == -1:
+        family = 1
+    k = 0
+    s = size >> 10
+    while s > 0 and k < SIZE_CLASSES - 1:
+        s >>= 2
+        k += 1
+    return family * SIZE_CLASSES + k
+
+
+class FairShareSettings(NamedTuple):
+    """What an operator may set (``quotas.fair_share``); the loop's own constants are the module's."""
+
+    enabled: bool = True
+    target_delay_ms: float = 1.0
+    """The queueing delay the loop holds a limited broker at (``d``, at least; half the baseline when that is
+    larger). Measured here: a victim's median delay was 0.7 ms alone, 1.1 ms beside a flood of 2 MiB/s a broker,
+    1.6 at 4, 3.3 at 8 and 13.6 at 16 (docs/fair-share.md)."""
+    min_limit: float = 1.0 * MIB
+    """The least work per second a limited broker is allowed, whatever the delay: the loop's last defence against
+    a delay it cannot lower (a slow disk, another process on the host)."""
+    burst_seconds: float = 0.1
+    """A held tenant's bucket, in seconds of its share: the largest burst it gets (as smooth pacing's)."""
+    tenant: str = "user_client"
+    """What a tenant is: ``user_client`` (the quota entity: user and client id), ``user``, or ``address``."""
+
+
+class Baseline:
+    """One class's windowed minimum service time: the minimum of the current epoch and of the previous one."""
+
+    __slots__ = ("cur", "prev", "epoch_ms", "count")
+
+    def __init__(self, now_ms: int) -> None:
+        self.cur = math.inf
+        self.prev = math.inf
+        self.epoch_ms = now_ms
+        self.count = 0
+
+    def add(self, service_ms: float, now_ms: int) -> float:
+        """Record a sample; the baseline after it (``inf`` until :data:`MIN_BASELINE_SAMPLES`)."""
+        if now_ms - self.epoch_ms >= BASELINE_EPOCH_MS:
+            self.prev = self.cur if now_ms - self.epoch_ms < 2 * BASELINE_EPOCH_MS else math.inf
+            self.cur = math.inf
+            self.epoch_ms = now_ms
+        if service_ms < self.cur:
+            self.cur = service_ms
+        self.count += 1
+        if self.count < MIN_BASELINE_SAMPLES:
+            return math.inf
+        return self.cur if self.cur < self.prev else self.prev
+
+
+class Tenant:
+    """One tenant's work on one broker: its demand, and the bucket that paces it while the broker is limited."""
+
+    __slots__ = (
+        "key",
+        "broker",
+        "weight",
+        "arrived",
+        "demand",
+        "last_ms",
+        "bucket",
+        "paced",
+        "held_ms",
+        "held_tick",
+        "held_ms_total",
+        "held_total",
+        "work_total",
+        "sparse",
+        "born_ms",
+    )
+
+    def __init__(self, key: str, broker: BrokerLoad, weight: float, now_ms: int) -> None:
+        self.key = key
+        self.broker = broker
+        self.weight = weight
+        self.arrived = 0.0
+        """Work that arrived in the current tick."""
+        self.demand = 0.0
+        """Work per second, averaged over :data:`DEMAND_TAU_MS` (updated each tick)."""
+        self.last_ms = now_ms
+        self.bucket: TokenBucket | None = None
+        """Its pacing bucket (rate: the water level × weight), made the first time the broker is limited and kept:
+        a held request's mark is a point on this bucket's refill total (:meth:`TokenBucket.refilled`)."""
+        self.paced = False
+        """The broker is limited: its work is charged to :attr:`bucket`."""
+        self.held_ms = -HELD_MS
+        """When it was last held back (a request charged into debt, or one still waiting asked again)."""
+        self.held_tick = False
+        """It was held back in the current tick."""
+        self.held_ms_total = 0
+        self.held_total = 0
+        self.work_total = 0.0
+        self.sparse = True
+        """Sparse (:data:`SPARSE_SHARE`): protected from the heavy tenants' level while it stays light."""
+        self.born_ms = now_ms
+
+    def rate(self) -> float:
+        """Its pacing rate now (work bytes/s), or 0 when it is not paced."""
+        b = self.bucket
+        return b.rate if b is not None and self.paced else 0.0
+
+    def pace(self, rate: float, burst_s: float, now_ms: int) -> None:
+        """Pace it at ``rate`` from now (its bucket made, or its rate moved: a held request's wait follows)."""
+        b = self.bucket
+        if b is None:
+            self.bucket = TokenBucket(rate, 1, burst_s, now_ms)
+        elif not self.paced or b.rate != rate:
+            b.set_rate(rate, now_ms)
+        self.paced = True
+
+
+class BrokerLoad:
+    """One broker: its classes' baselines, the tick's delay samples, the limit and the tenants on it."""
+
+    __slots__ = (
+        "key",
+        "settings",
+        "baselines",
+        "delays",
+        "bases",
+        "carried",
+        "limit",
+        "level",
+        "changed_ms",
+        "held_ms",
+        "tenants",
+        "arrived",
+        "admitted_rate",
+        "q",
+        "base",
+        "target",
+        "cuts",
+        "grows",
+        "cut_from",
+        "peak",
+        "next_cut_ms",
+        "samples_total",
+        "state",
+        "epoch",
+    )
+
+    def __init__(self, key: str, settings: FairShareSettings, now_ms: int) -> None:
+        self.key = key
+        self.settings = settings
+        self.baselines: list[Baseline | None] = [None] * CLASSES
+        self.delays: list[float] = []
+        self.bases: list[float] = []
+        """The baselines of the tick's samples (for a target that scales with a slow broker's baseline)."""
+        self.carried = 0
+        self.limit = 0.0
+        """Work bytes/s admitted at most; 0: unlimited (not saturated, or nobody to protect)."""
+        self.level = 0.0
+        """The water level: every tenant on the broker is paced at ``level × weight`` while limited."""
+        self.changed_ms = now_ms
+        """When the limit last changed: samples of requests sent before it are ignored."""
+        self.held_ms = now_ms
+        """When a tenant was last held back (for :data:`RELEASE_MS`)."""
+        self.tenants: dict[str, Tenant] = {}
+        self.arrived = 0.0
+        self.admitted_rate = 0.0
+        self.q = 0.0
+        """The last tick's delay (ms), for the metrics."""
+        self.base = 0.0
+        """The last tick's median baseline (ms), for the metrics."""
+        self.target = settings.target_delay_ms
+        self.cuts = 0
+        self.grows = 0
+        self.cut_from = 0.0
+        """The limit the last cut started from (CUBIC's W_max): growth returns to it fast, and probes past it slowly."""
+        self.peak = 0.0
+        """The highest limit since the broker was last open: what it was taking when this episode began. A tenant is
+        sparse against it (:meth:`_classify`), not against a limit cut to its floor, where a light tenant is a large
+        part of a small limit, and, reclassified heavy, would leave nobody to protect: the limit would flap open."""
+        self.next_cut_ms = now_ms
+        """No cut before this: at most one cut a round trip (a request's delay and baseline), so a standing queue
+        that is draining is not cut for again while the requests behind it still wait in it."""
+        self.samples_total = 0
+        self.state = "open"
+        """``open`` (unlimited), ``cut``, ``grow`` or ``hold``: what the last tick did."""
+        self.epoch = 0
+        """Moves when a tenant is dropped (or the broker itself): a connection's kept tenant may be stale."""
+
+    # -------------------------------------------------------------------------------------------- samples
+    def sample(self, cls: int, service_ms: float, sent_ms: int, now_ms: int) -> None:
+        """One request of baseline class ``cls`` (:func:`sample_class`) took the broker ``service_ms``; it was
+        sent at ``sent_ms``."""
+        if cls < 0 or cls >= CLASSES:
+            return
+        b = self.baselines[cls]
+        if b is None:
+            b = self.baselines[cls] = Baseline(now_ms)
+        base = b.add(service_ms, now_ms)
+        self.samples_total += 1
+        if base == math.inf or sent_ms < self.changed_ms:
+            return
+        delays = self.delays
+        if len(delays) >= MAX_TICK_SAMPLES:
+            del delays[::2]
+            del self.bases[::2]
+        delays.append(service_ms - base)
+        self.bases.append(base)
+
+    # -------------------------------------------------------------------------------------------- tenants
+    def tenant(self, key: str, weight: float, now_ms: int) -> Tenant:
+        t = self.tenants.get(key)
+        if t is None:
+            if len(self.tenants) >= MAX_TENANTS:
+                key = OTHER
+                t = self.tenants.get(key)
+            if t is None:
+                t = self.tenants[key] = Tenant(key, self, weight, now_ms)
+                if self.level > 0:
+                    t.pace(self.level * weight, self.settings.burst_seconds, now_ms)
+        return t
+
+    def charge(self, t: Tenant, work: float, now_ms: int) -> float:
+        """``work`` arrived from ``t``: counted as its demand and, while the broker is limited, charged to its
+        bucket. Returns where the bucket's refill total must reach for the request to go (a pacing mark, as
+        ``TokenBucket.refilled`` counts), or -1 when it may go now."""
+        t.arrived += work
+        t.work_total += work
+        t.last_ms = now_ms
+        self.arrived += work
+        bucket = t.bucket
+        if bucket is None or not t.paced:
+            return -1.0
+        bucket.record(work, now_ms)
+        tokens = bucket.tokens(now_ms)
+        if tokens >= 0:
+            return -1.0
+        t.held_tick = True
+        t.held_ms = now_ms
+        return bucket.refilled(now_ms) - tokens
+
+    def wait_ms(self, t: Tenant, mark: float, now_ms: int) -> int:
+        """How long, at the tenant's rate now, until its bucket has refilled to ``mark`` (0: it may go; also once
+        the broker is released)."""
+        bucket = t.bucket
+        if bucket is None or mark < 0 or not t.paced:
+            return 0
+        owed = mark - bucket.refilled(now_ms)
+        if owed <= 0:
+            return 0
+        t.held_tick = True
+        t.held_ms = now_ms
+        return int(owed / bucket.rate * 1000.0 + 0.5)
+
+    def throttle_ms(self, t: Tenant, now_ms: int) -> int:
+        """For work charged after the fact (a Fetch answer): the time until the tenant's bucket is out of debt."""
+        bucket = t.bucket
+        if bucket is None or not t.paced:
+            return 0
+        tokens = bucket.tokens(now_ms)
+        if tokens >= 0:
+            return 0
+        t.held_tick = True
+        t.held_ms = now_ms
+        return int(-tokens / bucket.rate * 1000.0 + 0.5)
+
+    def tokens(self, t: Tenant, now_ms: int) -> float:
+        """What the tenant's bucket holds now (a Fetch asks for no more); ``inf`` when it is not paced."""
+        bucket = t.bucket
+        return math.inf if bucket is None or not t.paced else bucket.tokens(now_ms)
+
+    # -------------------------------------------------------------------------------------------- the tick
+    def tick(self, now_ms: int, tick_ms: int = TICK_MS) -> str:
+        """One control step: demand, signal, law, division. Returns the state (``open``, ``cut``, ``grow``,
+        ``hold``)."""
+        alpha = 1.0 - math.exp(-tick_ms / DEMAND_TAU_MS)
+        per_s = 1000.0 / tick_ms
+        active: list[Tenant] = []
+        held = False
+        dead: list[str] = []
+        for key, t in self.tenants.items():
+            t.demand += alpha * (t.arrived * per_s - t.demand)
+            t.arrived = 0.0
+            if t.held_tick or now_ms - t.held_ms < HELD_MS:
+                t.held_tick = True  # read by _floor and _divide below, cleared by _divide
+                held = True
+            if now_ms - t.last_ms < ACTIVE_MS:
+                active.append(t)
+            elif now_ms - t.last_ms >= IDLE_MS and now_ms - t.held_ms >= IDLE_MS:
+                dead.append(key)
+        for key in dead:
+            del self.tenants[key]
+        if dead:
+            self.epoch += 1
+        self.admitted_rate += alpha * (self.arrived * per_s - self.admitted_rate)
+        used = self.arrived * per_s
+        self.arrived = 0.0
+        if held:
+            self.held_ms = now_ms
+
+        delays = self.delays
+        if len(delays) < MIN_SAMPLES:
+            self.carried += 1
+            if self.carried >= MAX_CARRY_TICKS:
+                delays.clear()
+                self.bases.clear()
+                self.carried = 0
+            q = -1.0
+        else:
+            q = _median(delays)
+            self.base = _median(self.bases)
+            self.q = q
+            delays.clear()
+            self.bases.clear()
+            self.carried = 0
+        s = self.settings
+        d = s.target_delay_ms
+        if 0.5 * self.base > d:
+            d = 0.5 * self.base
+        self.target = d
+
+        self.state = self._law(q, d, self._floor(active, now_ms), used, now_ms)
+        self._divide(active, now_ms)
+        return self.state
+
+    def _law(self, q: float, d: float, floor: float, used: float, now_ms: int) -> str:
+        """The control law on :attr:`limit` (``q``: the tick's delay, -1 without enough samples; ``d``: the
+        target; ``floor``: :meth:`_floor`; ``used``: work admitted in the tick, per second)."""
+        limit = self.limit
+        if limit > 0 and (floor <= 0 or (q >= 0 and q < GROW_BELOW * d and now_ms - self.held_ms >= RELEASE_MS)):
+            # Nobody left to protect (one tenant, or all alike), or nobody held back for a while at a low delay.
+            self.limit = 0.0
+            self.changed_ms = now_ms
+            return "open"
+        if 0 < limit < floor:  # the light tenants use more than they did: the floor rises under them
+            self.limit = limit = floor
+        if q < 0:
+            return "hold" if limit > 0 else "open"
+        if q > d and floor > 0:
+            if now_ms < self.next_cut_ms:
+                return "hold" if limit > 0 else "open"
+            if limit <= 0:  # saturated from open: start from what the broker was taking
+                limit = self.admitted_rate if self.admitted_rate > used else used
+            cut = 1.0 - DECREASE * (q - d) / d
+            new = limit * (cut if cut > MAX_CUT else MAX_CUT)
+            if new < floor:
+                new = floor
+            if new < limit or self.limit <= 0:
+                if self.limit <= 0:
+                    self.peak = limit
+                self.cut_from = limit
+                self.limit = new
+                self.changed_ms = now_ms
+                wait = q + self.base
+                self.next_cut_ms = now_ms + (int(wait) if wait > TICK_MS else TICK_MS)
+                self.cuts += 1
+                return "cut"
+            return "hold"
+        if limit > 0 and q < GROW_BELOW * d and used >= USED_FRACTION * limit:
+            if limit < RECOVER_UNTIL * self.cut_from:
+                step = RECOVER_FRACTION * (self.cut_from - limit)
+            else:
+                step = GROW_FRACTION * limit
+            self.limit = limit + (step if step > GROW_MIN else GROW_MIN)
+            if self.limit > self.peak:
+                self.peak = self.limit
+            self.changed_ms = now_ms
+            self.grows += 1
+            return "grow"
+        return "hold" if limit > 0 else "open"
+
+    def _floor(self, active: list[Tenant], now_ms: int) -> float:
+        """The least limit worth having: what the light tenants use, plus :attr:`FairShareSettings.min_limit` for
+        all the others together; 0 when nobody is light, where a cut would hold everybody and protect nobody (one
+        tenant alone, or tenants that all use about the same). Light, while the broker is open: using less than
+        half the equal split of what its active tenants use; while it is limited: sparse (:meth:`_classify`). Not
+        "that much again for each of the others": a tenant that splits itself over many client ids would raise such
+        a floor with each."""
+        if len(active) < 2:
+            return 0.0
+        light_sum = 0.0
+        light = 0
+        if self.limit > 0:
+            self._classify(active, self.limit, now_ms)
+            for t in active:
+                if t.sparse:
+                    light += 1
+                    light_sum += t.demand
+        else:
+            total = 0.0
+            for t in active:
+                total += t.demand
+            split = total / len(active)
+            for t in active:
+                if not t.held_tick and t.demand < 0.5 * split:
+                    light += 1
+                    light_sum += t.demand
+        if light == 0:
+            return 0.0
+        return light_sum + self.settings.min_limit
+
+    def _classify(self, active: list[Tenant], limit: float, now_ms: int) -> None:
+        """Which active tenants are sparse on a broker limited to ``limit`` (:data:`SPARSE_SHARE`): held back, or
+        using a sparse share or more, makes a tenant heavy; not held for :data:`SPARSE_AFTER_MS` and light again
+        makes it sparse; past :data:`SPARSE_TOTAL` of the limit, the heaviest sparse ones are heavy."""
+        scale = limit if limit > self.peak else self.peak
+        share = SPARSE_SHARE * (scale if scale > self.settings.min_limit else self.settings.min_limit)
+        for t in active:
+            if t.sparse:
+                if (t.held_tick and now_ms - t.born_ms >= GRACE_MS) or t.demand >= share:
+                    t.sparse = False
+            elif now_ms - t.held_ms >= SPARSE_AFTER_MS and t.demand < 0.5 * share:
+                t.sparse = True
+        sparse = sorted((t for t in active if t.sparse), key=lambda t: t.demand)
+        room = SPARSE_TOTAL * limit
+        for t in sparse:
+            room -= t.demand
+            if room < 0:
+                t.sparse = False
+
+    def _divide(self, active: list[Tenant], now_ms: int) -> None:
+        """Max-min division of the limit (:func:`water_level`) among the heavy tenants, after the sparse ones'
+        demand: a heavy tenant's bucket at the level, a sparse one's at no less than :data:`LIGHT_HEADROOM` times its
+        own demand (and, new, half the sparse share: :data:`GRACE_MS`), so that a tenant below its share is not held
+        even when many heavy ones push the level below what it uses."""
+        limit = self.limit
+        for t in self.tenants.values():
+            t.held_tick = False
+        if limit <= 0:
+            self.level = 0.0
+            for t in self.tenants.values():
+                t.paced = False  # a request still held asks again, finds it unpaced, and goes (BrokerLoad.wait_ms)
+            return
+        demands = [(t.demand if t.sparse else math.inf) for t in active]
+        level = water_level(demands, [t.weight for t in active], limit)
+        self.level = level
+        burst = self.settings.burst_seconds
+        grace = 0.5 * SPARSE_SHARE * limit
+        for t in self.tenants.values():
+            rate = level * t.weight
+            if t.sparse:
+                if LIGHT_HEADROOM * t.demand > rate:
+                    rate = LIGHT_HEADROOM * t.demand
+                if now_ms - t.born_ms < GRACE_MS and grace > rate:
+                    rate = grace
+            t.pace(rate, burst, now_ms)
+
+
+def water_level(demands: list[float], weights: list[float], capacity: float) -> float:
+    """Max-min fair share (Doorman's FAIR_SHARE, weighted): the level ``L`` such that giving each tenant
+    ``min(demand, L × weight)`` uses ``capacity``. When every demand fits, the level is the largest demand per
+    weight plus what is left over (room to grow). ``inf`` demands are tenants that want more than they get."""
+    order = sorted(range(len(demands)), key=lambda i: demands[i] / weights[i])
+    remaining = capacity
+    weight_left = 0.0
+    for w in weights:
+        weight_left += w
+    top = 0.0
+    for i in order:
+        level = remaining / weight_left if weight_left > 0 else remaining
+        need = demands[i] / weights[i]
+        if need > level:
+            return level
+        remaining -= demands[i]
+        weight_left -= weights[i]
+        top = need
+    return top + (remaining if remaining > 0 else 0.0)
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+class FairShare:
+    """Every broker's load, keyed by the proxy's name for the broker (its listener label)."""
+
+    __slots__ = ("settings", "brokers", "weights", "last_tick_ms")
+
+    def __init__(self, settings: FairShareSettings, weights: dict[str, float] | None = None) -> None:
+        self.settings = settings
+        self.brokers: dict[str, BrokerLoad] = {}
+        self.weights: dict[str, float] = dict(weights or {})
+        """Tenant key -> weight (1 when absent)."""
+        self.last_tick_ms = -1
+
+    def configure(self, settings: FairShareSettings, weights: dict[str, float] | None = None) -> None:
+        """New settings (a reload): the brokers keep their baselines and limits; weights apply from the next
+        request of each tenant."""
+        self.settings = settings
+        self.weights = dict(weights or {})
+        for b in self.brokers.values():
+            b.settings = settings
+            b.epoch += 1
+            for t in b.tenants.values():
+                t.weight = self.weights.get(t.key, 1.0)
+
+    def broker(self, key: str, now_ms: int) -> BrokerLoad:
+        b = self.brokers.get(key)
+        if b is None:
+            if len(self.brokers) >= 4096:  # bootstrap connections name brokers by address: bounded
+                for old in self.brokers.values():
+                    old.epoch += 1  # connections bound to it bind again, to a broker in the table
+                self.brokers.clear()
+            b = self.brokers[key] = BrokerLoad(key, self.settings, now_ms)
+        return b
+
+    def tenant(self, broker: BrokerLoad, key: str, now_ms: int) -> Tenant:
+        return broker.tenant(key, self.weights.get(key, 1.0), now_ms)
+
+    def tick(self, now_ms: int) -> list[tuple[BrokerLoad, str]]:
+        """Run every broker's control step once per :data:`TICK_MS` (called more often, it waits); the brokers
+        whose state changed from open to limited or back, for the log."""
+        if self.last_tick_ms >= 0 and now_ms - self.last_tick_ms < TICK_MS:
+            return []
+        elapsed = TICK_MS if self.last_tick_ms < 0 else min(now_ms - self.last_tick_ms, 10 * TICK_MS)
+        self.last_tick_ms = now_ms
+        changed = []
+        for b in self.brokers.values():
+            was_open = b.limit <= 0
+            b.tick(now_ms, elapsed)
+            if was_open != (b.limit <= 0):
+                changed.append((b, b.state))
+        return changed
