@@ -79,6 +79,12 @@ def tenant_labels(kind: str, key: str) -> tuple[str, str]:
     return key, ""
 
 
+BrokerSample = tuple[str, float, float, float, float, float, float, int, int, int, int]
+"""(broker, limit, level, delay ms, averaged delay ms, baseline ms, target ms, tenants, cuts, grows, samples)."""
+TenantSample = tuple[str, str, str, float, float, int, float, int]
+"""(broker, user, client id, demand B/s, share B/s (0: not paced), sparse, held seconds total, held total)."""
+
+
 class FairSeat:
     """Fair share for one proxy process: the loop's state (:class:`FairShare`) and the per-request steps."""
 
@@ -163,3 +169,26 @@ class FairSeat:
             d = pending.decision
             if d is None or d.fair is None:
                 b.charge(t, float(nbytes), now_ms)
+
+    def snapshot(self, top: int) -> tuple[list[BrokerSample], list[TenantSample]]:
+        """What the metrics show: every broker's loop, and per broker its ``top`` tenants that matter most (held
+        now, then the heaviest), the others left out (their sum is the broker's; bounded labels whatever the
+        client ids). Read from the metrics thread: copies first, as the quota samples do."""
+        brokers: list[BrokerSample] = []
+        tenants: list[TenantSample] = []
+        for b in list(self.state.brokers.values()):
+            brokers.append(
+                (b.key, b.limit, b.level, b.q, b.q_avg, b.base, b.target, len(b.tenants), b.cuts, b.grows,
+                 b.samples_total)
+            )  # fmt: skip
+            ts = list(b.tenants.values())
+            if len(ts) > top:
+                ts.sort(key=lambda t: (t.paced and not t.sparse, t.demand), reverse=True)
+                ts = ts[:top]
+            for t in ts:
+                user, client_id = tenant_labels(self.kind, t.key)
+                tenants.append(
+                    (b.key, user, client_id, t.demand, t.rate(), 1 if t.sparse else 0, t.held_ms_total / 1000,
+                     t.held_total)
+                )  # fmt: skip
+        return brokers, tenants

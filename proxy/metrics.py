@@ -18,6 +18,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -52,6 +53,75 @@ def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> Counte
     return family
 
 
+FairSnapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+"""``proxy.fair_seat.FairSeat.snapshot``: the brokers' loops and their tenants (empty while fair share is off)."""
+
+_FAIR_BROKER = (
+    ("limited", "1 while fair share limits the work this broker admits (it saturated and somebody light is on it)"),
+    ("limit_bytes", "Work this broker admits per second while limited (bytes, plus a KiB a request); 0 when open"),
+    ("level_bytes", "The water level: what each heavy tenant on this broker is paced at (work bytes/s)"),
+    ("delay_seconds", "Queueing delay of the broker's answers in the last tick: service time over its baseline"),
+    ("delay_avg_seconds", "The same delay averaged over a second (growth and release read it)"),
+    ("baseline_seconds", "The smallest baseline (windowed minimum service time) among the last tick's samples"),
+    ("target_seconds", "The delay the loop holds a limited broker at"),
+    ("tenants", "Tenants tracked on this broker"),
+)
+_FAIR_BROKER_COUNTERS = (
+    ("cuts", "Times the broker's limit was cut"),
+    ("grows", "Times the broker's limit grew"),
+    ("samples", "Answers of this broker taken as samples of its service time"),
+)
+
+
+def fair_share_families(snapshot: FairSnapshot) -> Iterator[Metric]:
+    """Fair share's series: per broker its loop, per (broker, tenant) its demand, share and holds."""
+    brokers, tenants = snapshot
+    gauges = {n: GaugeMetricFamily(f"ktp_fair_share_{n}", doc, labels=["broker"]) for n, doc in _FAIR_BROKER}
+    counters = {
+        n: CounterMetricFamily(f"ktp_fair_share_{n}", doc, labels=["broker"]) for n, doc in _FAIR_BROKER_COUNTERS
+    }
+    for broker, limit, level, q, q_avg, base, target, n, cuts, grows, samples in brokers:
+        values = (1.0 if limit > 0 else 0.0, limit, level, q / 1000, q_avg / 1000, base / 1000, target / 1000, n)
+        for (name, _doc), value in zip(_FAIR_BROKER, values, strict=True):
+            gauges[name].add_metric([broker], float(value))
+        for (name, _doc), value in zip(_FAIR_BROKER_COUNTERS, (cuts, grows, samples), strict=True):
+            counters[name].add_metric([broker], float(value))
+    labels = ["broker", "user", "client_id"]
+    demand = GaugeMetricFamily(
+        "ktp_fair_share_tenant_demand_bytes",
+        "A tenant's work on a broker per second, averaged over a second",
+        labels=labels,
+    )
+    share = GaugeMetricFamily(
+        "ktp_fair_share_tenant_share_bytes",
+        "What a tenant is paced at on a limited broker (0: not paced)",
+        labels=labels,
+    )
+    sparse = GaugeMetricFamily(
+        "ktp_fair_share_tenant_sparse",
+        "1 while the tenant is light (protected from the heavy tenants' level)",
+        labels=labels,
+    )
+    held_s = CounterMetricFamily(
+        "ktp_fair_share_tenant_held_seconds",
+        "Time fair share held a tenant's requests, or throttled its Fetches",
+        labels=labels,
+    )
+    held = CounterMetricFamily(
+        "ktp_fair_share_tenant_held", "A tenant's requests fair share held or throttled", labels=labels
+    )
+    for broker, user, client_id, d, r, sp, hs, hn in tenants:
+        lv = [broker, user, client_id]
+        demand.add_metric(lv, d)
+        share.add_metric(lv, r)
+        sparse.add_metric(lv, float(sp))
+        held_s.add_metric(lv, hs)
+        held.add_metric(lv, float(hn))
+    yield from gauges.values()
+    yield from counters.values()
+    yield from (demand, share, sparse, held_s, held)
+
+
 class _Collector:
     def __init__(
         self,
@@ -61,7 +131,9 @@ class _Collector:
         log_stats: Callable[[], dict[str, int]],
         gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
         loop_lag: LoopLag | None = None,
+        fair: Callable[[], FairSnapshot] | None = None,
     ) -> None:
+        self.fair = fair
         self.loop_lag = loop_lag
         self.log_stats = log_stats
         self.gauges = gauges
@@ -164,6 +236,8 @@ class _Collector:
                 )
             fam.add_metric([user, client_id, scope], value)
         yield from families.values()
+        if self.fair is not None:
+            yield from fair_share_families(self.fair())
 
 
 def make_registry(
@@ -173,10 +247,12 @@ def make_registry(
     log_stats: Callable[[], dict[str, int]] = dict,
     gauges: Callable[[], dict[str, tuple[str, float]]] = dict,
     loop_lag: LoopLag | None = None,
+    fair: Callable[[], FairSnapshot] | None = None,
 ) -> CollectorRegistry:
-    """``gauges()``: more gauges read at scrape time, name -> (help, value); ``loop_lag``: the event-loop lag."""
+    """``gauges()``: more gauges read at scrape time, name -> (help, value); ``loop_lag``: the event-loop lag;
+    ``fair()``: fair share's snapshot."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges, loop_lag))
+    registry.register(_Collector(stats, live_connections, quota_samples, log_stats, gauges, loop_lag, fair))
     return registry
 
 

@@ -48,7 +48,7 @@ from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
 from proxy.decision_recording import DecisionRecorder
 from proxy.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
-from proxy.fair_seat import FETCH_APIS, FairSeat
+from proxy.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
 from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
@@ -242,7 +242,10 @@ class Policy:
                 return Defer(
                     lambda: self._after_fair_hold(conn, header, frame, t, mark, held_ms), wait_s=wait_slice_s(wait_ms)
                 )
-        return self._decide(conn, header, frame, now, t, now_ms - held_ms)
+        waited = now_ms - held_ms
+        t.held_ms_total += waited
+        t.held_total += 1
+        return self._decide(conn, header, frame, now, t, waited)
 
     def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer[Verdict]:
         """A method of its own: compiled, a lambda in :meth:`on_request` allocated its closure on every request."""
@@ -414,6 +417,8 @@ class Policy:
             f = fb.throttle_ms(ft, now_ms)
             if f > 0 and self.fair_enforce:
                 d.fair_ms = f
+                ft.held_ms_total += f
+                ft.held_total += 1
                 if f > d.throttle_ms:
                     d.throttle_ms = f if f < MAX_THROTTLE_MS else MAX_THROTTLE_MS
         upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response
@@ -455,6 +460,11 @@ class Policy:
             st: ConnState | None = conn.policy_state
             if st is not None:
                 fair.answer(st, pending, nbytes, now, start)
+
+    def fair_snapshot(self) -> tuple[list[BrokerSample], list[TenantSample]]:
+        """Fair share's metrics (``proxy.fair_seat.FairSeat.snapshot``); empty while it is off."""
+        fair = self.fair
+        return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
 
     def fair_tick(self) -> None:
         """Fair share's control step (the server calls it every ``quotas.fair_share.TICK_MS``)."""

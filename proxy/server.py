@@ -129,6 +129,7 @@ class Proxy:
             self.policy.decision_log_stats,
             self._gauges,
             self.loop_lag,
+            self.policy.fair_snapshot,
         )
         self.metrics_port: int | None = None
         self.connections: set[Connection] = set()
@@ -244,6 +245,11 @@ class Proxy:
             await asyncio.sleep(FAIR_TICK_MS / 1000)
             try:
                 self.policy.fair_tick()
+                timeline = self.loop_lag.timeline
+                if timeline is not None and self.policy.fair is not None:  # diagnosis: each broker's loop, each tick
+                    now = time.monotonic()
+                    for b in self.policy.fair.state.brokers.values():
+                        timeline.append(("fair", b.key, now, b.limit, b.level, b.q, b.base, b.state, len(b.tenants)))
             except Exception:  # a bug here must not end fair share for good
                 log.exception("fair share's tick failed; trying again at the next")
 

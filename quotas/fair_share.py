@@ -72,9 +72,14 @@ DECREASE: Final = 0.1
 (Breakwater's 0.02 per excess target acts every 10 µs; here a tick is 100 ms)."""
 MAX_CUT: Final = 0.5
 """Never below half at once (the issue, and TCP's halving): a single bad tick cannot starve a tenant."""
-GROW_BELOW: Final = 0.5
-"""Growth only while ``q < GROW_BELOW × d``; between that and ``d`` the limit holds (a band against the
-grow-forever drift of an additive term near the target, concurrency-limits PR #134)."""
+Q_TAU_MS: Final = 1_000
+"""Growth and release read the delay averaged over about this long (``q_avg``), cuts the tick's own: a tick's
+median of a dozen samples moves by as much as the delay a flood adds near the target, so growing on one low tick
+would ratchet the limit up on noise, while a real queue shows in one tick and is cut at once."""
+GROW_BELOW: Final = 0.7
+"""Growth only while the averaged delay is below ``GROW_BELOW × d`` (and the tick's below ``d``); between that and
+``d`` the limit holds (a band against the grow-forever drift of an additive term near the target, concurrency-limits
+PR #134)."""
 GROW_FRACTION: Final = 0.01
 """Growth per tick at or above the limit the last cut started from, as a fraction of the limit (about +10 % a
 second): probing for more, slowly enough that the queue it builds is seen before it grows much."""
@@ -279,6 +284,7 @@ class BrokerLoad:
         "arrived",
         "admitted_rate",
         "q",
+        "q_avg",
         "base",
         "target",
         "cuts",
@@ -297,7 +303,8 @@ class BrokerLoad:
         self.baselines: list[Baseline | None] = [None] * CLASSES
         self.delays: list[float] = []
         self.bases: list[float] = []
-        """The baselines of the tick's samples (for a target that scales with a slow broker's baseline)."""
+        """The baselines of the tick's samples: the smallest sets a target that scales with a slow broker's quickest
+        requests (not the median: a flood's megabyte requests have baselines of tens of milliseconds)."""
         self.carried = 0
         self.limit = 0.0
         """Work bytes/s admitted at most; 0: unlimited (not saturated, or nobody to protect)."""
@@ -312,8 +319,10 @@ class BrokerLoad:
         self.admitted_rate = 0.0
         self.q = 0.0
         """The last tick's delay (ms), for the metrics."""
+        self.q_avg = 0.0
+        """The delay averaged over :data:`Q_TAU_MS` (growth and release read it)."""
         self.base = 0.0
-        """The last tick's median baseline (ms), for the metrics."""
+        """The last tick's smallest baseline (ms): the target is at least half of it."""
         self.target = settings.target_delay_ms
         self.cuts = 0
         self.grows = 0
@@ -453,8 +462,9 @@ class BrokerLoad:
             q = -1.0
         else:
             q = _median(delays)
-            self.base = _median(self.bases)
+            self.base = min(self.bases)
             self.q = q
+            self.q_avg += (1.0 - math.exp(-tick_ms / Q_TAU_MS)) * (q - self.q_avg)
             delays.clear()
             self.bases.clear()
             self.carried = 0
@@ -472,7 +482,8 @@ class BrokerLoad:
         """The control law on :attr:`limit` (``q``: the tick's delay, -1 without enough samples; ``d``: the
         target; ``floor``: :meth:`_floor`; ``used``: work admitted in the tick, per second)."""
         limit = self.limit
-        if limit > 0 and (floor <= 0 or (q >= 0 and q < GROW_BELOW * d and now_ms - self.held_ms >= RELEASE_MS)):
+        quiet = q >= 0 and q < d and self.q_avg < GROW_BELOW * d
+        if limit > 0 and (floor <= 0 or (quiet and now_ms - self.held_ms >= RELEASE_MS)):
             # Nobody left to protect (one tenant, or all alike), or nobody held back for a while at a low delay.
             self.limit = 0.0
             self.changed_ms = now_ms
@@ -501,7 +512,7 @@ class BrokerLoad:
                 self.cuts += 1
                 return "cut"
             return "hold"
-        if limit > 0 and q < GROW_BELOW * d and used >= USED_FRACTION * limit:
+        if limit > 0 and quiet and used >= USED_FRACTION * limit:
             if limit < RECOVER_UNTIL * self.cut_from:
                 step = RECOVER_FRACTION * (self.cut_from - limit)
             else:
