@@ -292,6 +292,9 @@ class BrokerLoad:
         "cut_from",
         "peak",
         "next_cut_ms",
+        "remote_light",
+        "light_sum",
+        "members",
         "samples_total",
         "state",
         "epoch",
@@ -340,6 +343,14 @@ class BrokerLoad:
         """``open`` (unlimited), ``cut``, ``grow`` or ``hold``: what the last tick did."""
         self.epoch = 0
         """Moves when a tenant is dropped (or the broker itself): a connection's kept tenant may be stale."""
+        self.remote_light: dict[str, tuple[int, float]] = {}
+        """A fleet's other members' light tenants on this broker: member -> (until when it counts, their demand).
+        Each member sees only its own clients, so a member whose only tenant here is a flooder would find nobody to
+        protect, while the victim it harms is on another member (docs/fair-share.md, "In a fleet")."""
+        self.light_sum = 0.0
+        """This member's light tenants' demand here at the last tick: what it tells the fleet."""
+        self.members = 1
+        """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
 
     # -------------------------------------------------------------------------------------------- samples
     def sample(self, cls: int, service_ms: float, sent_ms: int, now_ms: int) -> None:
@@ -532,7 +543,15 @@ class BrokerLoad:
         half the equal split of what its active tenants use; while it is limited: sparse (:meth:`_classify`). Not
         "that much again for each of the others": a tenant that splits itself over many client ids would raise such
         a floor with each."""
-        if len(active) < 2:
+        remote = 0.0
+        if self.remote_light:
+            for member, (until, demand) in list(self.remote_light.items()):
+                if until <= now_ms:
+                    del self.remote_light[member]
+                else:
+                    remote += demand if demand > 0 else REQUEST_WORK
+        if len(active) < (1 if remote > 0 else 2):
+            self.light_sum = 0.0
             return 0.0
         light_sum = 0.0
         light = 0
@@ -551,9 +570,10 @@ class BrokerLoad:
                 if not t.held_tick and t.demand < 0.5 * split:
                     light += 1
                     light_sum += t.demand
-        if light == 0:
+        self.light_sum = light_sum if light else 0.0
+        if light == 0 and remote <= 0:
             return 0.0
-        return light_sum + self.settings.min_limit
+        return light_sum + self.settings.min_limit / self.members
 
     def _classify(self, active: list[Tenant], limit: float, now_ms: int) -> None:
         """Which active tenants are sparse on a broker limited to ``limit`` (:data:`SPARSE_SHARE`): held back, or
@@ -652,6 +672,23 @@ class FairShare:
             b.epoch += 1
             for t in b.tenants.values():
                 t.weight = self.weights.get(t.key, 1.0)
+
+    def light(self) -> dict[str, float]:
+        """Per broker, this member's light tenants' demand now (work bytes/s): what a fleet member tells the others
+        (only brokers where it has some)."""
+        return {key: b.light_sum for key, b in self.brokers.items() if b.light_sum > 0}
+
+    def note_remote(self, member: str, light: dict[str, float], members: int, until_ms: int) -> None:
+        """Another member's report (:meth:`light`): its light tenants count on these brokers until ``until_ms``;
+        ``members``: the fleet's live members now (each takes its part of the floor)."""
+        for key, demand in list(light.items())[:4096]:  # the report is bounded by its writer; this is too
+            b = self.brokers.get(key)
+            if b is not None:
+                if len(b.remote_light) >= 1024 and member not in b.remote_light:
+                    continue  # members are bounded by the fleet's own records; this bounds a forged flood of them
+                b.remote_light[member] = (until_ms, demand)
+        for b in self.brokers.values():
+            b.members = members if members > 0 else 1
 
     def broker(self, key: str, now_ms: int) -> BrokerLoad:
         b = self.brokers.get(key)

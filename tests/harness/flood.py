@@ -122,7 +122,9 @@ def main(argv: list[str]) -> int:
     if role == "victim":
         victim(bootstrap, topic, float(seconds), Path(out), *rest)
     elif role == "flood":
-        flood(bootstrap, topic, float(seconds), Path(out), *(rest[:1]), *(int(x) for x in rest[1:2]))
+        flood(
+            bootstrap, topic, float(seconds), Path(out), rest[0] if rest else "flooder", int(rest[1]) if rest[1:] else 2
+        )
     else:
         raise SystemExit(f"unknown role {role!r}: victim or flood")
     return 0

@@ -302,3 +302,25 @@ def test_samples_of_requests_sent_before_a_change_are_ignored():
     assert b.delays == []
     b.sample(0, 50.0, 1000, 1100)
     assert b.delays == [49.0]
+
+
+def test_in_a_fleet_a_lone_flooder_is_limited_while_another_member_protects_a_light_tenant():
+    # This member sees only the flooder; another member of the fleet has the victim on the same broker.
+    flood = SimTenant("flooder", 40 * MIB, 256 * KIB)
+    fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=512 * KIB))
+    b = fs.broker("broker 1", 0)
+    fs.note_remote("member-b", {"broker 1": 200 * KIB}, members=2, until_ms=8_000)
+    _fs, b, trace = run([flood], SimBroker(20 * MIB), 15, fs=fs)
+    assert any(limit > 0 for t, limit, _s in trace if t < 8_000), "held while the other member's victim counts"
+    assert b.members == 2
+    assert all(limit == 0 for t, limit, _s in trace if t > 8_500), "released once that report ran out"
+    assert fs.light() == {}  # nothing light of its own to tell the others
+
+
+def test_a_member_tells_the_fleet_where_it_has_light_tenants():
+    victim = SimTenant("victim", 200 * KIB, KIB)
+    flood = SimTenant("flooder", 40 * MIB, 256 * KIB)
+    fs, _b, _trace = run([victim, flood], SimBroker(20 * MIB), 10)
+    light = fs.light()
+    assert set(light) == {"broker 1"}
+    assert light["broker 1"] == pytest.approx(fs.brokers["broker 1"].tenants["victim"].demand)
