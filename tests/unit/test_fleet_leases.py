@@ -421,3 +421,17 @@ def test_a_scrape_capped_by_top_names_both_limits_and_folds_neither():
     assert {u for _n, u, _c in limits} == {f"u{i}" for i in range(15, 20)}
     assert {n for n, _u, _c in limits} == {"quota-limit", "lease-limit"} and len(limits) == 10
     assert all(v == MIB for (n, _u, _c), v in limits.items() if n == "quota-limit")
+
+
+def test_the_two_limits_are_exported_as_ktp_group_quota_limit_and_lease_limit():
+    from prometheus_client import generate_latest
+
+    from proxy import metrics
+    from proxy.stats import Stats
+
+    _store, qm = _leased_manager(MIB / 4)
+    qm.charge_rate("producer_byte_rate", "alice", "c", "", 1.0, 10)
+    text = generate_latest(metrics.make_registry(Stats(), lambda: 0, lambda: list(qm.samples(10)))).decode()
+    assert 'ktp_produce_quota_limit{client_id="",scope="",user="alice"} 1.048576e+06' in text
+    assert 'ktp_produce_lease_limit{client_id="",scope="",user="alice"} 262144.0' in text
+    assert "# HELP ktp_produce_lease_limit The limit this fleet member enforces" in text
