@@ -45,6 +45,15 @@ def _metric_name(group: str, name: str) -> str:
     return f"ktp_{group.lower()}_{name.replace('-', '_')}"
 
 
+_OWN_QUOTA_METRICS = {
+    "quota-limit": "The bucket's quota as configured now (file, kafka-configs, AlterClientQuotas); not a Kafka metric",
+    "lease-limit": "The limit this fleet member enforces on the bucket: its lease, a share of the quota; not a Kafka "
+    "metric",
+}
+"""Help of the per-bucket series that are the proxy's own, not Kafka's: said so, and which limit each one is (a
+fleet member's lease was once shown as the quota, issue 48)."""
+
+
 def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
     """A counter family with one series per key of ``counts`` (a bounded vocabulary: reasons, kinds, API labels)."""
     family = CounterMetricFamily(name, doc, labels=[label])
@@ -231,9 +240,8 @@ class _Collector:
             metric = _metric_name(group, name)
             fam = families.get(metric)
             if fam is None:
-                fam = families[metric] = GaugeMetricFamily(
-                    metric, f"Kafka quota metric {group} {name}", labels=["user", "client_id", "scope"]
-                )
+                doc = _OWN_QUOTA_METRICS.get(name) or f"Kafka quota metric {group} {name}"
+                fam = families[metric] = GaugeMetricFamily(metric, doc, labels=["user", "client_id", "scope"])
             fam.add_metric([user, client_id, scope], value)
         yield from families.values()
         if self.fair is not None:

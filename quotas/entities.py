@@ -488,6 +488,10 @@ def _matches(entity: QuotaEntity, exact: Mapping[str, EntityName], typed: set[st
 class QuotaStore:
     """Quota configuration: entity -> {key: value}, with Kafka's resolution and a per-request cache."""
 
+    leased = False
+    """Whether :meth:`resolve` answers a fleet member's lease, its share of each quota (:meth:`quota_limit` still
+    answers the quota): the manager then exports both (the ``lease-limit`` metric)."""
+
     def __init__(self, *, cache_max_entries: int = 65_536) -> None:
         if cache_max_entries < 1:
             raise ValueError("cache_max_entries must be at least 1")
@@ -632,6 +636,20 @@ class QuotaStore:
         tag_client = client_id if keep_client else ""
         # Step 2, Kafka's quotaLimit: the limit is looked up from the tags alone. For non-empty names this
         # finds `walked` again; it differs only for empty names (see the module docstring).
+        found = self._from_tags(tag_user, tag_client, key)
+        if found is None:
+            return None
+        lvl, ek, limit = found
+        return Resolved(
+            key=key,
+            limit=limit,
+            level=lvl,
+            entity=self._entities[ek],
+            bucket=BucketKey(sanitize_user(tag_user), tag_client),
+        )
+
+    def _from_tags(self, tag_user: str, tag_client: str, key: str) -> tuple[Level, _EntityKey, float] | None:
+        """Kafka's quotaLimit: the level, entity and quota a bucket's tags (the user's raw name) find."""
         search: tuple[Level, ...]
         if tag_user and tag_client:
             search = _BOTH_TAGS_LEVELS
@@ -645,11 +663,17 @@ class QuotaStore:
             ek = _level_key(lvl, tag_user, tag_client)
             quotas = self._quotas.get(ek)
             if quotas is not None and key in quotas:
-                return Resolved(
-                    key=key,
-                    limit=quotas[key],
-                    level=lvl,
-                    entity=self._entities[ek],
-                    bucket=BucketKey(sanitize_user(tag_user), tag_client),
-                )
+                return lvl, ek, quotas[key]
         return None
+
+    def quota_limit(self, key: str, user: str, client_id: str) -> float | None:
+        """The quota configured now for the bucket of ``key`` whose tags are ``user`` (the user's *raw* name, not
+        the sanitized tag; ``""`` when the bucket has no user tag) and ``client_id`` (``""``: none); None when
+        none applies. Kafka's quotaLimit, which is also how a broker updates a sensor's quota after an alter.
+
+        Why beside :meth:`resolve`: a fleet member's store (:class:`quotas.fleet_leases.LeasedStore`) resolves to
+        its lease, a share of the quota; this answers the quota itself (the ``quota-limit`` metric), and at scrape
+        time, so an alter shows at once even on a bucket no request has bound again. Uncached: called per bucket
+        per scrape, never per request."""
+        found = self._from_tags(user, client_id, key)
+        return None if found is None else found[2]

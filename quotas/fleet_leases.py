@@ -739,8 +739,10 @@ class LeasedStore(QuotaStore):
     resolves (a share changes like an altered quota: the holder's owner bumps the manager's stamp and the
     connections bind again), so the charge path needs no change to enforce shares in either enforcement mode.
 
-    Only :meth:`resolve` and :meth:`on_change`, all the manager uses, work here; alters and descriptions go to the
-    real store (:attr:`inner`), which the rest of the proxy keeps using."""
+    Only :meth:`resolve`, :meth:`quota_limit` and :meth:`on_change`, all the manager uses, work here; alters and
+    descriptions go to the real store (:attr:`inner`), which the rest of the proxy keeps using."""
+
+    leased = True
 
     def __init__(self, inner: QuotaStore, holder: LeaseHolder, now_ms: Callable[[], int]) -> None:
         # not QuotaStore.__init__: this store keeps no quotas of its own
@@ -750,6 +752,12 @@ class LeasedStore(QuotaStore):
 
     def on_change(self, listener: Callable[[], None]) -> None:
         self.inner.on_change(listener)
+
+    def quota_limit(self, key: str, user: str, client_id: str) -> float | None:
+        """The quota itself, not this member's share of it (the ``quota-limit`` metric; the share is
+        ``lease-limit``): the share is an allocation that moves every interval, the quota is what an operator
+        set, and a dashboard that showed the share as the quota hid both (issue 48)."""
+        return self.inner.quota_limit(key, user, client_id)
 
     def resolve(self, user: str, client_id: str | None, key: str) -> Resolved | None:
         r = self.inner.resolve(user, client_id, key)

@@ -126,6 +126,7 @@ class Tracker:
         "recorded_total",
         "remote_total",
         "pace",
+        "tag_user",
     )
 
     def __init__(
@@ -135,6 +136,7 @@ class Tracker:
         now_ms: int,
         mutations: SampledRate | None = None,
         pace: TokenBucket | None = None,
+        tag_user: str = "",
     ) -> None:
         self.stat = stat
         """A :class:`TokenBucket` (the controller-mutation quota) or a :class:`SampledRate` (the rest). Typed Any,
@@ -146,6 +148,11 @@ class Tracker:
         self.mutations = mutations
         """For the controller-mutation bucket: the rate of mutations recorded (Kafka's ``mutation-rate``)."""
         self.limit = limit
+        """The limit enforced: the quota, or a fleet member's lease (its share of the quota, which the store
+        resolves to in a fleet). Updated when a request binds or charges the bucket."""
+        self.tag_user = tag_user
+        """The raw user name behind the bucket's user tag (``""`` when it has none): the bucket key holds it
+        sanitized, and the store is keyed by raw names (:meth:`QuotaStore.quota_limit`, at scrape time)."""
         self.last_used_ms = now_ms
         self.throttle_ms_total = 0
         self.recorded_total = 0.0
@@ -242,7 +249,8 @@ class QuotaManager:
 
     # ------------------------------------------------------------------------------------------ trackers
 
-    def _tracker(self, r: Resolved, scope: str, now_ms: int) -> Tracker:
+    def _tracker(self, r: Resolved, scope: str, now_ms: int, user: str) -> Tracker:
+        """``user``: the raw name ``r`` was resolved for (kept by a new tracker, for the scrape's quota)."""
         key = r.key
         tk = (key, "" if key in CLUSTER_WIDE_KEYS else scope, r.bucket)  # bucket_scope, inlined: every charge
         t = self._trackers.get(tk)
@@ -262,7 +270,8 @@ class QuotaManager:
                     pace = TokenBucket(r.limit, 1, self.pace_s, now_ms)
             if len(self._trackers) >= self.max_trackers:
                 self._evict()
-            t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations, pace)
+            tag_user = user if r.bucket.user else ""
+            t = self._trackers[tk] = Tracker(stat, r.limit, now_ms, mutations, pace, tag_user)
         elif t.limit != r.limit:
             t.set_limit(r.limit, now_ms)
         t.last_used_ms = now_ms
@@ -275,7 +284,7 @@ class QuotaManager:
         r = self.store.resolve(user, client_id, key)
         if r is None:
             return None
-        return Bound(key, r, user, client_id, self._tracker(r, scope, now_ms))
+        return Bound(key, r, user, client_id, self._tracker(r, scope, now_ms, user))
 
     def charge_rate(self, key: str, user: str, client_id: str, scope: str, amount: float, now_ms: int) -> Charge | None:
         """Record ``amount`` against the rate quota ``key`` (bytes, percent-seconds, new producer ids), then
@@ -365,7 +374,7 @@ class QuotaManager:
         r = self.store.resolve(user, client_id, CONTROLLER_MUTATION_RATE)
         if r is None:
             return None
-        return self._tracker(r, scope, now_ms)
+        return self._tracker(r, scope, now_ms, user)
 
     def charge_mutations(
         self, user: str, client_id: str, scope: str, counts: list[int], now_ms: int, strict: bool
@@ -398,7 +407,7 @@ class QuotaManager:
         r = self.store.resolve(usage.user, usage.client_id, usage.key)
         if r is None:
             return False
-        t = self._tracker(r, "", now_ms)
+        t = self._tracker(r, "", now_ms, usage.user)
         t.stat.record(usage.amount, now_ms)
         if t.pace is not None:
             t.pace.record(usage.amount, now_ms)
@@ -445,7 +454,18 @@ class QuotaManager:
         With ``top``, only the ``top`` buckets of each quota key that matter most (throttled now, then the most
         recorded) are named; the rest are folded into one ``__other__`` bucket per key and scope: their
         throttle-time is the largest, their totals the sums, and no rate (measuring thousands of rates is what
-        made a scrape slow). The label set then stays bounded whatever clients do."""
+        made a scrape slow). The label set then stays bounded whatever clients do.
+
+        Two limits per named bucket, neither a Kafka metric (Kafka keeps quotas in its configs): ``quota-limit``,
+        the quota configured now (the store's :meth:`~QuotaStore.quota_limit`: what the file, kafka-configs or
+        AlterClientQuotas set; absent while none applies, e.g. after its removal, until the bucket idles out), and,
+        only in a fleet (the store is ``leased``), ``lease-limit``: the limit this member enforces, its share of
+        the quota (as the bucket's last request bound it). Why two series and not the enforced limit alone: in a
+        fleet that is an allocation moving every interval, and shown as the quota it hid the quota (issue 48);
+        why only in a fleet: elsewhere it is the quota, and a series that appeared whenever the two differed
+        would come and go in a fleet whose share is now and then the whole quota."""
+        store = self.store
+        leased = store.leased
         items = list(self._trackers.items())
         if top is not None and len(items) > top:
             by_key: dict[str, list[tuple[tuple[str, str, BucketKey], Tracker]]] = {}
@@ -487,8 +507,11 @@ class QuotaManager:
                 if kind.window == "pids":
                     value *= self.windows.pids.size_ms / 1000  # per window, the unit of producer_ids_rate
                 yield group, name, bucket.user, bucket.client_id, scope, value
-            # Not a Kafka metric (Kafka keeps quotas in its configs): the limit beside the rate, for dashboards.
-            yield group, "quota-limit", bucket.user, bucket.client_id, scope, float(t.limit)
+            quota = store.quota_limit(key, t.tag_user, bucket.client_id)
+            if quota is not None:
+                yield group, "quota-limit", bucket.user, bucket.client_id, scope, float(quota)
+            if leased:
+                yield group, "lease-limit", bucket.user, bucket.client_id, scope, float(t.limit)
             yield group, "throttle-time", bucket.user, bucket.client_id, scope, float(t.last_throttle_ms)
             yield group, "throttle-time-total", bucket.user, bucket.client_id, scope, float(t.throttle_ms_total)
             yield group, "recorded-total", bucket.user, bucket.client_id, scope, t.recorded_total

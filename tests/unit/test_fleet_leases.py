@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quotas.entities import DEFAULT, BucketKey, QuotaEntity, QuotaStore
 from quotas.fleet_leases import (
     FAREWELL_LEASE_MS,
     FLOOR_FRACTION,
@@ -18,14 +19,20 @@ from quotas.fleet_leases import (
     MIN_SHARE,
     NO_EPOCH,
     SKEW_MS,
+    Grant,
     LeaseBook,
+    LeasedStore,
+    LeaseHolder,
     LeaseRecord,
+    lease_id,
     max_min_fair,
 )
 from quotas.fleet_reports import ReportError
 from quotas.fleet_sim import fleet
+from quotas.manager import QuotaManager
 
 Q = 1_000_000.0
+MIB = 1_048_576.0
 
 
 # ------------------------------------------------------------------------------------------------ max-min fair
@@ -359,3 +366,72 @@ def test_members_joining_a_bucket_one_after_another_never_drop_below_their_floor
         lowest = min(lowest, *(s[1] for s in sim.shares().values()))
     _check(sim)
     assert lowest >= FLOOR_FRACTION * Q / 3 * 0.999
+
+
+# ------------------------------------------------------------------------------------------------ the store
+
+
+def _leased_manager(share: float, members: int = 3):
+    """A fleet member's manager over a store with alice's producer_byte_rate at 1 MiB/s, its holder granted
+    ``share`` of alice's bucket (or, with ``share`` None, no grant yet: it enforces its floor)."""
+    store = QuotaStore()
+    store.set(QuotaEntity(user="alice"), "producer_byte_rate", MIB)
+    holder = LeaseHolder("m", fallback="floor")
+    holder.members_seen = members
+    if share is not None:
+        rec = holder.record(0)
+        lid = lease_id("producer_byte_rate", BucketKey("alice", ""))
+        ids, shares, quotas = np.array([lid], dtype="<u8"), np.array([share]), np.array([MIB])
+        grant = Grant(ids, shares, quotas, LEASE_MS, FLOOR_FRACTION / members, unclaimed=1 / members)
+        assert holder.read_back(rec, grant, members, 0)
+    qm = QuotaManager(LeasedStore(store, holder, lambda: 10))
+    return store, qm
+
+
+def _limits(qm, now_ms=10, top=None):
+    """(metric name, user, client id) -> value, for the two limit series."""
+    return {(n, u, c): v for _g, n, u, c, _s, v in qm.samples(now_ms, top) if n in ("quota-limit", "lease-limit")}
+
+
+def test_a_leased_bucket_exports_its_quota_and_its_lease_as_two_series():
+    """Issue 48: ``ktp_produce_quota_limit`` showed the member's lease (17,476 B/s, the idle floor of a fleet of
+    three, after an alter to 1 MiB/s), not the quota; the lease is a series of its own."""
+    store, qm = _leased_manager(MIB / 4)
+    c = qm.charge_rate("producer_byte_rate", "alice", "c", "", 1.0, 10)
+    assert c.limit == MIB / 4  # the member enforces its lease, as before
+    assert _limits(qm) == {("quota-limit", "alice", ""): MIB, ("lease-limit", "alice", ""): MIB / 4}
+
+
+def test_a_member_without_a_grant_exports_its_floor_as_its_lease_and_an_alter_at_once_as_the_quota():
+    store, qm = _leased_manager(None)
+    qm.charge_rate("producer_byte_rate", "alice", "c", "", 1.0, 10)
+    floor = FLOOR_FRACTION / 3 * MIB
+    assert _limits(qm) == pytest.approx({("quota-limit", "alice", ""): MIB, ("lease-limit", "alice", ""): floor})
+    store.set(QuotaEntity(user="alice"), "producer_byte_rate", 2 * MIB)
+    # The quota as configured now, before any request binds again; the lease as the bucket last enforced it.
+    assert _limits(qm) == pytest.approx({("quota-limit", "alice", ""): 2 * MIB, ("lease-limit", "alice", ""): floor})
+
+
+def test_a_scrape_capped_by_top_names_both_limits_and_folds_neither():
+    store, qm = _leased_manager(MIB / 4)
+    store.set(QuotaEntity(user=DEFAULT), "producer_byte_rate", MIB)
+    for i in range(20):
+        qm.charge_rate("producer_byte_rate", f"u{i}", "c", "", 1.0 + i, 10)
+    limits = _limits(qm, top=5)
+    assert {u for _n, u, _c in limits} == {f"u{i}" for i in range(15, 20)}
+    assert {n for n, _u, _c in limits} == {"quota-limit", "lease-limit"} and len(limits) == 10
+    assert all(v == MIB for (n, _u, _c), v in limits.items() if n == "quota-limit")
+
+
+def test_the_two_limits_are_exported_as_ktp_group_quota_limit_and_lease_limit():
+    from prometheus_client import generate_latest
+
+    from proxy import metrics
+    from proxy.stats import Stats
+
+    _store, qm = _leased_manager(MIB / 4)
+    qm.charge_rate("producer_byte_rate", "alice", "c", "", 1.0, 10)
+    text = generate_latest(metrics.make_registry(Stats(), lambda: 0, lambda: list(qm.samples(10)))).decode()
+    assert 'ktp_produce_quota_limit{client_id="",scope="",user="alice"} 1.048576e+06' in text
+    assert 'ktp_produce_lease_limit{client_id="",scope="",user="alice"} 262144.0' in text
+    assert "# HELP ktp_produce_lease_limit The limit this fleet member enforces" in text

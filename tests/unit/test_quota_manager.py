@@ -123,3 +123,19 @@ def test_trackers_are_capped_least_recently_used_first_and_scrapes_fold_the_rest
     everything = sum(v for _g, n, _u, _c, _s, v in qm.samples(20_000) if n == "recorded-total")
     named_total = sum(v for _g, n, u, _c, _s, v in samples if n == "recorded-total" and u != "__other__")
     assert other["recorded-total"] == everything - named_total
+
+
+def test_quota_limit_is_the_quota_configured_now_and_there_is_no_lease_outside_a_fleet():
+    """``quota-limit`` is read from the store at scrape time (Kafka's quotaLimit, from the bucket's tags): an alter
+    shows at once, a bucket nobody has used since; with no fleet there is no lease to export."""
+    store = QuotaStore()
+    store.set(QuotaEntity(user=DEFAULT), "producer_byte_rate", 1000)
+    store.set(QuotaEntity(user="b%c d"), "producer_byte_rate", 3000)  # sanitized in the bucket's user tag
+    qm = QuotaManager(store)
+    qm.charge_rate("producer_byte_rate", "a", "c", "b1", 10, 0)
+    qm.charge_rate("producer_byte_rate", "b%c d", "c", "b1", 10, 0)
+    limits = {(n, u): v for _g, n, u, _c, _s, v in qm.samples(0) if n.endswith("-limit")}
+    assert limits == {("quota-limit", "a"): 1000, ("quota-limit", "b%25c%20d"): 3000}
+    store.set(QuotaEntity(user=DEFAULT), "producer_byte_rate", 2000)
+    limits = {(n, u): v for _g, n, u, _c, _s, v in qm.samples(0) if n.endswith("-limit")}
+    assert limits == {("quota-limit", "a"): 2000, ("quota-limit", "b%25c%20d"): 3000}
