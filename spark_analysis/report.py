@@ -320,14 +320,12 @@ def _fair_timeline_figure(episodes: pd.DataFrame, first: int, last: int):
     ax.set_xlim(0, max(last - first, 1) / 60.0)
     ax.set_xlabel(f"minutes since {_fmt_time(first)}", fontsize=8)
     ax.set_title("Fair share: when each broker was limited", fontsize=9)
-    ax.legend(
-        handles=[
-            Patch(facecolor="tab:red", label="saturated .. released"),
-            Patch(facecolor="mistyrose", edgecolor="tab:red", hatch="//", label="start or end not in the log"),
-        ],
-        fontsize=7,
-        loc="upper right",
-    )
+    handles = [Patch(facecolor="tab:red", label="saturated .. released")]
+    if episodes["saturated_ts_ms"].isna().any() or episodes["released_ts_ms"].isna().any():
+        handles.append(
+            Patch(facecolor="mistyrose", edgecolor="tab:red", hatch="//", label="start or end not in the log")
+        )
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
 
