@@ -457,3 +457,30 @@ def test_fair_share_sections_on_logs_without_fair_columns(spark, tmp_path):
     events = prepare(read_events(spark, str(tmp_path / "parquet")))
     assert events.count() == len(decided)
     assert fair_share_episodes(events).count() == 0 and fair_share_held(events).count() == 0
+
+
+def test_synthetic_fair_share_makes_complete_episodes_and_holds_only_the_noisy_tenant(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from spark_analysis.job import fair_share_episodes, fair_share_held, overview, prepare, throttle_totals
+    from spark_analysis.schema import read_events
+    from spark_analysis.synthetic import generate
+
+    plain = generate(tmp_path / "plain", 5_000, span_s=600, n_users=10, seed=5)
+    assert plain["fair_share_events"] == plain["fair_share_held"] == 0  # off by default: the log is as before
+    info = generate(tmp_path / "fair", 20_000, span_s=600, n_users=10, seed=5, fair_share=True)
+    assert info["fair_share_events"] >= 2 and info["fair_share_held"] > 0
+    events = prepare(read_events(spark, str(tmp_path / "fair")))
+    ov = overview(events)
+    assert ov["events"] == info["events"] == 20_000 + info["fair_share_events"]
+    assert ov["fair_share_events"] == info["fair_share_events"] and ov["missing_events"] == 0  # seq has no gap
+    episodes = fair_share_episodes(events).toPandas()
+    assert len(episodes) == info["fair_share_events"] // 2
+    assert (episodes["ending"] == "released").all() and (episodes["duration_s"] > 20).all()
+    assert (episodes["limit_min"] <= episodes["limit_first"]).all()
+    assert (episodes["limit_first"] <= episodes["limit_max"]).all()
+    assert episodes["held"].sum() == info["fair_share_held"]  # every held request inside its episode
+    held = fair_share_held(events).toPandas()
+    assert set(held["user"]) == {NOISY_USER} and held["held"].sum() == info["fair_share_held"]
+    totals = throttle_totals(events).where(F.col("user") == NOISY_USER).toPandas()
+    assert totals["fair_share_held"].sum() == info["fair_share_held"]
