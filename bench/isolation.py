@@ -43,8 +43,9 @@ then a wait, at most 60 s, until the kernel has written the flood's dirty pages 
   flood-hand     victim + flood through the proxy, a smooth quota set by hand at the rate fair share settled on
                  in the same round's flood-noquota: producer_byte_rate = the flooder's MiB/s at the leaders / 3
                  brokers, controller_mutation_rate = its mutations/s (one bucket cluster-wide); without a
-                 flood-noquota that round, ``--hand-rate`` MiB/s per broker and 5/s. The rate is in the notes, and
-                 the flooder's "/ quota" figures divide by it
+                 flood-noquota that round, ``--hand-rate`` MiB/s per broker and 5/s. Fair share off: the quota
+                 alone, so the flooder gets that rate (with fair share on it still took the flooder below it).
+                 The rate is in the notes, and the flooder's "/ quota" figures divide by it
   flood-broker   victim + flood straight to the cluster, the 2 MiB/s and 5/s quotas set on the brokers (kafka-configs)
   flood-paced    victim + flood straight to the cluster, no quota anywhere: the flooder paces itself to exactly
                  its quota (a ~1 MB batch to the next partition every 1/6 s, mutations at 5/s): the best any
@@ -172,7 +173,7 @@ LABELS = {
     "flood-direct": "victim + flood, straight to the cluster, no quota",
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
-    "flood-hand": "victim + flood, proxy, smooth quota set by hand at fair share's rate",
+    "flood-hand": "victim + flood, proxy, smooth quota set by hand at fair share's rate, fair share off",
     "flood-broker": "victim + flood, straight to the cluster, quotas on the brokers",
     "flood-paced": "victim + flood paced by the flooder itself at the quota in 1-MB lumps, straight to the cluster",
     "flood-paced-even": "victim + flood paced by the flooder itself at the quota in 16-KiB batches, straight",
@@ -697,7 +698,9 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | No
         "alone-proxy-again": {},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
-        "flood-hand": {**SMOOTH, **_flood_quotas(*(hand or (BYTE_QUOTA, MUTATION_QUOTA)))},
+        # Fair share off: on, it still limited the flooder in the first smoke run (to 3.1 of the 5.2 MiB/s set),
+        # and the phase is a quota alone at fair share's rate, to set the victim's latency beside fair share's.
+        "flood-hand": {**FAIR_OFF, **_flood_quotas(*(hand or (BYTE_QUOTA, MUTATION_QUOTA)))},
     }
     if phase in configs:
         return configs[phase]
