@@ -976,7 +976,7 @@ def format_table(results: list[Result]) -> list[str]:
         "victim p99 per 5-s window from the start, ms",
         "flooder 1-s slices / quota, per broker: min / median / max",
         "flooder MiB/s at the leaders, 3 brokers",
-        "mutations/s (quota 5)",
+        "mutations/s",
         "flood consumer MiB/s read",
         "steady tenants MiB/s",
         "load avg 1 min before → after",
