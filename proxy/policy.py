@@ -237,6 +237,7 @@ class Policy:
         now = self._clock()
         now_ms = ms(now)
         if self.fair is not None and self.fair_enforce:
+            self.fair.state.tick(now_ms)  # a connection held this long may be the only one left to tick
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
                 return Defer(
@@ -467,10 +468,12 @@ class Policy:
         return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
 
     def fair_tick(self) -> None:
-        """Fair share's control step (the server calls it every ``quotas.fair_share.TICK_MS``)."""
+        """Fair share's control step when no request has run it lately, and its state changes to the log (the server
+        calls it every second; requests tick it every ``quotas.fair_share.TICK_MS``)."""
         fair = self.fair
         if fair is not None:
-            for b, state in fair.state.tick(self.now_ms()):
+            fair.state.tick(self.now_ms())
+            for b, state in fair.state.take_changes():
                 self.recorder.fair_share_change(b, state, not self.fair_enforce)
 
     def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:
