@@ -106,29 +106,30 @@ class FairSeat:
 
     def request(
         self, conn: PolicyConnection, st: ConnState, header: RequestHeader, frame: Buffer, now_ms: int
-    ) -> tuple[Tenant, float]:
-        """Count one request: its tenant, and its pacing mark (-1: it need not wait, or is not held). Also runs the
+    ) -> tuple[Tenant | None, float]:
+        """Count one request: its tenant (None for the requests never charged), and its pacing mark (-1: it need not
+        wait, or is not held). Also runs the
         loop's tick when one is due (``FairShare.tick``). Compiled and on every request: API keys are compared as
         ints, not looked up in sets (a boxed key and a hash each)."""
+        key = header.api_key
+        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE or key == Api.API_VERSIONS:
+            # Never charged (NEVER_CHARGED_APIS; the quota APIs never reach here). After an authentication the
+            # principal may have changed: the next request binds again. Only then: the principal is not compared
+            # on every request (a generic attribute read, compiled), as it cannot change otherwise (a TLS one is
+            # known before any request; KIP-368 re-authentication keeps the principal).
+            st.fair = None
+            return None, -1.0
         client_id = header.client_id
         if client_id is None:
             client_id = ""
         t = st.fair
-        if (
-            t is None
-            or st.fair_client_id != client_id
-            or st.fair_user != st.identity.principal
-            or st.fair_stamp != t.broker.epoch
-        ):
+        if t is None or st.fair_client_id != client_id or st.fair_stamp != t.broker.epoch:
             t = self.bind(conn, st, client_id, now_ms)
         state = self.state
         if now_ms - state.last_tick_ms >= TICK_MS:
             state.tick(now_ms)
-        key = header.api_key
         if key == Api.PRODUCE:
             return t, t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
-        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE or key == Api.API_VERSIONS:
-            return t, -1.0  # never charged (NEVER_CHARGED_APIS; the quota APIs never reach here)
         if key == Api.CREATE_TOPICS or key == Api.DELETE_TOPICS or key == Api.CREATE_PARTITIONS:
             work = float(len(frame) - 4 + REQUEST_WORK + MUTATION_WORK * mutation_topics(frame, header))
             return t, t.broker.charge(t, work, now_ms)

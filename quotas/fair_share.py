@@ -58,9 +58,10 @@ MIN_SAMPLES: Final = 3
 for the next tick (up to :data:`MAX_CARRY_TICKS`)."""
 MAX_CARRY_TICKS: Final = 10
 """Samples older than this many ticks are dropped undecided: a second-old delay says nothing of now."""
-MAX_TICK_SAMPLES: Final = 256
-"""Samples kept per broker per tick at most (every 2nd is dropped past it): the median needs no more, and memory
-stays bounded whatever the request rate."""
+MAX_TICK_SAMPLES: Final = 64
+"""Samples kept per broker per tick at most (past it every other one is dropped, and the tick goes on from 32): a
+tick's median needs no more, memory stays bounded whatever the request rate, and the tick's sort stays a few
+thousand instructions (with 256 it was most of a tick's cost)."""
 BASELINE_EPOCH_MS: Final = 30_000
 """A class's baseline is the minimum over the current epoch and the previous one (30-60 s). Long enough that a
 tick of noise does not move it; short enough that a broker that really became slower (a new disk, a busier host)
