@@ -164,7 +164,7 @@ class Connection(ConnectionLife):
         stats.requests += 1
         self.traffic.requests += 1
         self._api_counters(header.api_key).requests += 1
-        verdict = services.policy.on_request(self, header, request.frame, now)
+        verdict = services.policy.on_request(self, header, request.frame, now, self.policy_state)
         item = self._apply(verdict, request, now)
         if self._timeline is not None:
             self._note_request(request, now, item)

@@ -165,14 +165,13 @@ class FairSeat:
         if t is None:
             return
         b: BrokerLoad = t.broker
-        now_ms = int(now * 1000 + 0.5)
         if pending.sample >= 0 and now > start:
-            b.sample(pending.sample, (now - start) * 1000.0, pending.sent_at, now_ms)
+            b.sample(pending.sample, (now - start) * 1000.0, pending.sent_at, now)
         key = pending.header.api_key
         if key == Api.FETCH or key == Api.SHARE_FETCH:
             d = pending.decision
             if d is None or d.fair is None:
-                b.charge(t, float(nbytes), now_ms)
+                b.charge(t, float(nbytes), int(now * 1000 + 0.5))
 
     def snapshot(self, top: int) -> tuple[list[BrokerSample], list[TenantSample]]:
         """What the metrics show: every broker's loop, and per broker its ``top`` tenants that matter most (held

@@ -187,11 +187,14 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
+    def on_request(
+        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float, st: ConnState | None = None
+    ) -> Verdict:
         """Decide on one request: ``frame`` is the whole request frame, size prefix included (``bytes`` for all
         but large ones: the producer-id memo then reads it natively). Views of its body are made only where a
         body is walked: the usual request, charged by its size, needs none, and making them cost more than the
-        rest of the plain path (docs/performance.md)."""
+        rest of the plain path (docs/performance.md). ``st``: the connection's ``policy_state`` as the connection
+        read it (compiled, reading it here through the protocol is a generic attribute read; None: read here)."""
         key = header.api_key
         guard = self.guard
         if guard is not None and guard.may_name(key, frame, header):
@@ -206,17 +209,20 @@ class Policy:
             wait = self._pid_holds.remaining(conn.identity.principal, now)
             if wait > 0 and self.enforce:
                 return self._hold(conn, header, frame, wait)
-        return self._gate(conn, header, frame, now)
+        return self._gate(conn, header, frame, now, st)
 
-    def _gate(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float) -> Verdict:
+    def _gate(
+        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float, st: ConnState | None = None
+    ) -> Verdict:
         """Fair share's step before the quotas' decision: the request counted to its tenant, and held while its
         tenant is over its share of a limited broker (``proxy.fair_seat``)."""
         fair = self.fair
         if fair is None:
-            return self._decide(conn, header, frame, now)
-        st: ConnState | None = conn.policy_state
+            return self._decide(conn, header, frame, now, None, 0, st)
         if st is None:
-            st = conn.policy_state = ConnState(conn.identity)
+            st = conn.policy_state
+            if st is None:
+                st = conn.policy_state = ConnState(conn.identity)
         now_ms = ms(now)
         t, mark = fair.request(conn, st, header, frame, now_ms)
         if t is None:
@@ -224,11 +230,15 @@ class Policy:
         if mark >= 0 and self.fair_enforce:  # over its share of a limited broker: it waits, unread behind it
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
-                held = bytes(frame)  # the client's chunk may be reused before the wait ends
-                return Defer(
-                    lambda: self._after_fair_hold(conn, header, held, t, mark, now_ms), wait_s=wait_slice_s(wait_ms)
-                )
+                return self._fair_hold(conn, header, bytes(frame), t, mark, now_ms, wait_ms)
         return self._decide(conn, header, frame, now, t, 0, st)
+
+    def _fair_hold(
+        self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, at_ms: int, wait: int
+    ) -> Defer[Verdict]:
+        """A method of its own (as :meth:`_hold`): compiled, a lambda in :meth:`_gate` allocated its closure on every
+        request. ``frame``: a copy (the client's chunk may be reused before the wait ends)."""
+        return Defer(lambda: self._after_fair_hold(conn, header, frame, t, mark, at_ms), wait_s=wait_slice_s(wait))
 
     async def _after_fair_hold(
         self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, held_ms: int

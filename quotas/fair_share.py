@@ -58,14 +58,15 @@ MIN_SAMPLES: Final = 3
 for the next tick (up to :data:`MAX_CARRY_TICKS`)."""
 MAX_CARRY_TICKS: Final = 10
 """Samples older than this many ticks are dropped undecided: a second-old delay says nothing of now."""
-MAX_TICK_SAMPLES: Final = 64
-"""Samples kept per broker per tick at most (past it every other one is dropped, and the tick goes on from 32): a
-tick's median needs no more, memory stays bounded whatever the request rate, and the tick's sort stays a few
-thousand instructions (with 256 it was most of a tick's cost)."""
+MAX_TICK_SAMPLES: Final = 24
+"""Samples kept per broker per tick at most (the tick's first ones; later ones still feed the baselines): a tick's
+median needs no more, memory stays bounded whatever the request rate, and the tick's sort stays cheap (sorting 256
+was most of a tick's cost)."""
 BASELINE_EPOCH_MS: Final = 30_000
 """A class's baseline is the minimum over the current epoch and the previous one (30-60 s). Long enough that a
 tick of noise does not move it; short enough that a broker that really became slower (a new disk, a busier host)
 is believed within a minute. A held broker still answers some requests at once, which keeps it honest."""
+_EPOCH_S: Final = BASELINE_EPOCH_MS / 1000
 MIN_BASELINE_SAMPLES: Final = 8
 """A class's baseline is trusted after this many samples; before that its samples are not delays."""
 DECREASE: Final = 0.1
@@ -190,22 +191,23 @@ class FairShareSettings(NamedTuple):
 
 
 class Baseline:
-    """One class's windowed minimum service time: the minimum of the current epoch and of the previous one."""
+    """One class's windowed minimum service time: the minimum of the current epoch and of the previous one. Time in
+    monotonic seconds: the answer path has them, and an int of ms would be one conversion more an answer."""
 
-    __slots__ = ("cur", "prev", "epoch_ms", "count")
+    __slots__ = ("cur", "prev", "epoch_s", "count")
 
-    def __init__(self, now_ms: int) -> None:
+    def __init__(self, now_s: float) -> None:
         self.cur = math.inf
         self.prev = math.inf
-        self.epoch_ms = now_ms
+        self.epoch_s = now_s
         self.count = 0
 
-    def add(self, service_ms: float, now_ms: int) -> float:
+    def add(self, service_ms: float, now_s: float) -> float:
         """Record a sample; the baseline after it (``inf`` until :data:`MIN_BASELINE_SAMPLES`)."""
-        if now_ms - self.epoch_ms >= BASELINE_EPOCH_MS:
-            self.prev = self.cur if now_ms - self.epoch_ms < 2 * BASELINE_EPOCH_MS else math.inf
+        if now_s - self.epoch_s >= _EPOCH_S:
+            self.prev = self.cur if now_s - self.epoch_s < 2 * _EPOCH_S else math.inf
             self.cur = math.inf
-            self.epoch_ms = now_ms
+            self.epoch_s = now_s
         if service_ms < self.cur:
             self.cur = service_ms
         self.count += 1
@@ -365,24 +367,23 @@ class BrokerLoad:
         """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
 
     # -------------------------------------------------------------------------------------------- samples
-    def sample(self, cls: int, service_ms: float, sent_s: float, now_ms: int) -> None:
+    def sample(self, cls: int, service_ms: float, sent_s: float, now_s: float) -> None:
         """One request of baseline class ``cls`` (:func:`sample_class`) took the broker ``service_ms``; it was
-        sent at ``sent_s`` (monotonic seconds)."""
+        sent at ``sent_s``, answered at ``now_s`` (monotonic seconds)."""
         if cls < 0 or cls >= CLASSES:
             return
         b = self.baselines[cls]
         if b is None:
-            b = self.baselines[cls] = Baseline(now_ms)
-        base = b.add(service_ms, now_ms)
+            b = self.baselines[cls] = Baseline(now_s)
+        base = b.add(service_ms, now_s)
         self.samples_total += 1
         if base == math.inf or sent_s < self.changed_s:
             return
         delays = self.delays
-        if len(delays) >= MAX_TICK_SAMPLES:
-            del delays[::2]
-        delays.append(service_ms - base)
-        if base < self.tick_base:
-            self.tick_base = base
+        if len(delays) < MAX_TICK_SAMPLES:  # the tick's first ones: its median needs no more
+            delays.append(service_ms - base)
+            if base < self.tick_base:
+                self.tick_base = base
 
     # -------------------------------------------------------------------------------------------- tenants
     def tenant(self, key: str, weight: float, now_ms: int) -> Tenant:

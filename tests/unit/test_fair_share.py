@@ -77,16 +77,17 @@ def test_max_min_invariants(demands, capacity, data):
 
 # ------------------------------------------------------------------------------------------ the baseline
 def test_baseline_is_a_windowed_minimum_over_two_epochs():
-    b = Baseline(0)
+    b = Baseline(0.0)
+    epoch = BASELINE_EPOCH_MS / 1000
     for i in range(MIN_BASELINE_SAMPLES - 1):
-        assert b.add(5.0, i) == math.inf  # not trusted yet
-    assert b.add(2.0, 10) == 2.0
-    assert b.add(9.0, 20) == 2.0  # a minimum, not an average
-    t = BASELINE_EPOCH_MS + 20
+        assert b.add(5.0, i / 1000) == math.inf  # not trusted yet
+    assert b.add(2.0, 0.01) == 2.0
+    assert b.add(9.0, 0.02) == 2.0  # a minimum, not an average
+    t = epoch + 0.02
     assert b.add(4.0, t) == 2.0  # the previous epoch still counts
-    t += BASELINE_EPOCH_MS
+    t += epoch + 0.01
     assert b.add(4.5, t) == 4.0  # the 2.0 epoch is now two epochs old: forgotten
-    assert b.add(10.0, t + 3 * BASELINE_EPOCH_MS) == 10.0  # a long gap forgets both
+    assert b.add(10.0, t + 3 * epoch) == 10.0  # a long gap forgets both
 
 
 def test_sample_classes():
@@ -157,7 +158,7 @@ def run(
                     continue
                 t.held_mark = -1.0
                 service = broker.admit(t.size)
-                b.sample(sample_class(0, -1, t.size), service, now / 1000, now)
+                b.sample(sample_class(0, -1, t.size), service, now / 1000, now / 1000)
                 t.sent += t.size
                 t.delays_ms.append(service)
                 continue
@@ -173,7 +174,7 @@ def run(
                     t.credit = min(t.credit, t.size)  # a held connection is not read: its demand queues at the client
                     break
                 service = broker.admit(t.size)
-                b.sample(sample_class(0, -1, t.size), service, now / 1000, now)
+                b.sample(sample_class(0, -1, t.size), service, now / 1000, now / 1000)
                 t.sent += t.size
                 t.delays_ms.append(service)
         now += step_ms
@@ -295,12 +296,12 @@ def test_samples_of_requests_sent_before_a_change_are_ignored():
     fs = FairShare(FairShareSettings())
     b = fs.broker("b", 0)
     for i in range(MIN_BASELINE_SAMPLES):
-        b.sample(0, 1.0, i / 1000, i)
+        b.sample(0, 1.0, i / 1000, i / 1000)
     b.delays.clear()
     b.changed_s = 1.0
-    b.sample(0, 50.0, 0.999, 1100)  # sent before the change: its delay belongs to the old limit
+    b.sample(0, 50.0, 0.999, 1.1)  # sent before the change: its delay belongs to the old limit
     assert b.delays == []
-    b.sample(0, 50.0, 1.0, 1100)
+    b.sample(0, 50.0, 1.0, 1.1)
     assert b.delays == [49.0]
 
 
