@@ -668,19 +668,11 @@ def water_level(demands: list[float], weights: list[float], capacity: float) -> 
     return top + (remaining if remaining > 0 else 0.0)
 
 
-_ALPHAS: dict[tuple[int, int], float] = {}
-
-
 def _alpha(dt_ms: int, tau_ms: int) -> float:
-    """The weight of a new value in an exponential average of time constant ``tau_ms``, ``dt_ms`` after the last:
-    remembered (ticks come every :data:`TICK_MS`, so one or two keys; ``exp`` is a call into libm each time)."""
-    key = (dt_ms, tau_ms)
-    a = _ALPHAS.get(key)
-    if a is None:
-        if len(_ALPHAS) > 1024:
-            _ALPHAS.clear()
-        a = _ALPHAS[key] = 1.0 - math.exp(-dt_ms / tau_ms)
-    return a
+    """The weight of a new value in an exponential average of time constant ``tau_ms``, ``dt_ms`` after the last.
+    (Not remembered in a dict by (dt, tau): compiled, that lookup, a tuple and a boxed float, cost ten times the
+    ``exp``.)"""
+    return 1.0 - math.exp(-dt_ms / tau_ms)
 
 
 def _median(values: list[float]) -> float:
