@@ -1,9 +1,10 @@
 """The proxy in front of a local single-node Kafka: the quickest way to see it work.
 
 The broker comes from the test harness (Apache Kafka's jars from Maven Central, cached); the
-proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise. ``--demo`` adds a
-1 MiB/s produce quota (examples/demo.yaml) and a producer that runs into it, so the first thing a
-new user sees is a quota biting. A cold start is minutes of downloads and JVM start: a line every
+proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise, and re-reads its
+configuration file on SIGHUP and when it changes, as ``kafka-throttle-proxy run`` does. ``--demo``
+adds a 1 MiB/s produce quota (examples/demo.yaml) and a producer that runs into it, so the first
+thing a new user sees is a quota biting. A cold start is minutes of downloads and JVM start: a line every
 ten seconds says what it is waiting for.
 """
 
@@ -26,7 +27,9 @@ from pathlib import Path
 import uvloop
 
 from config.load import ConfigError, load_config
+from config.model import ProxyConfig
 from proxy import build_info
+from proxy.cli.main import Reloader
 from proxy.server import Proxy
 from tests.harness import KafkaCluster
 from tests.harness.kafka_dist import DEFAULT_KAFKA_VERSION, cache_root, ensure_kafka
@@ -68,7 +71,7 @@ def _progress(what: str, detail: Callable[[], str] = lambda: "") -> Iterator[Non
         print(f"  done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def _config(path: str | None, bootstrap: str, port: int):
+def _config(path: str | None, bootstrap: str, port: int) -> ProxyConfig:
     """The file's settings (quotas, metrics...) with the embedded broker as upstream and --port's listeners."""
     return load_config(
         path,
@@ -141,7 +144,10 @@ async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
 
 
 async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
-    config = _config(path, bootstrap, port)
+    def load() -> ProxyConfig:
+        return _config(path, bootstrap, port)
+
+    config = load()
     quota = _demo_quota(config) if demo_seconds is not None else 0.0
     logging.getLogger(__name__).info("%s", build_info.describe())  # which build runs, as `run` says it
     proxy = Proxy(config)
@@ -157,6 +163,9 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloader = Reloader(proxy, path, load)  # what `run` does: a file edited while it runs is put in force
+    loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
+    watcher = loop.create_task(reloader.watch())
     code = 0
     if demo_seconds is not None:
         demo = asyncio.ensure_future(_demo(proxy, quota, demo_seconds))
@@ -173,6 +182,7 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
         stopped.cancel()
     if not once:
         await stop.wait()
+    watcher.cancel()
     await proxy.shutdown()
     return code
 
@@ -184,7 +194,7 @@ def main() -> int:
         "-c",
         "--config",
         help="a proxy config (e.g. examples/byte-rates.yaml); its upstream and "
-        "listen ports are replaced by the embedded broker's and --port's",
+        "listen ports are replaced by the embedded broker's and --port's; re-read when it changes, or on SIGHUP",
     )
     ap.add_argument(
         "--demo",
