@@ -4,8 +4,8 @@ The broker comes from the test harness (Apache Kafka's jars from Maven Central, 
 proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise, and re-reads its
 configuration file on SIGHUP and when it changes, as ``kafka-throttle-proxy run`` does. ``--demo``
 adds a 1 MiB/s produce quota (examples/demo.yaml) and a producer that runs into it, so the first
-thing a new user sees is a quota biting. A cold start is minutes of downloads and JVM start: a line every
-ten seconds says what it is waiting for.
+thing a new user sees is a quota biting, enforced the default way. A cold start is minutes of
+downloads and JVM start: a line every ten seconds says what it is waiting for.
 """
 
 from __future__ import annotations
@@ -98,17 +98,49 @@ def _demo_quota(config) -> float:
     raise ConfigError(f"the demo needs a producer_byte_rate for client-id {DEMO_CLIENT_ID!r} (see {DEMO_CONFIG})")
 
 
+async def _child(module: str, *args: str) -> int:
+    """Run ``python -m module args`` (its own process: an ordinary client) until it ends; on cancellation (Ctrl-C)
+    SIGINT it and let it end with its summary before the proxy goes."""
+    child = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, cwd=REPO)
+    try:
+        return await child.wait()
+    except asyncio.CancelledError:
+        if child.returncode is None:
+            child.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(child.wait(), 30)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+        raise
+
+
+def _metrics_url(proxy: Proxy) -> str | None:
+    return f"http://127.0.0.1:{proxy.metrics_port}/metrics" if proxy.metrics_port else None
+
+
 async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
-    """Run the demo producer (its own process: an ordinary client) through the proxy; say what to look at and how
-    to change the quota first, so both can be tried while it runs."""
-    metrics = f"http://127.0.0.1:{proxy.metrics_port}/metrics" if proxy.metrics_port else None
+    """Run the demo producer through the proxy; say what to look at and how to change the quota first, so both
+    can be tried while it runs."""
+    metrics = _metrics_url(proxy)
+    qc = proxy.config.quotas
+    if qc.enforcement == "smooth":
+        shape = (
+            "  - the rate below: the quota from the first line on (enforcement: smooth, the default: each Produce\n"
+            f"    waits at the proxy until {qc.smooth_burst_seconds:g} s of quota pays for it: paced, never told to "
+            "stop);\n"
+            "  - throttle_time_ms: what the proxy told the client to wait (KIP-219); a paced producer owes nothing, "
+            "so 0;"
+        )
+    else:
+        shape = (
+            "  - the rate below: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
+            "quota (enforcement: kafka);\n"
+            "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);"
+        )
     print(
         f"\nDEMO: a producer sends as fast as it can; the proxy holds client id {DEMO_CLIENT_ID!r} to "
-        f"{quota / (1 << 20):.2f} MiB/s.\n"
-        "What to look at:\n"
-        "  - the rate below: a burst first (Kafka's windowed rate lets about quota x 10 s through), then the "
-        "quota;\n"
-        "  - throttle_time_ms: what the proxy told the client to wait, as a Kafka broker would (KIP-219);",
+        f"{quota / (1 << 20):.2f} MiB/s.\nWhat to look at:\n{shape}",
         flush=True,
     )
     if metrics:
@@ -119,28 +151,12 @@ async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
         f"--client-id {DEMO_CLIENT_ID} --add-config producer_byte_rate=4194304\n",
         flush=True,
     )
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+    return await _child(
         "scripts.demo_producer",
-        "--bootstrap-server",
-        proxy.bootstrap_address,
-        "--quota",
-        str(quota),
-        "--seconds",
-        str(seconds),
-        "--client-id",
-        DEMO_CLIENT_ID,
-        cwd=REPO,
+        *("--bootstrap-server", proxy.bootstrap_address, "--quota", str(quota), "--seconds", str(seconds)),
+        *("--client-id", DEMO_CLIENT_ID, "--enforcement", qc.enforcement),
+        *("--burst-seconds", str(qc.smooth_burst_seconds)),
     )
-    try:
-        return await child.wait()
-    except asyncio.CancelledError:  # Ctrl-C: the producer ends with its summary before the proxy goes
-        if child.returncode is None:
-            child.send_signal(signal.SIGINT)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(child.wait(), 30)
-        raise
 
 
 async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
