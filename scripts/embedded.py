@@ -4,8 +4,10 @@ The broker comes from the test harness (Apache Kafka's jars from Maven Central, 
 proxy listens on 127.0.0.1:19092 (brokers on 19093+) unless told otherwise, and re-reads its
 configuration file on SIGHUP and when it changes, as ``kafka-throttle-proxy run`` does. ``--demo``
 adds a 1 MiB/s produce quota (examples/demo.yaml) and a producer that runs into it, so the first
-thing a new user sees is a quota biting, enforced the default way. A cold start is minutes of
-downloads and JVM start: a line every ten seconds says what it is waiting for.
+thing a new user sees is a quota biting, enforced the default way. ``--demo fair-share`` runs no
+quota at all: a light producer beside a flooder, with the command that turns fair share off and
+on while it runs (scripts/demo_fair_share.py). A cold start is minutes of downloads and JVM start:
+a line every ten seconds says what it is waiting for.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import shlex
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +41,24 @@ from tests.harness.kafka_dist import DEFAULT_KAFKA_VERSION, cache_root, ensure_k
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "examples" / "demo.yaml"
 DEMO_CLIENT_ID = "demo-producer"
+DEMOS = ("quota", "fair-share")
+FAIR_DEMO_CONFIG = """\
+# The fair-share demo's proxy (scripts/run-embedded --demo fair-share): no quota anywhere, every setting at its
+# default. Fair share is on by default; it is written out so that one edit turns it off: the proxy re-reads this
+# file when it changes (within a second), or at once on SIGHUP.
+upstream:
+  bootstrap_servers: [127.0.0.1:9092]   # replaced by the embedded broker
+listen:
+  host: 127.0.0.1
+  bootstrap_port: 19092                 # replaced by --port
+  broker_ports: 19093-19192
+quotas:
+  fair_share:
+    enabled: true
+metrics: {port: 0, host: 127.0.0.1}     # 0: a free port; the demo reads fair share's series from it
+"""
+FAIR_OFF = ("enabled: true", "enabled: false")
+"""The edit that turns fair share off in FAIR_DEMO_CONFIG (reversed: on again)."""
 
 
 def _du_mb(path: Path) -> float:
@@ -159,12 +181,44 @@ async def _demo(proxy: Proxy, quota: float, seconds: float) -> int:
     )
 
 
-async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: float | None, once: bool) -> int:
+def fair_switch_commands(path: Path) -> tuple[str, str]:
+    """The shell commands that turn fair share off, then on again, in the running demo's config file."""
+    off, on = (f"sed -i 's/{a}/{b}/' {shlex.quote(str(path))}" for a, b in (FAIR_OFF, FAIR_OFF[::-1]))
+    return off, on
+
+
+async def _fair_demo(proxy: Proxy, path: Path, seconds: float) -> int:
+    """Run the fair-share demo through the proxy (scripts/demo_fair_share.py), after saying what to look at and
+    the commands that turn fair share off and on while it runs."""
+    metrics = _metrics_url(proxy)
+    assert metrics is not None  # FAIR_DEMO_CONFIG serves metrics: the demo's lines read fair share from them
+    off, on = fair_switch_commands(path)
+    print(
+        "\nDEMO: no quota anywhere. A light producer (200 records/s of 1 KiB) shares the broker with a flooder "
+        "(full speed, ~1 MB batches).\n"
+        "With fair share on (the default), when the broker's answers slow down the proxy holds the flooder to a "
+        "share,\nso the light producer's latency stays low. What to look at, every 2 s:\n"
+        "  - light p50/p99: its records' latency (send to acknowledgement) over the last 2 s;\n"
+        "  - flooder MiB/s: what the flooder got acknowledged;\n"
+        "  - fair share: off, on (not limiting), or limiting, with the flooder's share, from the proxy's metrics:\n"
+        f"      curl -s {metrics} | grep ktp_fair_share\n"
+        "  - turn fair share off live, in another terminal (the proxy re-reads its file within a second, and says\n"
+        f'    "fair share turned off"), and watch the light producer\'s p99:\n'
+        f"      {off}\n"
+        "    and on again:\n"
+        f"      {on}\n",
+        flush=True,
+    )
+    args = ["--bootstrap-server", proxy.bootstrap_address, "--metrics", metrics, "--seconds", str(seconds)]
+    return await _child("scripts.demo_fair_share", *args)
+
+
+async def _serve(path: str | None, bootstrap: str, port: int, demo: str | None, demo_seconds: float, once: bool) -> int:
     def load() -> ProxyConfig:
         return _config(path, bootstrap, port)
 
     config = load()
-    quota = _demo_quota(config) if demo_seconds is not None else 0.0
+    quota = _demo_quota(config) if demo == "quota" else 0.0
     logging.getLogger(__name__).info("%s", build_info.describe())  # which build runs, as `run` says it
     proxy = Proxy(config)
     await proxy.start()
@@ -183,18 +237,20 @@ async def _serve(path: str | None, bootstrap: str, port: int, demo_seconds: floa
     loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
     watcher = loop.create_task(reloader.watch())
     code = 0
-    if demo_seconds is not None:
-        demo = asyncio.ensure_future(_demo(proxy, quota, demo_seconds))
+    if demo is not None:
+        running = asyncio.ensure_future(
+            _demo(proxy, quota, demo_seconds) if demo == "quota" else _fair_demo(proxy, Path(path or ""), demo_seconds)
+        )
         stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({demo, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if demo.done():
-            code = demo.result()
+        await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if running.done():
+            code = running.result()
             if not once:
                 print("\nThe proxy keeps running for your own clients; Ctrl-C stops it.", flush=True)
         else:
-            demo.cancel()
+            running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await demo
+                await running
         stopped.cancel()
     if not once:
         await stop.wait()
@@ -214,19 +270,38 @@ def main() -> int:
     )
     ap.add_argument(
         "--demo",
-        action="store_true",
-        help=f"run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is given) and show what it gets",
+        nargs="?",
+        const="quota",
+        choices=DEMOS,
+        help=f"quota (the default): run a producer into a quota ({DEMO_CONFIG.relative_to(REPO)} unless -c is "
+        "given) and show what it gets; fair-share: a light producer beside a flooder, no quota anywhere, with the "
+        "commands that turn fair share off and on live",
     )
     ap.add_argument(
-        "--demo-seconds", type=float, default=0.0, help="how long the demo producer runs (0, the default: until Ctrl-C)"
+        "--demo-seconds",
+        type=float,
+        default=0.0,
+        help="how long the demo's producers run (0, the default: until Ctrl-C)",
     )
     ap.add_argument("--once", action="store_true", help="with --demo: stop everything when the demo ends")
     args = ap.parse_args()
-    if args.demo and not args.config:
+    if args.demo == "fair-share" and args.config:
+        print("--demo fair-share writes its own config (no quota, fair share on); drop -c", file=sys.stderr)
+        return 2
+    if args.demo == "quota" and not args.config:
         args.config = str(DEMO_CONFIG)
+    with contextlib.ExitStack() as cleanup:
+        if args.demo == "fair-share":
+            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="ktp-fair-share-demo-")))
+            args.config = str(workdir / "proxy.yaml")
+            Path(args.config).write_text(FAIR_DEMO_CONFIG)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:  # a bad file is one line, before minutes spent starting Kafka
         checked = _config(args.config, "127.0.0.1:9", args.port)
-        if args.demo:
+        if args.demo == "quota":
             _demo_quota(checked)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
@@ -254,9 +329,7 @@ def main() -> int:
     with _progress("starting a single-node Kafka broker (KRaft)"):
         cluster.start()
     try:
-        return uvloop.run(
-            _serve(args.config, cluster.bootstrap, args.port, args.demo_seconds if args.demo else None, args.once)
-        )
+        return uvloop.run(_serve(args.config, cluster.bootstrap, args.port, args.demo, args.demo_seconds, args.once))
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
