@@ -15,7 +15,7 @@ Python: a 1 MB batch costs it a quarter of a second of CPU, no flood). It sends 
 connection, so the flood is several producers (FLOOD_PRODUCERS), each with its connection: their requests queue
 at the broker together, as a pipelining client's do. Why twelve: on a 2-core machine with one broker, four left
 the light producer's p99 with fair share off (a median of 83 ms over the 2-s lines) near what it was on (52 ms);
-with twelve it was 0.5-0.9 s off against 20-110 ms on.
+with twelve, in four runs, off 0.14-0.9 s against 14-108 ms on (each run 5 x or more), the flood 4-20 x faster.
 
 Every 2 s one line: the light producer's p50 and p99 over the last 2 s (every record acknowledged in them, and
 every record still waiting, counted at its age so far: a stall shows while it lasts), the flooder's acknowledged
