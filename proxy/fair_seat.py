@@ -93,6 +93,13 @@ class FairSeat:
         self.kind = config.tenant
         self.enforce = config.enforce
 
+    def retire(self) -> None:
+        """Fair share turned off: every connection bound to one of these brokers binds again at its next request
+        (the broker's epoch moves, as when the table is cleared), so that turned on again it is counted on the new
+        seat's loops, not held by these, which nobody ticks or shows any more."""
+        for b in self.state.brokers.values():
+            b.epoch += 1
+
     def bind(self, conn: PolicyConnection, st: ConnState, client_id: str, now_ms: int) -> Tenant:
         """The connection's tenant on its broker, kept on its state until the client id, the principal or the
         broker's epoch moves."""

@@ -147,6 +147,8 @@ class Policy:
         self.smooth = qc.enforcement == "smooth"
         fc = qc.fair_share
         if not fc.enabled:
+            if self.fair is not None:
+                self.fair.retire()
             self.fair = None  # a request held for its share asks again, finds none, and goes
         elif self.fair is None:
             self.fair = FairSeat(fc)

@@ -368,6 +368,14 @@ class Proxy:
         effective, kept = plan_reload(self.config, config)
         for setting in kept:
             log.warning("config reload: %s changed; it takes effect only after a restart", setting)
+        fair_on = effective.quotas.fair_share.enabled
+        if fair_on != self.config.quotas.fair_share.enabled:
+            # Said apart from "configuration reloaded": it is the one switch that changes who waits with no quota
+            # anywhere, and once off no fair-share series is left in the metrics to show it happened.
+            if fair_on:
+                log.info("fair share turned on (quotas.fair_share.enabled: true): a saturated broker is shared again")
+            else:
+                log.info("fair share turned off (quotas.fair_share.enabled: false): nobody is held for a share")
         self.config = effective
         logging.getLogger().setLevel(effective.log_level)
         self.policy.reload(effective)

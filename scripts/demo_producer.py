@@ -5,7 +5,9 @@ client sees: its acknowledged rate every two seconds against the quota in force,
 its responses carried in that interval (the client's own ``throttle-time-max`` metric over a one-second sample
 window), and the quota itself, asked every interval with DescribeClientQuotas as ``kafka-configs --describe``
 does, so a quota altered while it runs shows at once. It runs until Ctrl-C (or ``--seconds``) and ends with what
-it got against the most a windowed quota lets through, and a ``DEMO-RESULT`` line the demo's test reads.
+it got against the most the proxy's enforcement lets through (``--enforcement``: ``smooth``, the default, at most
+quota x (run + burst) and one request; ``kafka``, a windowed rate, quota x (run + window)), and a ``DEMO-RESULT``
+line the demo's test reads.
 """
 
 from __future__ import annotations
@@ -97,7 +99,16 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str, trace: str | None = None) -> int:
+def run(
+    bootstrap: str,
+    quota: float,
+    seconds: float,
+    topic: str,
+    client_id: str,
+    trace: str | None = None,
+    enforcement: str = "smooth",
+    burst_s: float = 0.1,
+) -> int:
     from kafka import KafkaProducer  # the client library, imported where it is used
     from kafka.errors import KafkaError
 
@@ -168,18 +179,24 @@ def run(bootstrap: str, quota: float, seconds: float, topic: str, client_id: str
         reporter.join()
         producer.close(timeout=10)
     run_s = end - start
-    if len(quotas_seen) == 1:
+    if len(quotas_seen) == 1 and enforcement == "kafka":
         allowed = quota * (run_s + WINDOW_S)
         bound = (
             f"quota {quota / MIB:.2f} MiB/s: Kafka's windowed rate lets at most quota x (run + {WINDOW_S:.0f} s) "
             f"= {allowed / MIB:.1f} MiB through in that time"
         )
+    elif len(quotas_seen) == 1:
+        allowed = quota * (run_s + burst_s)
+        bound = (
+            f"quota {quota / MIB:.2f} MiB/s: smooth pacing lets at most quota x (run + {burst_s:g} s) "
+            f"= {allowed / MIB:.1f} MiB and one request through in that time"
+        )
     else:
         bound = "the quota changed during the run: " + " -> ".join(f"{q / MIB:.2f}" for q in quotas_seen) + " MiB/s"
+    burst = ", the first burst included" if enforcement == "kafka" else ""
     print(
-        f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average, the "
-        f"first burst included ({bound}); the largest throttle_time_ms the client got: {throttle_seen[0]:.0f}; "
-        f"failed sends: {failed[0]}",
+        f"acked {acked.total / MIB:.1f} MiB in {run_s:.0f} s: {acked.total / run_s / MIB:.2f} MiB/s on average{burst} "
+        f"({bound}); the largest throttle_time_ms the client got: {throttle_seen[0]:.0f}; failed sends: {failed[0]}",
         flush=True,
     )
     if trace:  # every acknowledgement, for bench/throttle_shape.py's plot
@@ -202,8 +219,24 @@ def main() -> int:
     ap.add_argument("--topic", default="demo")
     ap.add_argument("--client-id", default="demo-producer")
     ap.add_argument("--trace", help="write every acknowledgement as CSV (t_s, acked_bytes) to this file")
+    ap.add_argument(
+        "--enforcement",
+        choices=("smooth", "kafka"),
+        default="smooth",
+        help="the proxy's quotas.enforcement, for the bound the summary compares against (default smooth)",
+    )
+    ap.add_argument("--burst-seconds", type=float, default=0.1, help="the proxy's quotas.smooth_burst_seconds")
     args = ap.parse_args()
-    return run(args.bootstrap_server, args.quota, args.seconds, args.topic, args.client_id, args.trace)
+    return run(
+        args.bootstrap_server,
+        args.quota,
+        args.seconds,
+        args.topic,
+        args.client_id,
+        args.trace,
+        args.enforcement,
+        args.burst_seconds,
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from config.load import ConfigError, load_config
@@ -81,16 +82,20 @@ log = logging.getLogger("proxy.cli")
 
 class Reloader:
     """Re-reads the configuration on SIGHUP and when the file changes (polled: works on every filesystem and
-    in containers with a bind-mounted file). A bad file is refused by field; the running config stays."""
+    in containers with a bind-mounted file). A bad file is refused by field; the running config stays.
 
-    def __init__(self, proxy: Any, args: argparse.Namespace, interval_s: float = 1.0) -> None:
+    ``load`` builds the whole configuration (the file and whatever overrides it: ``run``'s flags, or
+    ``scripts/run-embedded``'s broker and ports), so a reload keeps what the file does not say."""
+
+    def __init__(self, proxy: Any, path: str | None, load: Callable[[], ProxyConfig], interval_s: float = 1.0) -> None:
         self.proxy = proxy
-        self.args = args
+        self.path = path
+        self.load = load
         self.interval_s = interval_s
         self._stamp = self._file_stamp()
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
-        path = self.args.config
+        path = self.path
         if not path:
             return None
         try:
@@ -101,7 +106,7 @@ class Reloader:
 
     def reload(self, why: str) -> bool:
         try:
-            self.proxy.reload(config_from_args(self.args))
+            self.proxy.reload(self.load())
         except ConfigError as exc:
             log.error("configuration reload (%s) refused, keeping the running configuration: %s", why, exc)
             return False
@@ -136,7 +141,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace | None = None) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if args is not None:
-        reloader = Reloader(proxy, args)
+        reloader = Reloader(proxy, args.config, lambda: config_from_args(args))
         loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
         watcher = loop.create_task(reloader.watch())
     who = "" if worker is None else f" (worker {worker} of {config.workers}, pid {os.getpid()})"

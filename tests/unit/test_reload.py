@@ -271,3 +271,29 @@ def test_a_reload_whose_settings_do_not_fit_the_kept_ones_is_refused_whole(monke
     with pytest.raises(ConfigError):
         proxy.reload(new)
     assert proxy.policy.admins == frozenset()
+
+
+def test_fair_share_turned_off_then_on_again_counts_a_live_connection_on_the_new_broker_loop(caplog):
+    """A connection bound to a broker's loop before fair share was turned off must, once it is on again, be counted
+    on the new loop (ticked, divided, in the metrics), not on the old one nobody ticks any more: held by the old
+    loop's last limit for ever, and invisible in ``ktp_fair_share_*`` (found by the fair-share demo)."""
+    from types import SimpleNamespace
+
+    from protocol.apis import Api
+    from protocol.headers import RequestHeader
+    from proxy.decisions import ConnState
+
+    conn = SimpleNamespace(label="broker 1", peer="127.0.0.1", upstream_addr=("127.0.0.1", 9))
+    st = ConnState(SimpleNamespace(principal="ANONYMOUS"))
+    header = RequestHeader(Api.PRODUCE, 9, 1, "flooder", 0)
+    proxy = Proxy(_config())
+    t, _ = _fair(proxy).request(conn, st, header, b"\0" * 1024, 0)  # type: ignore[arg-type]
+    with caplog.at_level("INFO", logger="proxy.server"):
+        proxy.reload(_config(**{"quotas.fair_share.enabled": False}))
+        proxy.reload(_config(**{"quotas.fair_share.enabled": True}))
+    seat = _fair(proxy)
+    t2, _ = seat.request(conn, st, header, b"\0" * 1024, 200)  # type: ignore[arg-type]
+    assert t2 is not t and t2.broker is seat.state.brokers["broker 1"]
+    assert [b[0] for b in seat.snapshot(10)[0]] == ["broker 1"]  # what the metrics show
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fair share turned")]
+    assert [m.split(" (")[0] for m in said] == ["fair share turned off", "fair share turned on"]
