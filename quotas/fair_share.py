@@ -552,7 +552,10 @@ class BrokerLoad:
         tenant alone, or tenants that all use about the same). Light, while the broker is open: using less than
         half the equal split of what its active tenants use; while it is limited: sparse (:meth:`_classify`). Not
         "that much again for each of the others": a tenant that splits itself over many client ids would raise such
-        a floor with each."""
+        a floor with each. In a fleet, another member's light tenants here count as somebody to protect, but only
+        while this member has a tenant to limit: not when its own are all too small to compare (:data:`FLEET_LIGHT`),
+        or two members whose lone tenants are both small would each limit theirs, where one proxy holding both
+        would see tenants alike and limit neither."""
         remote = 0.0
         if self.remote_light:
             for member, (until, demand) in list(self.remote_light.items()):
@@ -571,6 +574,7 @@ class BrokerLoad:
             return 0.0
         light_sum = 0.0
         light = 0
+        heavy = 0
         if self.limit > 0:
             self._classify(active, self.limit, now_ms)
             for t in active:
@@ -579,6 +583,8 @@ class BrokerLoad:
                     light_sum += t.demand
                 elif not t.held_tick and t.demand < small:
                     told += t.demand
+                else:
+                    heavy += 1
         else:
             total = 0.0
             for t in active:
@@ -590,8 +596,10 @@ class BrokerLoad:
                     light_sum += t.demand
                 elif not t.held_tick and t.demand < small:
                     told += t.demand
+                else:
+                    heavy += 1
         self.light_sum = light_sum + told
-        if light == 0 and remote <= 0:
+        if light == 0 and (remote <= 0 or heavy == 0):
             return 0.0
         return light_sum + self.settings.min_limit / self.members
 

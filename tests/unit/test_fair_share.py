@@ -396,3 +396,17 @@ def test_two_members_protect_a_victim_on_one_from_a_flooder_on_the_other():
     assert b.brokers["broker 1"].cuts > 0  # B limited the flooder for A's victim
     assert statistics.quantiles(late, n=100)[98] < 20, statistics.quantiles(late, n=100)[98]
     assert len(flood_delays) > 100  # held to a share, not starved
+
+
+def test_in_a_fleet_two_members_whose_lone_tenants_are_both_small_limit_neither():
+    # Each is told of the other's small tenant; one proxy holding both would see two tenants alike and limit neither,
+    # so neither member does, even with the broker slow for reasons of its own.
+    settings_ = FairShareSettings(target_delay_ms=2.0, min_limit=MIB)
+    fs = FairShare(settings_)
+    fs.set_members(2)
+    fs.broker("broker 1", 0)
+    fs.note_remote("other", {"broker 1": 200 * KIB}, members=2, until_ms=60_000)
+    _fs, b, trace = run([SimTenant("small", 100 * KIB, KIB)], SimBroker(80 * KIB), 10, fs=fs)
+    assert b.q_avg > settings_.target_delay_ms  # saturated
+    assert b.remote_light and all(limit == 0 for _t, limit, _s in trace) and b.cuts == 0
+    assert set(fs.light()) == {"broker 1"}  # and still tells the other it has somebody small here
