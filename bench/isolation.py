@@ -1,9 +1,10 @@
-"""Isolation: a steady victim producer beside a flooder held by quotas (issue 30, item 5).
+"""Isolation: a steady victim producer beside a flooder held by quotas (issue 30, item 5) or by fair share (issue 48).
 
     .venv/bin/python -m bench.isolation [--seconds 40] [--settle 10] [--phases alone-proxy,flood-smooth,...]
 
 What a quota is for, seen from the neighbour: a tenant at its quota should cost the other tenants of the same
-brokers little. Three brokers (tests.harness), one proxy, two client ids:
+brokers little; what fair share is for: the same with no quota anywhere, without costing a tenant that harms
+nobody anything. Three brokers (tests.harness), one proxy, these clients:
 
   * VICTIM (client id ``victim``, no quota): 200 records/s of 1 KiB, ``acks=all``, ``linger.ms=0``, round-robin
     over a 3-partition RF-3 topic (one leader per broker), in its own process so the flood's Python threads do not
@@ -13,23 +14,54 @@ brokers little. Three brokers (tests.harness), one proxy, two client ids:
   * FLOODER (client id ``flooder``): three confluent-kafka producers at full speed (16 KiB records, 1 MB batches,
     ``acks=all``, a 3-partition RF-3 topic led by brokers 1, 2, 3) plus a CreateTopics/DeleteTopics loop (topics of
     2 partitions, RF 1), in a second process. Quotas on its client id, where a phase sets them: producer_byte_rate
-    2 MiB/s and controller_mutation_rate 5 (per broker, as Kafka means them: the proxy's default scope).
+    2 MiB/s per broker (the proxy's default scope, as Kafka means it) and controller_mutation_rate 5/s (in the
+    proxy one bucket per client id for the whole cluster, whatever the scope: quotas/kinds.py ``cluster_wide``).
+    Two other shapes, where a phase says so: the same flood spread over 20 client ids ``flooder-0``..``flooder-19``
+    (each producer queues a twentieth of the three's 24 MiB, so memory stays that of the one-id flood; the mutation
+    loop runs as ``flooder-0``), and a CONSUMER as ``flooder`` re-reading a 256-MiB backlog (filled once, before
+    the first phase that reads it) from its beginning, over and over, at full speed.
+  * STEADY TENANTS (client ids ``steady-a`` and ``steady-b``, the steady-* phases, no victim): each produces
+    ``--steady-rate`` MiB/s over the three brokers (16-KiB records evenly spaced, ``acks=all``), in one process.
+
+Fair share (issue 48) is on by default, so every phase through the proxy has it unless it says "off". The issue-48
+phases through the proxy (flood-noquota and its -off, flood-hand, flood-consumer and its -off, flood-ids, lone-*,
+steady-*) set the product's default enforcement, ``smooth``: tests.support's ProxyProcess sets ``kafka`` for the
+tests written before smooth became the default, and the alone and older quota phases keep that, as every earlier
+run of this benchmark had.
 
 Phases (each ``--seconds`` long; the first ``--settle`` seconds, while connections open and a windowed quota's
-first burst passes, are not counted; a fresh pair of topics each; after each flood a ``--cooldown`` pause, then a
-wait, at most 60 s, until the kernel has written the flood's dirty pages back):
+first burst passes, are not counted; fresh topics each; after each phase with a flooder a ``--cooldown`` pause,
+then a wait, at most 60 s, until the kernel has written the flood's dirty pages back):
 
   alone-proxy    victim alone, through the proxy (no quota): the reference every ratio divides by
   alone-direct   victim alone, straight to the cluster
-  flood-noquota  victim + flood through the proxy, no quota configured
-  flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (the default)
+  flood-noquota  victim + flood through the proxy, no quota, the default config: fair share on
+  flood-noquota-off  the same with quotas.fair_share.enabled: false (what the proxy did before issue 48)
+  flood-direct   victim + flood straight to the cluster, no quota anywhere
+  flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (ProxyProcess's, not the product's)
   flood-smooth   victim + flood through the proxy, quotas.enforcement: smooth, smooth_burst_seconds 0.1
-  flood-broker   victim + flood straight to the cluster, the same quotas set on the brokers (kafka-configs)
+  flood-hand     victim + flood through the proxy, a smooth quota set by hand at the rate fair share settled on
+                 in the same round's flood-noquota: producer_byte_rate = the flooder's MiB/s at the leaders / 3
+                 brokers, controller_mutation_rate = its mutations/s (one bucket cluster-wide); without a
+                 flood-noquota that round, ``--hand-rate`` MiB/s per broker and 5/s. Fair share off: the quota
+                 alone, so the flooder gets that rate (with fair share on it still took the flooder below it).
+                 The rate is in the notes, and the flooder's "/ quota" figures divide by it
+  flood-broker   victim + flood straight to the cluster, the 2 MiB/s and 5/s quotas set on the brokers (kafka-configs)
   flood-paced    victim + flood straight to the cluster, no quota anywhere: the flooder paces itself to exactly
                  its quota (a ~1 MB batch to the next partition every 1/6 s, mutations at 5/s): the best any
                  pacing of the same lumps can do, so what is left above alone is what these bytes cost the brokers
   flood-paced-even  the same, the flooder's bytes spread evenly in 16-KiB batches: what the lumps add
-  alone-proxy-again  victim alone through the proxy once more: how far the machine drifted meanwhile
+  flood-consumer victim + the consumer flooder through the proxy, no quota, fair share on
+  flood-consumer-off  the same, fair share off
+  flood-ids      victim + the flood over 20 client ids through the proxy, no quota, fair share on (tenant: the
+                 default ``user_client``, so 20 tenants)
+  lone-fair      the flooder alone (no victim), through the proxy, no quota, fair share on: what fair share costs
+                 a flood that harms nobody (issue 48: it keeps ≥ 95 % of lone-nofair's MiB/s at the leaders)
+  lone-nofair    the same, fair share off
+  steady-fair    the two steady tenants alone (no victim), through the proxy, no quota, fair share on: tenants that
+                 use about the same are never limited (issue 48: each gets ≥ 95 % of ``--steady-rate``)
+  steady-nofair  the same, fair share off
+  alone-proxy-again  victim alone, through the proxy, once more: how far the machine drifted meanwhile
 
 Before the phases, unmeasured (``--warmup`` s each): victim + flood straight to the cluster (fresh brokers' JIT),
 then the victim alone through a proxy (the first phase after a flood read slow in every run without it).
@@ -39,14 +71,21 @@ would otherwise wait for the replica fetchers still copying the last flood), and
 The flooder's rate is measured where its bytes land: the size of each partition's log on its leader's disk,
 sampled every 0.1 s, cut into 1-s slices per broker and divided by the per-broker quota (an unquoted phase is
 divided by the same 2 MiB/s, to show how far above it goes). Mutations: partitions created + deleted per second
-over the settled window, against 5/s. Load averages (1 min) are read before and after each phase: the machine
-has two cores and is shared, so every figure here is as noisy as that load.
+over the settled window, against 5/s. The consumer flooder's rate is the bytes it was handed per second, and each
+steady tenant's the bytes acknowledged to it per second (0.1-s slots), both over the settled window. The proxy's
+"fair share: ... saturated" log lines of a phase are in its notes. Load averages (1 min) are read before and after
+each phase: the machine has two cores and is shared, so every figure here is as noisy as that load.
+
+The victim's p99 is also read per 5-s window: over the settled window (a stall hides in a phase's p99), and from
+the phase's start, where the first window holds the flood starting (what fair share takes to bite) and the worst
+window after it what is left once it has.
 
 Issue 30's target: with the flooder at its quota in smooth mode, the victim's settled p99 ≤ 1.5 × its p99 alone
 through the proxy (plus a few ms of scheduling noise on 2 cores). That reference pools the records of both alone
 phases through the proxy, before and after the floods: in the first full run one of them (473 ms, at load 17) was
 3.5 times the other (134 ms), and a ratio to either alone would say more about the neighbours than the quota.
-Phases straight to the cluster are also divided by alone-direct ("same path").
+Phases straight to the cluster are also divided by alone-direct ("same path"). With several ``--rounds`` the
+summary gives each phase's median and range over the rounds, and each ratio is taken within one round.
 """
 
 from __future__ import annotations
@@ -57,6 +96,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -90,6 +130,10 @@ VICTIM_RATE = 200  # records/s
 VICTIM_RECORD = 1024
 FLOOD_RECORD = 16 * 1024
 FLOOD_PRODUCERS = 3
+FLOOD_QUEUE_KIB = 8192  # queue.buffering.max.kbytes of each of the one-id flood's producers
+FLOOD_IDS = 20  # flood-ids: the client ids the flood is spread over, one producer each
+BACKLOG_FILL = 256 * MIB  # the consumer flooder's backlog: read over and over, from the page cache
+STEADY_IDS = ("steady-a", "steady-b")
 FLOOD_BATCH = 1_000_000  # librdkafka's batch.size cap (message.max.bytes): ~1 MB per partition per request
 FLOOD_MAX_RECORDS = 2_000_000  # per producer: a bound on top of the clock (≈ 30 GiB, never reached in a phase)
 MUTATION_PARTITIONS = 2  # partitions per topic the mutation loop creates and deletes: 2 mutations each way
@@ -104,29 +148,67 @@ PHASES = (
     "alone-proxy",
     "alone-direct",
     "flood-noquota",
+    "flood-noquota-off",
+    "flood-direct",
     "flood-kafka",
     "flood-smooth",
+    "flood-hand",  # after flood-noquota: it takes that phase's rate in the same round
     "flood-broker",
     "flood-paced",
     "flood-paced-even",
+    "flood-consumer",
+    "flood-consumer-off",
+    "flood-ids",
+    "lone-fair",
+    "lone-nofair",
+    "steady-fair",
+    "steady-nofair",
     "alone-proxy-again",
 )
 LABELS = {
     "alone-proxy": "victim alone, through the proxy",
     "alone-direct": "victim alone, straight to the cluster",
-    "flood-noquota": "victim + flood, proxy, no quota",
+    "flood-noquota": "victim + flood, proxy, no quota, fair share on (default config)",
+    "flood-noquota-off": "victim + flood, proxy, no quota, fair share off",
+    "flood-direct": "victim + flood, straight to the cluster, no quota",
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
+    "flood-hand": "victim + flood, proxy, smooth quota set by hand at fair share's rate, fair share off",
     "flood-broker": "victim + flood, straight to the cluster, quotas on the brokers",
     "flood-paced": "victim + flood paced by the flooder itself at the quota in 1-MB lumps, straight to the cluster",
     "flood-paced-even": "victim + flood paced by the flooder itself at the quota in 16-KiB batches, straight",
+    "flood-consumer": "victim + consumer flooder, proxy, no quota, fair share on",
+    "flood-consumer-off": "victim + consumer flooder, proxy, no quota, fair share off",
+    "flood-ids": "victim + flood over 20 client ids, proxy, no quota, fair share on",
+    "lone-fair": "flooder alone, proxy, no quota, fair share on",
+    "lone-nofair": "flooder alone, proxy, no quota, fair share off",
+    "steady-fair": "two steady tenants alone, proxy, no quota, fair share on",
+    "steady-nofair": "two steady tenants alone, proxy, no quota, fair share off",
     "alone-proxy-again": "victim alone, through the proxy, again (drift)",
 }
+DIRECT = frozenset({"alone-direct", "flood-direct", "flood-broker", "flood-paced", "flood-paced-even"})
+"""The phases that go straight to the cluster, no proxy."""
+NO_VICTIM = frozenset({"lone-fair", "lone-nofair", "steady-fair", "steady-nofair"})
+"""The phases without a victim: what fair share costs tenants that harm nobody."""
 
 
 # ------------------------------------------------------------------------------------------ phases
-PACING = {"flood-paced": ",paced-lumps", "flood-paced-even": ",paced-even"}
-"""The phases whose flooder paces itself (what flood_main's ``parts`` gets added)."""
+FLOOD_EXTRA = {"flood-paced": ",paced-lumps", "flood-paced-even": ",paced-even", "flood-ids": ",ids"}
+"""What flood_main's ``parts`` gets added in these phases: the flooder paces itself, or spreads over client ids."""
+CONSUMER_FLOOD = "consumer"
+"""flood_parts' answer for the phases whose flooder is a consumer re-reading the backlog (not flood_main)."""
+
+
+def flood_parts(phase: str, flood: str) -> str | None:
+    """What a phase's flooder runs: flood_main's ``parts`` (``flood`` is --flood's), CONSUMER_FLOOD, or None (no
+    flooder: the alone phases)."""
+    if phase.startswith("steady"):
+        return "steady"
+    if phase.startswith("flood-consumer"):
+        return CONSUMER_FLOOD
+    if phase.startswith(("flood", "lone")):
+        return flood + FLOOD_EXTRA.get(phase, "")
+    return None
 
 
 def parse_phases(text: str) -> list[str]:
@@ -193,16 +275,17 @@ def victim_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
     return 0
 
 
-def consumer_main(bootstrap: str, topic: str, seconds: float, out: Path) -> int:
+def consumer_main(bootstrap: str, topic: str, seconds: float, out: Path, client_id: str = CONSUMER_ID) -> int:
     """The second victim: one consumer (client id CONSUMER_ID, no quota) re-reading a pre-filled topic at full
     speed, from the start again at its end. Its stall measure: the gap between two consecutive batches that
-    returned records (``consume(500)``), stamped when each returned; and its bytes per second."""
+    returned records (``consume(500)``), stamped when each returned; and its bytes per second. As FLOOD_ID over
+    the backlog, the same loop is the consumer flooder (a full-speed reader is one whoever it hurts)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "client.id": CONSUMER_ID,
+            "client.id": client_id,
             "group.id": f"iso-{uuid.uuid4().hex[:6]}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -267,43 +350,60 @@ PACED_RATE = BYTE_QUOTA * 3 / FLOOD_PRODUCERS  # bytes/s per producer: the three
 LUMP_RECORDS = 60  # 60 × 16 KiB ≈ 0.98 MB: one batch under batch.size with its overhead
 
 
-def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pace: str = "", k: int = 0) -> None:
-    """One full-speed flooder, or with ``pace`` ("lumps" or "even") one that holds itself to PACED_RATE: lumps of
-    LUMP_RECORDS to one partition at a time (one ~1 MB batch each, the shape smooth pacing forwards), or single
-    records evenly spaced (16-KiB batches). Producer ``k`` of the flood starts at partition ``k``, a third of a
-    lump's period after producer k - 1: each broker then gets one lump at a time, evenly spaced, not three in step."""
+@dataclass(frozen=True)
+class FloodProducer:
+    """One producer of a flooder process: who it is and how it sends."""
+
+    client_id: str = FLOOD_ID
+    pace: str = ""  # "lumps" or "even": held to ``rate`` by its own clock; "": full speed
+    rate: float = PACED_RATE  # bytes/s, when paced
+    queue_kib: int = FLOOD_QUEUE_KIB
+    k: int = 0  # its place among the process's producers: the partition it starts at, and (paced) when
+
+
+def _flood_producer(bootstrap: str, topic: str, start: float, stop_at: float, stats: dict, spec: FloodProducer) -> None:
+    """One full-speed flooder, or with ``spec.pace`` ("lumps" or "even") one that holds itself to ``spec.rate``:
+    lumps of LUMP_RECORDS to one partition at a time (one ~1 MB batch each, the shape smooth pacing forwards), or
+    single records evenly spaced (16-KiB batches). Producer ``k`` of the flood starts at partition ``k``, a third of a
+    lump's period after producer k - 1: each broker then gets one lump at a time, evenly spaced, not three in step.
+    Acknowledged records are counted per SAMPLE_S slot from ``start`` (``stats["slots"]``): a tenant's rate over the
+    settled window, as the producer saw it."""
     from confluent_kafka import KafkaError, Producer
 
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
-            "client.id": FLOOD_ID,
+            "client.id": spec.client_id,
             "acks": "all",
             "linger.ms": 10,
             "batch.size": FLOOD_BATCH,
-            "queue.buffering.max.kbytes": 8192,
+            "queue.buffering.max.kbytes": spec.queue_kib,
             "message.timeout.ms": 60_000,
         }
     )
+    slots: list[int] = stats["slots"]
 
     def delivered(err, _msg) -> None:
         if err is None:
             stats["delivered"] += 1
+            slot = int((time.monotonic() - start) / SAMPLE_S)
+            if slot < len(slots):
+                slots[slot] += 1
         elif err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
             stats["errors"] += 1
             stats.setdefault("first_error", str(err))
 
     value = os.urandom(FLOOD_RECORD)
     i = 0
-    lump = LUMP_RECORDS if pace == "lumps" else 1
-    started = time.monotonic() + k * lump * FLOOD_RECORD / PACED_RATE / FLOOD_PRODUCERS
+    lump = LUMP_RECORDS if spec.pace == "lumps" else 1
+    started = time.monotonic() + spec.k * lump * FLOOD_RECORD / spec.rate / FLOOD_PRODUCERS
     while i < FLOOD_MAX_RECORDS and time.monotonic() < stop_at:
-        if pace and i % lump == 0:  # ahead of the rate: wait until the bytes sent so far are due
-            due = started + i * FLOOD_RECORD / PACED_RATE
+        if spec.pace and i % lump == 0:  # ahead of the rate: wait until the bytes sent so far are due
+            due = started + i * FLOOD_RECORD / spec.rate
             while (now := time.monotonic()) < due and now < stop_at:
                 p.poll(min(due - now, 0.05))
         try:
-            p.produce(topic, value, partition=(i // lump + k) % 3, on_delivery=delivered)
+            p.produce(topic, value, partition=(i // lump + spec.k) % 3, on_delivery=delivered)
         except BufferError:  # the queue is full (a throttled client): wait for acknowledgements, not spin
             p.poll(0.05)
             continue
@@ -315,14 +415,16 @@ def _flood_producer(bootstrap: str, topic: str, stop_at: float, stats: dict, pac
     p.flush(10)
 
 
-def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict, paced: bool = False) -> None:
+def _mutation_loop(
+    bootstrap: str, prefix: str, stop_at: float, stats: dict, paced: bool = False, client_id: str = FLOOD_ID
+) -> None:
     """CreateTopics then DeleteTopics, over and over: what controller_mutation_rate is for. A throttled request
     (THROTTLING_QUOTA_EXCEEDED) is retried after a short pause, as a client following KIP-599 would. ``paced``:
     at most MUTATION_QUOTA partition mutations a second, by the loop's own clock (no quota anywhere)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": FLOOD_ID})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": client_id})
     events: list[tuple[float, int]] = stats["events"]
 
     def attempt(fn, name: str) -> bool:
@@ -363,26 +465,49 @@ def _mutation_loop(bootstrap: str, prefix: str, stop_at: float, stats: dict, pac
 
 
 def flood_main(
-    bootstrap: str, topic: str, seconds: float, out: Path, mutation_prefix: str, parts: str = "producers,mutations"
+    bootstrap: str,
+    topic: str,
+    seconds: float,
+    out: Path,
+    mutation_prefix: str,
+    parts: str = "producers,mutations",
+    steady_rate: float = 0.0,
 ) -> int:
     """FLOOD_PRODUCERS full-speed producers and the mutation loop, all as client id FLOOD_ID, for ``seconds``
     (``parts`` leaves one of them out, to tell which costs the victim what; with "paced-lumps" or "paced-even" in
-    it the producers and the loop hold themselves to the quotas)."""
+    it the producers and the loop hold themselves to the quotas; with "ids" the flood is FLOOD_IDS producers, one a
+    client id, and the loop the first of them; "steady" is the STEADY_IDS tenants instead, each held to
+    ``steady_rate`` bytes/s)."""
     pace = "lumps" if "paced-lumps" in parts else "even" if "paced-even" in parts else ""
     start = time.monotonic()
     stop_at = start + seconds
+    mutator = FLOOD_ID
+    if "steady" in parts:
+        specs = [FloodProducer(cid, "even", steady_rate, k=k) for k, cid in enumerate(STEADY_IDS)]
+    elif "producers" not in parts:
+        specs = []
+    elif "ids" in parts:
+        # the one-id flood's queue memory, shared: 20 producers must not hold 20 × 8 MiB
+        queue = FLOOD_QUEUE_KIB * FLOOD_PRODUCERS // FLOOD_IDS
+        specs = [FloodProducer(f"{FLOOD_ID}-{k}", queue_kib=queue, k=k) for k in range(FLOOD_IDS)]
+        mutator = specs[0].client_id
+    else:
+        specs = [FloodProducer(pace=pace, k=k) for k in range(FLOOD_PRODUCERS)]
+    slots = int(seconds / SAMPLE_S) + 1
     producers = [
-        {"delivered": 0, "errors": 0, "produced": 0} for _ in range(FLOOD_PRODUCERS if "producers" in parts else 0)
+        {"client_id": sp.client_id, "delivered": 0, "errors": 0, "produced": 0, "slots": [0] * slots} for sp in specs
     ]
     mutations: dict = {"events": [], "throttled": 0, "errors": 0}
     threads = [
-        threading.Thread(target=_flood_producer, args=(bootstrap, topic, stop_at, s, pace, k), daemon=True)
-        for k, s in enumerate(producers)
+        threading.Thread(target=_flood_producer, args=(bootstrap, topic, start, stop_at, st, sp), daemon=True)
+        for sp, st in zip(specs, producers, strict=True)
     ]
     if "mutations" in parts:
         threads.append(
             threading.Thread(
-                target=_mutation_loop, args=(bootstrap, mutation_prefix, stop_at, mutations, bool(pace)), daemon=True
+                target=_mutation_loop,
+                args=(bootstrap, mutation_prefix, stop_at, mutations, bool(pace), mutator),
+                daemon=True,
             )
         )
     for t in threads:
@@ -401,16 +526,20 @@ class Result:
     phase: str
     latencies_ms: list[float] = field(default_factory=list)
     rdk_latencies_ms: list[float] = field(default_factory=list)
-    flood_slices: list[float] = field(default_factory=list)  # per broker per 1-s slice, / BYTE_QUOTA
+    flood_slices: list[float] = field(default_factory=list)  # per broker per 1-s slice, / quota_bytes
     flood_mib_s: float | None = None  # all three brokers, settled window
+    quota_bytes: float = BYTE_QUOTA  # the flooder's producer_byte_rate per broker (flood-hand sets its own)
     mutations_per_s: float | None = None
     mutation_throttled: int = 0
+    flood_read_mib_s: float | None = None  # the consumer flooder: bytes it was handed, settled window
+    tenant_mib_s: dict[str, float] = field(default_factory=dict)  # steady tenant -> its acknowledged bytes, settled
     load_before: float = 0.0
     load_after: float = 0.0
     notes: list[str] = field(default_factory=list)
     round: int = 1
-    window_lo: float = 0.0  # the settled window's start (the victim's clock: time.monotonic)
+    window_lo: float = 0.0  # the settled window's start (the victim's clock, or the flooder's: time.monotonic)
     window_p99_ms: list[float] = field(default_factory=list)  # the victim's p99 per WINDOW_S window, settled
+    start_window_p99_ms: list[float] = field(default_factory=list)  # the same from the phase's start
     consumer_mib_s: float | None = None  # the consumer victim, settled window
     consumer_gap_p99_ms: float | None = None  # its p99 gap between batches with records
     consumer_window_gap_p99_ms: list[float] = field(default_factory=list)
@@ -420,8 +549,18 @@ class Result:
 
     @property
     def flood_ratio(self) -> float | None:
-        """The flooder's bytes over all three brokers against its quota (2 MiB/s per broker, three brokers)."""
-        return None if self.flood_mib_s is None else self.flood_mib_s * MIB / (3 * BYTE_QUOTA)
+        """The flooder's bytes over all three brokers against its quota (quota_bytes per broker, three brokers)."""
+        return None if self.flood_mib_s is None else self.flood_mib_s * MIB / (3 * self.quota_bytes)
+
+    @property
+    def first_window_p99_ms(self) -> float | None:
+        """The victim's p99 over the phase's first WINDOW_S seconds: the flood starting."""
+        return self.start_window_p99_ms[0] if self.start_window_p99_ms else None
+
+    @property
+    def worst_later_window_p99_ms(self) -> float | None:
+        """The victim's worst window p99 after the first: what is left once a limit has bitten."""
+        return max(self.start_window_p99_ms[1:]) if len(self.start_window_p99_ms) > 1 else None
 
     @property
     def p50(self) -> float:
@@ -536,24 +675,70 @@ def _wait(proc: subprocess.Popen, timeout: float, what: str) -> None:
         raise RuntimeError(f"{what} exited {rc}")
 
 
-def proxy_config(phase: str) -> dict | None:
-    """The proxy's config for a phase (None: the phase goes straight to the cluster)."""
-    quotas = {
-        "quotas.entities": [
-            {
-                "entity": {"client-id": FLOOD_ID},
-                "quotas": {"producer_byte_rate": BYTE_QUOTA, "controller_mutation_rate": MUTATION_QUOTA},
-            }
-        ]
-    }
+SMOOTH = {"quotas.enforcement": "smooth"}
+"""The product's default enforcement, which tests.support's ProxyProcess replaces by kafka: the issue-48 phases
+judge the default config."""
+FAIR_OFF = {**SMOOTH, "quotas.fair_share.enabled": False}
+
+
+def _flood_quotas(byte_rate: float, mutation_rate: float) -> dict[str, object]:
+    """The flooder's quotas, as the proxy's config file holds them."""
+    quotas = {"producer_byte_rate": byte_rate, "controller_mutation_rate": mutation_rate}
+    return {"quotas.entities": [{"entity": {"client-id": FLOOD_ID}, "quotas": quotas}]}
+
+
+def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | None:
+    """The proxy's config for a phase (None: the phase goes straight to the cluster). ``hand``: flood-hand's
+    producer_byte_rate per broker and controller_mutation_rate (:func:`hand_quota`)."""
+    if phase in DIRECT:
+        return None
+    quotas = _flood_quotas(BYTE_QUOTA, MUTATION_QUOTA)
     configs: dict[str, dict[str, object]] = {
         "alone-proxy": {},
         "alone-proxy-again": {},
-        "flood-noquota": {},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
+        # Fair share off: on, it still limited the flooder in the first smoke run (to 3.1 of the 5.2 MiB/s set),
+        # and the phase is a quota alone at fair share's rate, to set the victim's latency beside fair share's.
+        "flood-hand": {**FAIR_OFF, **_flood_quotas(*(hand or (BYTE_QUOTA, MUTATION_QUOTA)))},
     }
-    return configs.get(phase)
+    if phase in configs:
+        return configs[phase]
+    return FAIR_OFF if phase.endswith(("-off", "-nofair")) else SMOOTH  # the issue-48 phases: on, or off
+
+
+def hand_quota(results: Sequence[Result], rnd: int, fallback_mib: float) -> tuple[int, float, str]:
+    """flood-hand's producer_byte_rate per broker and controller_mutation_rate, and a note saying where they come
+    from: what the flooder got under fair share in round ``rnd``'s flood-noquota, else ``fallback_mib`` MiB/s per
+    broker and MUTATION_QUOTA."""
+    src = next((r for r in results if r.round == rnd and r.phase == "flood-noquota" and r.flood_mib_s), None)
+    if src is None:
+        byte_rate, mutation_rate = round(fallback_mib * MIB), float(MUTATION_QUOTA)
+        source = "--hand-rate: no flood-noquota in this round"
+    else:
+        # The proxy's byte quotas are per broker (its default scope): the three leaders' total over three. Its
+        # mutation quota is one bucket per client id for the whole cluster (quotas/kinds.py cluster_wide): the
+        # total as it was. A quota must be > 0, and a flood with no mutation loop measured none.
+        byte_rate = max(1, round((src.flood_mib_s or 0) * MIB / 3))
+        mutation_rate = max(0.1, round(src.mutations_per_s or 0, 2))
+        source = f"round {rnd}'s flood-noquota"
+    note = (
+        f"hand quota producer_byte_rate {byte_rate / MIB:.2f} MiB/s per broker, controller_mutation_rate "
+        f"{mutation_rate:g}/s ({source})"
+    )
+    return byte_rate, mutation_rate, note
+
+
+def _assignment(cluster) -> list[list[int]]:
+    """Three partitions, partition i led by broker i+1, replicas on all three."""
+    nodes = [b.node_id for b in cluster.brokers]
+    return [nodes[i:] + nodes[:i] for i in range(3)]
+
+
+def _fill_topic(cluster, topic: str, nbytes: int) -> None:
+    """A topic of ``nbytes`` over _assignment's partitions: for a consumer to re-read from the page cache."""
+    _create_topic(cluster, topic, _assignment(cluster))
+    _wait(_spawn("fill", cluster.bootstrap, topic, str(nbytes)), 300, "fill")
 
 
 def run_phase(
@@ -562,52 +747,62 @@ def run_phase(
     phase: str,
     seconds: float,
     settle: float,
-    flood: bool,
+    flood: str | None,
     bootstrap: str,
-    parts: str = "producers,mutations",
     consumer_topic: str | None = None,
     timeline: Path | None = None,
+    *,
+    victim: bool = True,
+    backlog: str | None = None,
+    steady_rate: float = 0.0,
+    quota_bytes: float = BYTE_QUOTA,
 ) -> Result:
+    """One phase: the victim (unless ``victim`` is false), the consumer victim on ``consumer_topic``, and the
+    flooder ``flood`` (:func:`flood_parts`; CONSUMER_FLOOD reads ``backlog``; ``steady_rate``: each steady
+    tenant's bytes/s), all on ``bootstrap`` for ``seconds``."""
     tag = uuid.uuid4().hex[:6]
     prefix = f"iso-{phase}-{tag}"
-    nodes = [b.node_id for b in cluster.brokers]
-    assignment = [nodes[i:] + nodes[:i] for i in range(3)]  # partition i led by broker i+1, replicas on all three
+    assignment = _assignment(cluster)
     victim_topic, flood_topic = f"{prefix}-victim", f"{prefix}-flood"
-    _create_topic(cluster, victim_topic, assignment)
-    if flood:
+    writes = flood is not None and flood != CONSUMER_FLOOD  # a flooder that produces: its topic, its leaders' logs
+    if victim:
+        _create_topic(cluster, victim_topic, assignment)
+    if writes:
         _create_topic(cluster, flood_topic, assignment)
-    dirs = _leader_dirs(cluster, flood_topic, assignment) if flood else {}
-    res = Result(phase, load_before=os.getloadavg()[0])
+    dirs = _leader_dirs(cluster, flood_topic, assignment) if writes else {}
+    res = Result(phase, quota_bytes=quota_bytes, load_before=os.getloadavg()[0])
     victim_out, flood_out = workdir / f"{prefix}-victim.json", workdir / f"{prefix}-flood.json"
+    consumer_out = workdir / f"{prefix}-consumer.json"
     samplers = {b: Sampler(functools.partial(_dir_bytes, d), interval=SAMPLE_S) for b, d in dirs.items()}
     with contextlib.ExitStack() as stack:
         for s in samplers.values():
             stack.enter_context(s)
-        flooder = (
-            _spawn("flood", bootstrap, flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", parts)
-            if flood
-            else None
-        )
-        consumer_out = workdir / f"{prefix}-consumer.json"
-        consumer = (
+        flooder = None
+        if flood == CONSUMER_FLOOD:
+            if backlog is None:
+                raise ValueError(f"{phase}: a consumer flooder needs the backlog topic")
+            flooder = _spawn("consumer", bootstrap, backlog, str(seconds), str(flood_out), FLOOD_ID)
+        elif flood is not None:
+            args = (flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", flood, str(steady_rate))
+            flooder = _spawn("flood", bootstrap, *args)
+        consumer = (  # the consumer victim is a victim: not in a phase without one
             _spawn("consumer", bootstrap, consumer_topic, str(seconds), str(consumer_out))
-            if consumer_topic is not None
+            if victim and consumer_topic is not None
             else None
         )
-        victim = _spawn("victim", bootstrap, victim_topic, str(seconds), str(victim_out))
-        _wait(victim, seconds + 90, "victim")
-        if consumer is not None:
-            _wait(consumer, seconds + 90, "consumer")
-        if flooder is not None:
-            _wait(flooder, seconds + 90, "flooder")
+        producer = _spawn("victim", bootstrap, victim_topic, str(seconds), str(victim_out)) if victim else None
+        for proc, what in ((producer, "victim"), (consumer, "consumer"), (flooder, "flooder")):
+            if proc is not None:
+                _wait(proc, seconds + 90, what)
     res.load_after = os.getloadavg()[0]
-    v = json.loads(victim_out.read_text())
-    lo, hi = v["start"] + settle, v["start"] + seconds - TAIL_S
-    res.latencies_ms = [x * 1000 for x in settled_latencies(v["rows"], lo, hi)]
-    res.rdk_latencies_ms = [r[2] * 1000 for r in v["rows"] if lo <= r[0] < hi and r[2] == r[2]]
-    res.window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], lo, hi) if w]
+    f = json.loads(flood_out.read_text()) if flood is not None else None
+    # The settled window on the victim's clock, else the flooder's (one clock: time.monotonic on one machine).
+    t0 = json.loads(victim_out.read_text())["start"] if victim else f["start"] if f is not None else time.monotonic()
+    lo, hi = t0 + settle, t0 + seconds - TAIL_S
     res.window_lo = lo
-    if consumer_topic is not None:
+    if victim:
+        _read_victim(res, victim_out, lo, hi)
+    if consumer is not None:
         c = json.loads(consumer_out.read_text())
         rows = [r for r in c["rows"] if lo <= r[0] < hi]
         res.consumer_mib_s = sum(r[2] for r in rows) / (hi - lo) / MIB
@@ -616,35 +811,83 @@ def run_phase(
         res.consumer_window_gap_p99_ms = [percentile(w, 99) * 1000 for w in windows(c["rows"], lo, hi) if w]
     if timeline is not None and timeline.exists():
         _read_timeline(res, timeline, lo, hi)
-    if v["error_count"] or v["undelivered"]:
-        res.notes.append(f"victim: {v['error_count']} errors {v['errors'][:2]}, {v['undelivered']} undelivered")
-    if flood:
-        f = json.loads(flood_out.read_text())
+    if flood is not None and f is not None:
         lo, hi = f["start"] + settle, f["start"] + seconds - TAIL_S
-        total = 0.0
-        for s in samplers.values():
-            inc = slice_increments(s.samples, lo, hi)
-            res.flood_slices += [x / BYTE_QUOTA for x in inc]
-            total += value_at(s.samples, hi) - value_at(s.samples, lo)
-        res.flood_mib_s = total / (hi - lo) / MIB
-        m = f["mutations"]
-        res.mutations_per_s = sum(n for t, n in m["events"] if lo <= t < hi) / (hi - lo)
-        res.mutation_throttled = m["throttled"]
-        errs = sum(p["errors"] for p in f["producers"])
-        if errs:
-            first = next(p.get("first_error") for p in f["producers"] if p["errors"])
-            res.notes.append(f"flood produce errors {errs} ({first})")
-        if m["errors"]:
-            res.notes.append(f"mutation errors {m['errors']} ({m.get('first_error')})")
-        if m["throttled"]:  # librdkafka's Create/DeleteTopics predate KIP-599's error: it is held by throttle_time
-            res.notes.append(f"THROTTLING_QUOTA_EXCEEDED answers {m['throttled']}")
-        caught_up = _wait_replicated(cluster, flood_topic, assignment)
-        res.notes.append(
-            "followers caught up "
-            + (f"{caught_up:.0f} s after the flood" if caught_up is not None else "NOT within 120 s after the flood")
-        )
+        if flood == CONSUMER_FLOOD:
+            res.flood_read_mib_s = sum(r[2] for r in f["rows"] if lo <= r[0] < hi) / (hi - lo) / MIB
+        else:
+            _read_flood(res, f, samplers.values(), lo, hi, "mutations" in flood)
+            if flood == "steady":
+                _read_tenants(res, f, settle, seconds - TAIL_S)
+            caught_up = _wait_replicated(cluster, flood_topic, assignment)
+            res.notes.append(
+                "followers caught up "
+                + (
+                    f"{caught_up:.0f} s after the flood"
+                    if caught_up is not None
+                    else "NOT within 120 s after the flood"
+                )
+            )
     _delete_topics(cluster, prefix)
     return res
+
+
+def _read_victim(res: Result, path: Path, lo: float, hi: float) -> None:
+    """The victim's latencies in the settled window [lo, hi), and its p99 per WINDOW_S window: over that window,
+    and from its start (the first window holds the flood starting)."""
+    v = json.loads(path.read_text())
+    res.latencies_ms = [x * 1000 for x in settled_latencies(v["rows"], lo, hi)]
+    res.rdk_latencies_ms = [r[2] * 1000 for r in v["rows"] if lo <= r[0] < hi and r[2] == r[2]]
+    res.window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], lo, hi) if w]
+    res.start_window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], v["start"], hi) if w]
+    if v["error_count"] or v["undelivered"]:
+        res.notes.append(f"victim: {v['error_count']} errors {v['errors'][:2]}, {v['undelivered']} undelivered")
+
+
+def _read_flood(res: Result, f: dict, samplers, lo: float, hi: float, mutated: bool) -> None:
+    """A producing flooder's bytes at the leaders and (``mutated``: its loop ran) its mutations, over [lo, hi) of
+    its clock."""
+    total = 0.0
+    for s in samplers:
+        inc = slice_increments(s.samples, lo, hi)
+        res.flood_slices += [x / res.quota_bytes for x in inc]
+        total += value_at(s.samples, hi) - value_at(s.samples, lo)
+    res.flood_mib_s = total / (hi - lo) / MIB
+    m = f["mutations"]
+    if mutated:
+        res.mutations_per_s = sum(n for t, n in m["events"] if lo <= t < hi) / (hi - lo)
+    res.mutation_throttled = m["throttled"]
+    errs = sum(p["errors"] for p in f["producers"])
+    if errs:
+        first = next(p.get("first_error") for p in f["producers"] if p["errors"])
+        res.notes.append(f"flood produce errors {errs} ({first})")
+    if m["errors"]:
+        res.notes.append(f"mutation errors {m['errors']} ({m.get('first_error')})")
+    if m["throttled"]:  # librdkafka's Create/DeleteTopics predate KIP-599's error: it is held by throttle_time
+        res.notes.append(f"THROTTLING_QUOTA_EXCEEDED answers {m['throttled']}")
+
+
+def _read_tenants(res: Result, f: dict, lo_s: float, hi_s: float) -> None:
+    """Each steady tenant's acknowledged bytes per second, from ``lo_s`` to ``hi_s`` seconds after the flooder's
+    start (its SAMPLE_S slots)."""
+    a, b = round(lo_s / SAMPLE_S), round(hi_s / SAMPLE_S)
+    for p in f["producers"]:
+        res.tenant_mib_s[p["client_id"]] = sum(p["slots"][a:b]) * FLOOD_RECORD / ((b - a) * SAMPLE_S) / MIB
+
+
+FAIR_LINE = re.compile(
+    r"fair share: (.+?) saturated \(.*?\): limited to ([\d.]+) MiB/s of work, shared by (\d+) tenants"
+)  # proxy/decision_recording.py's log line
+
+
+def fair_share_notes(log: str) -> list[str]:
+    """The proxy's "fair share: ... saturated" lines (at most one a minute per broker) and how often a broker was
+    released, as one note: whether fair share bit in a phase, where, and at what limit."""
+    hits = [f"{m[1]} {float(m[2]):.1f} MiB/s ({m[3]} tenants)" for m in FAIR_LINE.finditer(log)]
+    released = log.count(" no longer limited")
+    if not hits and not released:
+        return []
+    return [f"fair share saturated: {', '.join(hits) or 'none'}; released {released}×"]
 
 
 def _read_timeline(res: Result, path: Path, lo: float, hi: float) -> None:
@@ -689,40 +932,85 @@ def references(results: Sequence[Result]) -> dict[str, float]:
 
 def path_of(phase: str) -> str:
     """Which path the victim took in a phase: straight to the cluster or through the proxy."""
-    return "direct" if phase in ("alone-direct", "flood-broker", "flood-paced", "flood-paced-even") else "proxy"
+    return "direct" if phase in DIRECT else "proxy"
+
+
+QUOTA_PHASES = frozenset(
+    {"flood-kafka", "flood-smooth", "flood-hand", "flood-broker", "flood-paced", "flood-paced-even"}
+)
+"""The phases whose flooder is held to a quota (or holds itself to one): the summary's "/ its quota" is theirs."""
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "–" if x is None else f"{x:{fmt}}"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table (first column left-aligned, the others right, but a last ``notes``), without the columns in
+    which no row has a figure: a run of a few phases needs few of them, and a full run's table stays readable."""
+    keep = [i for i, _ in enumerate(head) if i == 0 or any(row[i] != "–" for row in rows)]
+    align = ["---" if i == 0 or head[i] == "notes" else "---:" for i in keep]
+    return [
+        "| " + " | ".join(head[i] for i in keep) + " |",
+        "|" + "|".join(align) + "|",
+        *("| " + " | ".join(row[i] for i in keep) + " |" for row in rows),
+    ]
+
+
+def _tenants(r: Result) -> str:
+    return ", ".join(f"{t} {x:.2f}" for t, x in r.tenant_mib_s.items()) or "–"
 
 
 def format_table(results: list[Result]) -> list[str]:
+    """Every phase of every round."""
     refs = references(results)
-    lines = [
-        "| phase | victim p50 ms | victim p99 ms | p99 / alone via proxy (pooled) | p99 / alone, same path | "
-        "p99 ms, librdkafka's clock | victim records | flooder 1-s slices / quota, per broker: "
-        "min / median / max | flooder MiB/s, 3 brokers | mutations/s (quota 5 per broker) | "
-        "load avg 1 min before → after | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    head = [
+        "phase",
+        "round",
+        "victim p50 ms",
+        "victim p99 ms",
+        "p99 / alone via proxy (pooled)",
+        "p99 / alone, same path",
+        "p99 ms, librdkafka's clock",
+        "victim records",
+        "victim p99 per 5-s window from the start, ms",
+        "flooder 1-s slices / quota, per broker: min / median / max",
+        "flooder MiB/s at the leaders, 3 brokers",
+        "mutations/s",
+        "flood consumer MiB/s read",
+        "steady tenants MiB/s",
+        "load avg 1 min before → after",
+        "notes",
     ]
+    rows = []
     for r in results:
-        if not r.latencies_ms:
-            lines.append(
-                f"| {LABELS[r.phase]} | – | – | – | – | – | 0 | – | – | – | "
-                f"{r.load_before:.1f} → {r.load_after:.1f} | no settled records; {'; '.join(r.notes)} |"
-            )
-            continue
-        ratio = f"{r.p99 / refs['proxy']:.2f}" if "proxy" in refs else "–"
-        same = f"{r.p99 / refs[path_of(r.phase)]:.2f}" if path_of(r.phase) in refs else "–"
-        rdk = f"{percentile(r.rdk_latencies_ms, 99):.1f}" if r.rdk_latencies_ms else "–"
+        got = bool(r.latencies_ms)
         sl = "–"
         if r.flood_slices:
             a, b, c = spread(r.flood_slices)
             sl = f"{a:.2f} / {b:.2f} / {c:.2f}"
-        fl = f"{r.flood_mib_s:.1f}" if r.flood_mib_s is not None else "–"
-        mu = f"{r.mutations_per_s:.1f}" if r.mutations_per_s is not None else "–"
-        lines.append(
-            f"| {LABELS[r.phase]} | {r.p50:.1f} | {r.p99:.1f} | {ratio} | {same} | {rdk} | "
-            f"{len(r.latencies_ms):,} | {sl} | {fl} | {mu} | {r.load_before:.1f} → {r.load_after:.1f} | "
-            f"{'; '.join(r.notes)} |"
+        missing = [] if got or r.phase in NO_VICTIM else ["no settled records"]
+        rows.append(
+            [
+                LABELS[r.phase],
+                str(r.round),
+                _f(r.p50 if got else None, ".1f"),
+                _f(r.p99 if got else None, ".1f"),
+                _f(r.p99 / refs["proxy"] if got and "proxy" in refs else None, ".2f"),
+                _f(r.p99 / refs[path_of(r.phase)] if got and path_of(r.phase) in refs else None, ".2f"),
+                _f(percentile(r.rdk_latencies_ms, 99) if r.rdk_latencies_ms else None, ".1f"),
+                "–" if r.phase in NO_VICTIM else f"{len(r.latencies_ms):,}",
+                " ".join(f"{x:.0f}" for x in r.start_window_p99_ms) or "–",
+                sl,
+                _f(r.flood_mib_s, ".1f"),
+                _f(r.mutations_per_s, ".1f"),
+                _f(r.flood_read_mib_s, ".0f"),
+                _tenants(r),
+                f"{r.load_before:.1f} → {r.load_after:.1f}",
+                "; ".join(missing + r.notes) or "–",
+            ]
         )
-    return lines
+    return _table(head, rows)
 
 
 def _mr(values: Sequence[float], fmt: str = ".1f") -> str:
@@ -734,31 +1022,77 @@ def _mr(values: Sequence[float], fmt: str = ".1f") -> str:
 
 
 def summary_table(results: list[Result]) -> list[str]:
-    """Per phase over its rounds: the median and range of the victim's settled p99, of its worst 5-s window, of the
-    flooder's total against its quota, the consumer victim's figures, and the loop's lag (with --timeline)."""
-    lines = [
-        "| phase | rounds | victim p99 ms: median (range) | worst 5-s window p99 ms | p99 / alone via proxy, same "
-        "round | flooder total / quota | consumer MiB/s | consumer gap p99 ms | loop lag max ms | victim inside "
-        "proxy p99 ms | load avg 1 min |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    """Per phase over its rounds, the median and range of: the victim's settled p99 and its ratio to alone-proxy's
+    in the same round; its p99 in the phase's first 5-s window (the flood starting), its worst window after that
+    and its worst settled window; the flooder's MiB/s at the leaders, against its quota where it has one, and
+    mutations/s; the consumer flooder's and each steady tenant's MiB/s; the consumer victim's figures and the
+    loop's lag (with --consumer, --timeline). A column no phase has a figure in is left out."""
     alone = {r.round: r.p99 for r in results if r.phase == "alone-proxy" and r.latencies_ms}
+
+    def per_round(fig, fmt: str):
+        """A column: ``fig`` of each round's result (None: none), as median (range)."""
+        return lambda rs: _mr([x for r in rs if (x := fig(r)) is not None], fmt)
+
+    def tenants(rs: list[Result]) -> str:
+        names = sorted({t for r in rs for t in r.tenant_mib_s})
+        return "; ".join(f"{t} {_mr([r.tenant_mib_s[t] for r in rs if t in r.tenant_mib_s], '.2f')}" for t in names)
+
+    columns = [
+        ("rounds", lambda rs: str(len(rs))),
+        ("victim p99 ms, settled", per_round(lambda r: r.p99 if r.latencies_ms else None, ".1f")),
+        (
+            "p99 / alone via proxy, same round",
+            per_round(lambda r: r.p99 / alone[r.round] if r.latencies_ms and r.round in alone else None, ".2f"),
+        ),
+        ("first 5-s window p99 ms", per_round(lambda r: r.first_window_p99_ms, ".0f")),
+        ("worst later 5-s window p99 ms", per_round(lambda r: r.worst_later_window_p99_ms, ".0f")),
+        ("worst settled 5-s window p99 ms", per_round(lambda r: max(r.window_p99_ms, default=None), ".0f")),
+        ("flooder MiB/s at the leaders", per_round(lambda r: r.flood_mib_s, ".1f")),
+        ("flooder / its quota", per_round(lambda r: r.flood_ratio if r.phase in QUOTA_PHASES else None, ".2f")),
+        ("mutations/s", per_round(lambda r: r.mutations_per_s, ".1f")),
+        ("flood consumer MiB/s", per_round(lambda r: r.flood_read_mib_s, ".0f")),
+        ("steady tenants MiB/s", lambda rs: tenants(rs) or "–"),
+        ("consumer victim MiB/s", per_round(lambda r: r.consumer_mib_s, ".0f")),
+        ("consumer victim gap p99 ms", per_round(lambda r: r.consumer_gap_p99_ms, ".0f")),
+        ("loop lag max ms", per_round(lambda r: r.lag_max_ms, ".0f")),
+        ("victim inside proxy p99 ms", per_round(lambda r: r.victim_in_proxy_p99_ms, ".2f")),
+        ("load avg 1 min", per_round(lambda r: r.load_after, ".1f")),
+    ]
+    rows = []
     for phase in PHASES:
-        rs = [r for r in results if r.phase == phase and r.latencies_ms]
-        if not rs:
-            continue
-        ratios = [r.p99 / alone[r.round] for r in rs if r.round in alone]
-        lines.append(
-            f"| {LABELS[phase]} | {len(rs)} | {_mr([r.p99 for r in rs])} | "
-            f"{_mr([max(r.window_p99_ms) for r in rs if r.window_p99_ms])} | {_mr(ratios, '.2f')} | "
-            f"{_mr([r.flood_ratio for r in rs if r.flood_ratio is not None], '.2f')} | "
-            f"{_mr([r.consumer_mib_s for r in rs if r.consumer_mib_s is not None], '.0f')} | "
-            f"{_mr([r.consumer_gap_p99_ms for r in rs if r.consumer_gap_p99_ms is not None], '.0f')} | "
-            f"{_mr([r.lag_max_ms for r in rs if r.lag_max_ms is not None], '.0f')} | "
-            f"{_mr([r.victim_in_proxy_p99_ms for r in rs if r.victim_in_proxy_p99_ms is not None], '.2f')} | "
-            f"{_mr([r.load_after for r in rs])} |"
+        rs = [r for r in results if r.phase == phase]
+        if rs:
+            rows.append([LABELS[phase], *(cell(rs) for _, cell in columns)])
+    return _table(["phase", *(name for name, _ in columns)], rows)
+
+
+def _rounds(results: Sequence[Result], phase: str) -> dict[int, Result]:
+    return {r.round: r for r in results if r.phase == phase}
+
+
+def fair_share_lines(results: Sequence[Result], steady_mib: float) -> list[str]:
+    """Issue 48's two promises to tenants that harm nobody, over the rounds: a lone flooder keeps ≥ 95 % of its
+    MiB/s at the leaders with fair share on (against off, in the same round), and each of two steady tenants gets
+    ≥ 95 % of its rate."""
+    out = []
+    on = {k: r.flood_mib_s for k, r in _rounds(results, "lone-fair").items() if r.flood_mib_s}
+    off = {k: r.flood_mib_s for k, r in _rounds(results, "lone-nofair").items() if r.flood_mib_s}
+    ratios = [x / off[k] for k, x in on.items() if k in off]
+    if ratios:
+        met = sum(1 for x in ratios if x >= 0.95)
+        out.append(
+            f"- Lone flooder, fair share on / off in the same round: {_mr(ratios, '.3f')} of its MiB/s at the leaders "
+            f"— target ≥ 0.95: met in {met} of {len(ratios)} rounds."
         )
-    return lines
+    for phase in ("steady-fair", "steady-nofair"):
+        worst = [min(r.tenant_mib_s.values()) / steady_mib for r in _rounds(results, phase).values() if r.tenant_mib_s]
+        if worst:
+            met = sum(1 for x in worst if x >= 0.95)
+            out.append(
+                f"- {LABELS[phase]}: the slower tenant got {_mr(worst, '.3f')} of --steady-rate {steady_mib:g} MiB/s"
+                + (f" — target ≥ 0.95: met in {met} of {len(worst)} rounds." if phase == "steady-fair" else ".")
+            )
+    return out
 
 
 def target_lines(results: list[Result]) -> list[str]:
@@ -772,7 +1106,18 @@ def target_lines(results: list[Result]) -> list[str]:
     out = [
         f"- Reference: the victim's p99 alone through the proxy, both alone phases pooled: {ref:.1f} ms (each: {each})."
     ]
-    for phase in ("flood-smooth", "flood-kafka", "flood-broker", "flood-noquota"):
+    for phase in (
+        "flood-smooth",
+        "flood-kafka",
+        "flood-broker",
+        "flood-hand",
+        "flood-noquota",
+        "flood-noquota-off",
+        "flood-direct",
+        "flood-consumer",
+        "flood-consumer-off",
+        "flood-ids",
+    ):
         if phase in by:
             r = by[phase]
             verdict = (
@@ -802,14 +1147,50 @@ def target_lines(results: list[Result]) -> list[str]:
     return out
 
 
+def progress_line(res: Result) -> str:
+    """One phase's figures as it ends, on one line."""
+    victim = "no victim" if res.phase in NO_VICTIM else "no victim records"
+    return (
+        f"round {res.round} {res.phase}: "
+        + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else victim)
+        + (
+            f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota "
+            + " / ".join(f"{x:.2f}" for x in spread(res.flood_slices))
+            if res.flood_slices
+            else ""
+        )
+        + (f", mutations {res.mutations_per_s:.1f}/s" if res.mutations_per_s is not None else "")
+        + (f"; flood consumer {res.flood_read_mib_s:.0f} MiB/s" if res.flood_read_mib_s is not None else "")
+        + (f"; steady tenants MiB/s {_tenants(res)}" if res.tenant_mib_s else "")
+        + (
+            f"; windows p99 from the start {' '.join(f'{x:.0f}' for x in res.start_window_p99_ms)}, settled "
+            f"{' '.join(f'{x:.0f}' for x in res.window_p99_ms)}"
+            if res.start_window_p99_ms
+            else ""
+        )
+        + (
+            f"; consumer {res.consumer_mib_s:.0f} MiB/s gap p99 {res.consumer_gap_p99_ms:.0f} ms"
+            if res.consumer_gap_p99_ms is not None
+            else ""
+        )
+        + (
+            f"; loop lag max {res.lag_max_ms:.0f} ms, {res.lag_over_10ms} ≥ 10 ms, victim inside the proxy "
+            f"p99 {res.victim_in_proxy_p99_ms or 0:.2f} ms"
+            if res.lag_max_ms is not None
+            else ""
+        )
+        + f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "victim":
         return victim_main(argv[1], argv[2], float(argv[3]), Path(argv[4]))
     if argv and argv[0] == "flood":
-        return flood_main(argv[1], argv[2], float(argv[3]), Path(argv[4]), argv[5], argv[6])
+        return flood_main(argv[1], argv[2], float(argv[3]), Path(argv[4]), argv[5], argv[6], float(argv[7]))
     if argv and argv[0] == "consumer":
-        return consumer_main(argv[1], argv[2], float(argv[3]), Path(argv[4]))
+        return consumer_main(argv[1], argv[2], float(argv[3]), Path(argv[4]), *argv[5:6])
     if argv and argv[0] == "fill":
         return fill_main(argv[1], argv[2], int(argv[3]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -853,6 +1234,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the proxy records its per-request timeline and loop lag (KTP_TIMELINE): the loop's lag and the "
         "victim's time inside the proxy per phase; kept in the workdir with --keep",
     )
+    ap.add_argument(
+        "--hand-rate",
+        type=float,
+        default=2.0,
+        help="flood-hand's producer_byte_rate, MiB/s per broker, in a round with no flood-noquota to take fair "
+        "share's rate from (default 2)",
+    )
+    ap.add_argument(
+        "--steady-rate",
+        type=float,
+        default=6.0,
+        help="each steady tenant's rate, MiB/s over the three brokers (default 6: about a quarter of what these "
+        "brokers take)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the workdir (timelines, victims' records)")
     args = ap.parse_args(argv)
     phases = parse_phases(args.phases)
@@ -876,7 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         info = machine_info(cluster, code)
         if args.warmup > 0:
             print(f"warm-up: victim + flood straight to the cluster, {args.warmup:.0f} s", flush=True)
-            run_phase(cluster, workdir, "warmup", args.warmup, 0, True, cluster.bootstrap)
+            run_phase(cluster, workdir, "warmup", args.warmup, 0, "producers,mutations", cluster.bootstrap)
             print(f"cool-down after the warm-up: {_cool_down(args.cooldown):.0f} s", flush=True)
             # Then the victim alone through a proxy, unmeasured: in four runs the first measured phase after the
             # flood warm-up (alone-proxy) read 118-473 ms p99 against 31-134 ms for the same phase at the end, with
@@ -884,7 +1279,7 @@ def main(argv: list[str] | None = None) -> int:
             # mutation loop's metadata), it is not the reference's to carry.
             warm = ProxyProcess(workdir, cluster.bootstrap, {}, name="proxy-warmup").start()
             try:
-                quiet = run_phase(cluster, workdir, "warmup-alone", args.warmup, 0, False, warm.bootstrap)
+                quiet = run_phase(cluster, workdir, "warmup-alone", args.warmup, 0, None, warm.bootstrap)
             finally:
                 warm.terminate()
             print(
@@ -896,13 +1291,17 @@ def main(argv: list[str] | None = None) -> int:
         consumer_topic = None
         if args.consumer:
             consumer_topic = "iso-consumer-victim"
-            nodes = [b.node_id for b in cluster.brokers]
-            _create_topic(cluster, consumer_topic, [nodes[i:] + nodes[:i] for i in range(3)])
-            _wait(_spawn("fill", cluster.bootstrap, consumer_topic, str(CONSUMER_FILL)), 300, "fill")
+            _fill_topic(cluster, consumer_topic, CONSUMER_FILL)
             print(f"consumer victim's topic filled: {CONSUMER_FILL // MIB} MiB", flush=True)
+        backlog = None
+        if any(flood_parts(p, args.flood) == CONSUMER_FLOOD for p in phases):
+            backlog = "iso-backlog"
+            _fill_topic(cluster, backlog, BACKLOG_FILL)
+            print(f"consumer flooder's backlog filled: {BACKLOG_FILL // MIB} MiB", flush=True)
         for rnd, phase in ((r, p) for r in range(1, args.rounds + 1) for p in phases):
-            flood = phase.startswith("flood")
-            cfg = proxy_config(phase)
+            parts = flood_parts(phase, args.flood)
+            hand = hand_quota(results, rnd, args.hand_rate) if phase == "flood-hand" else None
+            cfg = proxy_config(phase, hand[:2] if hand else None)
             proxy = None
             if phase == "flood-broker":
                 _set_broker_quotas(cluster, add=True)
@@ -925,11 +1324,13 @@ def main(argv: list[str] | None = None) -> int:
                     phase,
                     args.seconds,
                     args.settle,
-                    flood,
+                    parts,
                     proxy.bootstrap if proxy else cluster.bootstrap,
-                    args.flood + PACING.get(phase, ""),
                     consumer_topic,
-                    None,
+                    victim=phase not in NO_VICTIM,
+                    backlog=backlog,
+                    steady_rate=args.steady_rate * MIB,
+                    quota_bytes=hand[0] if hand else BYTE_QUOTA,
                 )
             finally:
                 if proxy is not None:
@@ -937,39 +1338,21 @@ def main(argv: list[str] | None = None) -> int:
                     warnings += sum(1 for ln in proxy.log().splitlines() if " WARNING " in ln or " ERROR " in ln)
                 if phase == "flood-broker":
                     _set_broker_quotas(cluster, add=False)
+            if hand:
+                res.notes.insert(0, hand[2])
+            if proxy is not None:
+                res.notes += fair_share_notes(proxy.log())
             if timeline is not None and timeline.exists():
                 v_lo = res.window_lo
                 _read_timeline(res, timeline, v_lo, v_lo + args.seconds - args.settle - TAIL_S)
-            if flood:
+            if parts is not None:
                 res.notes.append(f"cool-down after it {_cool_down(args.cooldown):.0f} s")
             res.round = rnd
             results.append(res)
-            print(
-                f"round {rnd} {phase}: "
-                + (f"victim p50 {res.p50:.1f} ms p99 {res.p99:.1f} ms" if res.latencies_ms else "no victim records")
-                + (
-                    f"; flooder {res.flood_mib_s:.1f} MiB/s, slices/quota {spread(res.flood_slices)}"
-                    if res.flood_slices
-                    else ""
-                )
-                + f"; windows p99 {' '.join(f'{x:.0f}' for x in res.window_p99_ms)}"
-                + (
-                    f"; consumer {res.consumer_mib_s:.0f} MiB/s gap p99 {res.consumer_gap_p99_ms:.0f} ms"
-                    if res.consumer_gap_p99_ms is not None
-                    else ""
-                )
-                + (
-                    f"; loop lag max {res.lag_max_ms:.0f} ms, {res.lag_over_10ms} ≥ 10 ms, victim inside the proxy "
-                    f"p99 {res.victim_in_proxy_p99_ms or 0:.2f} ms"
-                    if res.lag_max_ms is not None
-                    else ""
-                )
-                + f"; load {res.load_before:.1f} → {res.load_after:.1f}; {'; '.join(res.notes)}",
-                flush=True,
-            )
+            print(progress_line(res), flush=True)
     minutes = (time.monotonic() - t_start) / 60
     table = format_table(results)
-    targets = target_lines(results)
+    targets = target_lines(results) + fair_share_lines(results, args.steady_rate)
     if args.rounds > 1:
         table = [*summary_table(results), "", "Every phase of every round:", "", *table]
     head = [

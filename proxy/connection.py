@@ -429,7 +429,9 @@ class Connection(ConnectionLife):
         counters.latency_count += 1
         prev = self._answered_at
         self._answered_at = now
-        self.services.policy.on_answer(self, pending, nbytes, now, pending.sent_at if pending.sent_at > prev else prev)
+        self.services.policy.on_answer(
+            self.policy_state, pending, nbytes, now, pending.sent_at if pending.sent_at > prev else prev
+        )
 
     def _on_response(self, frame: Any, out: list[Any], now: float) -> None:
         self._release_local(out, now)

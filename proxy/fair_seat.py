@@ -31,15 +31,10 @@ from protocol.inflight import Pending
 from protocol.request_fields import fetch_max_bytes_at, mutation_topics
 from proxy.decisions import Buffer, ConnState
 from proxy.verdicts import PolicyConnection
-from quotas.fair_share import MUTATION_WORK, REQUEST_WORK, BrokerLoad, FairShare, FairShareSettings, Tenant
-from quotas.kinds import NEVER_CHARGED_APIS
+from quotas.fair_share import MUTATION_WORK, REQUEST_WORK, TICK_MS, BrokerLoad, FairShare, FairShareSettings, Tenant
 
 _I32: Final = struct.Struct(">i")
 
-HELD_APIS: Final = frozenset({Api.PRODUCE, Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS})
-"""The requests fair share holds before the broker sees them: the ones that bring the broker work in their own
-bytes. A Fetch is capped and throttled instead; the rest are counted and never held."""
-MUTATION_APIS: Final = frozenset({Api.CREATE_TOPICS, Api.DELETE_TOPICS, Api.CREATE_PARTITIONS})
 FETCH_APIS: Final = frozenset({Api.FETCH, Api.SHARE_FETCH})
 TENANT_SEP: Final = "\x1f"
 """Between a ``user_client`` tenant key's user and client id (a byte no principal or client id is expected to hold;
@@ -111,27 +106,35 @@ class FairSeat:
 
     def request(
         self, conn: PolicyConnection, st: ConnState, header: RequestHeader, frame: Buffer, now_ms: int
-    ) -> tuple[Tenant, float]:
-        """Count one request: its tenant, and its pacing mark (-1: it need not wait, or is not held)."""
-        client_id = header.client_id or ""
-        t = st.fair
-        if (
-            t is None
-            or st.fair_client_id != client_id
-            or st.fair_user != st.identity.principal
-            or st.fair_stamp != t.broker.epoch
-        ):
-            t = self.bind(conn, st, client_id, now_ms)
+    ) -> tuple[Tenant | None, float]:
+        """Count one request: its tenant (None for the requests never charged), and its pacing mark (-1: it need not
+        wait, or is not held). Also runs the
+        loop's tick when one is due (``FairShare.tick``). Compiled and on every request: API keys are compared as
+        ints, not looked up in sets (a boxed key and a hash each)."""
         key = header.api_key
-        if key in NEVER_CHARGED_APIS:
-            return t, -1.0
-        work = float(len(frame) - 4 + REQUEST_WORK)
-        if key in MUTATION_APIS:
-            work += MUTATION_WORK * mutation_topics(frame, header)
-        mark = t.broker.charge(t, work, now_ms)
-        if mark >= 0 and key not in HELD_APIS:
-            return t, -1.0  # counted (its debt paces the tenant's next held request), never held itself
-        return t, mark
+        if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE or key == Api.API_VERSIONS:
+            # Never charged (NEVER_CHARGED_APIS; the quota APIs never reach here). After an authentication the
+            # principal may have changed: the next request binds again. Only then: the principal is not compared
+            # on every request (a generic attribute read, compiled), as it cannot change otherwise (a TLS one is
+            # known before any request; KIP-368 re-authentication keeps the principal).
+            st.fair = None
+            return None, -1.0
+        client_id = header.client_id
+        if client_id is None:
+            client_id = ""
+        t = st.fair
+        if t is None or st.fair_client_id != client_id or st.fair_stamp != t.broker.epoch:
+            t = self.bind(conn, st, client_id, now_ms)
+        state = self.state
+        if now_ms - state.last_tick_ms >= TICK_MS:
+            state.tick(now_ms)
+        if key == Api.PRODUCE:
+            return t, t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
+        if key == Api.CREATE_TOPICS or key == Api.DELETE_TOPICS or key == Api.CREATE_PARTITIONS:
+            work = float(len(frame) - 4 + REQUEST_WORK + MUTATION_WORK * mutation_topics(frame, header))
+            return t, t.broker.charge(t, work, now_ms)
+        t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
+        return t, -1.0  # counted (its debt paces the tenant's next held request), never held itself
 
     def fetch_cap(self, t: Tenant, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:
         """A Fetch from a paced tenant asks for at most what its bucket holds (as ``proxy.pacing.fetch_cap``); the
@@ -164,8 +167,9 @@ class FairSeat:
         b: BrokerLoad = t.broker
         now_ms = int(now * 1000 + 0.5)
         if pending.sample >= 0 and now > start:
-            b.sample(pending.sample, (now - start) * 1000.0, int(pending.sent_at * 1000 + 0.5), now_ms)
-        if pending.header.api_key in FETCH_APIS:
+            b.sample(pending.sample, (now - start) * 1000.0, pending.sent_at, now_ms)
+        key = pending.header.api_key
+        if key == Api.FETCH or key == Api.SHARE_FETCH:
             d = pending.decision
             if d is None or d.fair is None:
                 b.charge(t, float(nbytes), now_ms)

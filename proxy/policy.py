@@ -219,6 +219,8 @@ class Policy:
             st = conn.policy_state = ConnState(conn.identity)
         now_ms = ms(now)
         t, mark = fair.request(conn, st, header, frame, now_ms)
+        if t is None:
+            return self._decide(conn, header, frame, now, None, 0, st)
         if mark >= 0 and self.fair_enforce:  # over its share of a limited broker: it waits, unread behind it
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
@@ -226,7 +228,7 @@ class Policy:
                 return Defer(
                     lambda: self._after_fair_hold(conn, header, held, t, mark, now_ms), wait_s=wait_slice_s(wait_ms)
                 )
-        return self._decide(conn, header, frame, now, t)
+        return self._decide(conn, header, frame, now, t, 0, st)
 
     async def _after_fair_hold(
         self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, held_ms: int
@@ -237,6 +239,7 @@ class Policy:
         now = self._clock()
         now_ms = ms(now)
         if self.fair is not None and self.fair_enforce:
+            self.fair.state.tick(now_ms)  # a connection held this long may be the only one left to tick
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
                 return Defer(
@@ -280,13 +283,16 @@ class Policy:
         now: float,
         ft: Tenant | None = None,
         fair_ms: int = 0,
+        st: ConnState | None = None,
     ) -> Verdict:
         """The quotas' decision on one request. ``ft``: its fair-share tenant (None while fair share is off);
-        ``fair_ms``: how long fair share held it (recorded with the decision)."""
+        ``fair_ms``: how long fair share held it (recorded with the decision); ``st``: the connection's policy state
+        when the caller has read it (None: read here; compiled, ``conn.policy_state`` is a generic attribute read)."""
         key = header.api_key
         now_ms = ms(now)
         client_id = header.client_id or ""
-        st: ConnState | None = conn.policy_state  # the one read of it a request: the rest is native
+        if st is None:
+            st = conn.policy_state  # the one read of it a request: the rest is native
         b: BoundPlan | None
         if (
             st is not None
@@ -452,14 +458,14 @@ class Policy:
         self.recorder.record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms, not self.enforce)
         return pieces
 
-    def on_answer(self, conn: PolicyConnection, pending: Pending, nbytes: int, now: float, start: float) -> None:
+    def on_answer(self, st: ConnState | None, pending: Pending, nbytes: int, now: float, start: float) -> None:
         """Every answer from the broker (``nbytes`` long, read at ``now``; the broker could start on its request at
-        ``start``): fair share's sample of the broker's service time, and a Fetch's bytes counted to its tenant."""
+        ``start``) on a connection whose policy state is ``st`` (the connection passes its own attribute: read here
+        through the protocol, it is a generic attribute read): fair share's sample of the broker's service time, and
+        a Fetch's bytes counted to its tenant."""
         fair = self.fair
-        if fair is not None:
-            st: ConnState | None = conn.policy_state
-            if st is not None:
-                fair.answer(st, pending, nbytes, now, start)
+        if fair is not None and st is not None:
+            fair.answer(st, pending, nbytes, now, start)
 
     def fair_snapshot(self) -> tuple[list[BrokerSample], list[TenantSample]]:
         """Fair share's metrics (``proxy.fair_seat.FairSeat.snapshot``); empty while it is off."""
@@ -467,10 +473,12 @@ class Policy:
         return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
 
     def fair_tick(self) -> None:
-        """Fair share's control step (the server calls it every ``quotas.fair_share.TICK_MS``)."""
+        """Fair share's control step when no request has run it lately, and its state changes to the log (the server
+        calls it every second; requests tick it every ``quotas.fair_share.TICK_MS``)."""
         fair = self.fair
         if fair is not None:
-            for b, state in fair.state.tick(self.now_ms()):
+            fair.state.tick(self.now_ms())
+            for b, state in fair.state.take_changes():
                 self.recorder.fair_share_change(b, state, not self.fair_enforce)
 
     def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:

@@ -34,10 +34,12 @@ from proxy.sockets import ClientSide
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
-from quotas.fair_share import TICK_MS as FAIR_TICK_MS
 from quotas.fair_share import FairShare
 
 log = logging.getLogger(__name__)
+
+FAIR_IDLE_TICK_S = 1.0
+"""How often the server asks fair share for its state changes (and ticks it, when no request has)."""
 
 # APIs whose requests or responses the proxy decodes, so clients must not negotiate past kafka-python's schemas.
 DECODED_APIS = frozenset(
@@ -252,17 +254,21 @@ class Proxy:
         return None if fair is None else fair.state
 
     async def _fair_ticks(self) -> None:
-        """Fair share's control loop, every tick (``quotas.fair_share.TICK_MS``) while it is on; a reload may turn
-        it on or off, so the task runs for the life of the server and costs a wake-up a tick."""
+        """Fair share's state changes to the log, and its control step when no request has run it (requests tick
+        it every ``quotas.fair_share.TICK_MS``): once a second, for the life of the server (a reload may turn fair
+        share on or off). The timeline, when on, gets every broker's loop at each wake-up."""
         while True:
-            await asyncio.sleep(FAIR_TICK_MS / 1000)
+            await asyncio.sleep(FAIR_IDLE_TICK_S)
             try:
                 self.policy.fair_tick()
                 timeline = self.loop_lag.timeline
-                if timeline is not None and self.policy.fair is not None:  # diagnosis: each broker's loop, each tick
-                    now = time.monotonic()
-                    for b in self.policy.fair.state.brokers.values():
-                        timeline.append(("fair", b.key, now, b.limit, b.level, b.q, b.base, b.state, len(b.tenants)))
+                fair = self.policy.fair
+                if timeline is not None and fair is not None:  # diagnosis: each broker's loop, each tick
+                    if fair.state.trace is None:
+                        fair.state.trace = []
+                    for at_ms, *rest in fair.state.trace:
+                        timeline.append(("fair", rest[0], at_ms / 1000, *rest[1:]))
+                    fair.state.trace.clear()
             except Exception:  # a bug here must not end fair share for good
                 log.exception("fair share's tick failed; trying again at the next")
 

@@ -58,9 +58,10 @@ MIN_SAMPLES: Final = 3
 for the next tick (up to :data:`MAX_CARRY_TICKS`)."""
 MAX_CARRY_TICKS: Final = 10
 """Samples older than this many ticks are dropped undecided: a second-old delay says nothing of now."""
-MAX_TICK_SAMPLES: Final = 256
-"""Samples kept per broker per tick at most (every 2nd is dropped past it): the median needs no more, and memory
-stays bounded whatever the request rate."""
+MAX_TICK_SAMPLES: Final = 64
+"""Samples kept per broker per tick at most (past it every other one is dropped, and the tick goes on from 32): a
+tick's median needs no more, memory stays bounded whatever the request rate, and the tick's sort stays a few
+thousand instructions (with 256 it was most of a tick's cost)."""
 BASELINE_EPOCH_MS: Final = 30_000
 """A class's baseline is the minimum over the current epoch and the previous one (30-60 s). Long enough that a
 tick of noise does not move it; short enough that a broker that really became slower (a new disk, a busier host)
@@ -154,16 +155,24 @@ waits for data up to ``max_wait_ms``), JoinGroup/SyncGroup (rebalances) nor the 
 SIZE_CLASSES: Final = 7
 """Request sizes per family: below 1 KiB, 4, 16, 64, 256 KiB, 1 MiB, and larger (log4)."""
 CLASSES: Final = 5 * SIZE_CLASSES
+_FAMILY: Final[list[int]] = [SAMPLED_APIS.get(key, -1) for key in range(max(SAMPLED_APIS) + 1)]
+""":data:`SAMPLED_APIS` as a list by api key: every forwarded request reads it (compiled, a list slot is native
+where a dict lookup boxes the key)."""
 
 
 def sample_class(api_key: int, acks: int, size: int) -> int:
     """The baseline class of a request (-1: its round trip is not a sample). ``acks``: a Produce's acks (-1
     all, 0 none: no answer, never a sample), any value for other APIs."""
-    family = SAMPLED_APIS.get(api_key, -1)
-    if family < 0 or (api_key == 0 and acks == 0):
+    if api_key == 0:
+        if acks == 0:
+            return -1
+        family = 1 if acks == -1 else 0
+    elif 0 < api_key < len(_FAMILY):
+        family = _FAMILY[api_key]
+        if family < 0:
+            return -1
+    else:
         return -1
-    if api_key == 0 and acks == -1:
-        family = 1
     k = 0
     s = size >> 10
     while s > 0 and k < SIZE_CLASSES - 1:
@@ -283,11 +292,12 @@ class BrokerLoad:
         "settings",
         "baselines",
         "delays",
-        "bases",
+        "tick_base",
         "carried",
         "limit",
         "level",
         "changed_ms",
+        "changed_s",
         "held_ms",
         "tenants",
         "arrived",
@@ -314,9 +324,9 @@ class BrokerLoad:
         self.settings = settings
         self.baselines: list[Baseline | None] = [None] * CLASSES
         self.delays: list[float] = []
-        self.bases: list[float] = []
-        """The baselines of the tick's samples: the smallest sets a target that scales with a slow broker's quickest
-        requests (not the median: a flood's megabyte requests have baselines of tens of milliseconds)."""
+        self.tick_base = math.inf
+        """The smallest baseline among the tick's samples: it sets a target that scales with a slow broker's quickest
+        requests (not their median: a flood's megabyte requests have baselines of tens of milliseconds)."""
         self.carried = 0
         self.limit = 0.0
         """Work bytes/s admitted at most; 0: unlimited (not saturated, or nobody to protect)."""
@@ -324,6 +334,8 @@ class BrokerLoad:
         """The water level: every tenant on the broker is paced at ``level × weight`` while limited."""
         self.changed_ms = now_ms
         """When the limit last changed: samples of requests sent before it are ignored."""
+        self.changed_s = now_ms / 1000
+        """:attr:`changed_ms` in seconds, the clock a request's ``sent_at`` is in (one compare a sample)."""
         self.held_ms = now_ms
         """When a tenant was last held back (for :data:`RELEASE_MS`)."""
         self.tenants: dict[str, Tenant] = {}
@@ -363,9 +375,9 @@ class BrokerLoad:
         """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
 
     # -------------------------------------------------------------------------------------------- samples
-    def sample(self, cls: int, service_ms: float, sent_ms: int, now_ms: int) -> None:
+    def sample(self, cls: int, service_ms: float, sent_s: float, now_ms: int) -> None:
         """One request of baseline class ``cls`` (:func:`sample_class`) took the broker ``service_ms``; it was
-        sent at ``sent_ms``."""
+        sent at ``sent_s`` (monotonic seconds)."""
         if cls < 0 or cls >= CLASSES:
             return
         b = self.baselines[cls]
@@ -373,14 +385,14 @@ class BrokerLoad:
             b = self.baselines[cls] = Baseline(now_ms)
         base = b.add(service_ms, now_ms)
         self.samples_total += 1
-        if base == math.inf or sent_ms < self.changed_ms:
+        if base == math.inf or sent_s < self.changed_s:
             return
         delays = self.delays
         if len(delays) >= MAX_TICK_SAMPLES:
             del delays[::2]
-            del self.bases[::2]
         delays.append(service_ms - base)
-        self.bases.append(base)
+        if base < self.tick_base:
+            self.tick_base = base
 
     # -------------------------------------------------------------------------------------------- tenants
     def tenant(self, key: str, weight: float, now_ms: int) -> Tenant:
@@ -448,7 +460,7 @@ class BrokerLoad:
     def tick(self, now_ms: int, tick_ms: int = TICK_MS) -> str:
         """One control step: demand, signal, law, division. Returns the state (``open``, ``cut``, ``grow``,
         ``hold``)."""
-        alpha = 1.0 - math.exp(-tick_ms / DEMAND_TAU_MS)
+        alpha = _alpha(tick_ms, DEMAND_TAU_MS)
         per_s = 1000.0 / tick_ms
         active: list[Tenant] = []
         held = False
@@ -478,16 +490,16 @@ class BrokerLoad:
             self.carried += 1
             if self.carried >= MAX_CARRY_TICKS:
                 delays.clear()
-                self.bases.clear()
+                self.tick_base = math.inf
                 self.carried = 0
             q = -1.0
         else:
             q = _median(delays)
-            self.base = min(self.bases)
+            self.base = self.tick_base
             self.q = q
-            self.q_avg += (1.0 - math.exp(-tick_ms / Q_TAU_MS)) * (q - self.q_avg)
+            self.q_avg += _alpha(tick_ms, Q_TAU_MS) * (q - self.q_avg)
             delays.clear()
-            self.bases.clear()
+            self.tick_base = math.inf
             self.carried = 0
         s = self.settings
         d = s.target_delay_ms
@@ -495,8 +507,16 @@ class BrokerLoad:
             d = 0.5 * self.base
         self.target = d
 
+        was_open = self.limit <= 0
+        if was_open and (q < 0 or q <= d) and self.members == 1:
+            # The usual tick of a healthy broker: nothing to cut, nobody paced, no fleet to tell; no floor to find.
+            for t in self.tenants.values():
+                t.held_tick = False
+            self.light_sum = 0.0
+            self.state = "open"
+            return self.state
         self.state = self._law(q, d, self._floor(active, now_ms), used, now_ms)
-        self._divide(active, now_ms)
+        self._divide(active, now_ms, was_open)
         return self.state
 
     def _law(self, q: float, d: float, floor: float, used: float, now_ms: int) -> str:
@@ -508,6 +528,7 @@ class BrokerLoad:
             # Nobody left to protect (one tenant, or all alike), or nobody held back for a while at a low delay.
             self.limit = 0.0
             self.changed_ms = now_ms
+            self.changed_s = now_ms / 1000
             return "open"
         if 0 < limit < floor:  # the light tenants use more than they did: the floor rises under them
             self.limit = limit = floor
@@ -528,6 +549,7 @@ class BrokerLoad:
                 self.cut_from = limit
                 self.limit = new
                 self.changed_ms = now_ms
+                self.changed_s = now_ms / 1000
                 wait = q + self.base
                 self.next_cut_ms = now_ms + (int(wait) if wait > TICK_MS else TICK_MS)
                 self.cuts += 1
@@ -542,6 +564,7 @@ class BrokerLoad:
             if self.limit > self.peak:
                 self.peak = self.limit
             self.changed_ms = now_ms
+            self.changed_s = now_ms / 1000
             self.grows += 1
             return "grow"
         return "hold" if limit > 0 else "open"
@@ -622,7 +645,7 @@ class BrokerLoad:
             if room < 0:
                 t.sparse = False
 
-    def _divide(self, active: list[Tenant], now_ms: int) -> None:
+    def _divide(self, active: list[Tenant], now_ms: int, was_open: bool = False) -> None:
         """Max-min division of the limit (:func:`water_level`) among the heavy tenants, after the sparse ones'
         demand: a heavy tenant's bucket at the level, a sparse one's at no less than :data:`LIGHT_HEADROOM` times its
         own demand (and, new, half the sparse share: :data:`GRACE_MS`), so that a tenant below its share is not held
@@ -632,8 +655,9 @@ class BrokerLoad:
             t.held_tick = False
         if limit <= 0:
             self.level = 0.0
-            for t in self.tenants.values():
-                t.paced = False  # a request still held asks again, finds it unpaced, and goes (BrokerLoad.wait_ms)
+            if not was_open:
+                for t in self.tenants.values():
+                    t.paced = False  # a request still held asks again, finds it unpaced, and goes (wait_ms)
             return
         demands = [(t.demand if t.sparse else math.inf) for t in active]
         level = water_level(demands, [t.weight for t in active], limit)
@@ -671,6 +695,21 @@ def water_level(demands: list[float], weights: list[float], capacity: float) -> 
     return top + (remaining if remaining > 0 else 0.0)
 
 
+_ALPHAS: dict[tuple[int, int], float] = {}
+
+
+def _alpha(dt_ms: int, tau_ms: int) -> float:
+    """The weight of a new value in an exponential average of time constant ``tau_ms``, ``dt_ms`` after the last:
+    remembered (ticks come every :data:`TICK_MS`, so one or two keys; ``exp`` is a call into libm each time)."""
+    key = (dt_ms, tau_ms)
+    a = _ALPHAS.get(key)
+    if a is None:
+        if len(_ALPHAS) > 1024:
+            _ALPHAS.clear()
+        a = _ALPHAS[key] = 1.0 - math.exp(-dt_ms / tau_ms)
+    return a
+
+
 def _median(values: list[float]) -> float:
     s = sorted(values)
     n = len(s)
@@ -681,7 +720,7 @@ def _median(values: list[float]) -> float:
 class FairShare:
     """Every broker's load, keyed by the proxy's name for the broker (its listener label)."""
 
-    __slots__ = ("settings", "brokers", "weights", "last_tick_ms", "members")
+    __slots__ = ("settings", "brokers", "weights", "last_tick_ms", "changes", "trace", "members")
 
     def __init__(self, settings: FairShareSettings, weights: dict[str, float] | None = None) -> None:
         self.settings = settings
@@ -689,6 +728,10 @@ class FairShare:
         self.weights: dict[str, float] = dict(weights or {})
         """Tenant key -> weight (1 when absent)."""
         self.last_tick_ms = -1
+        self.changes: list[tuple[BrokerLoad, str]] = []
+        """Brokers whose state changed from open to limited or back since :meth:`take_changes` (for the log)."""
+        self.trace: list[tuple[int, str, float, float, float, float, str, int]] | None = None
+        """Diagnosis (the proxy's timeline): every broker's loop at every tick, when set (drained by its owner)."""
         self.members = 1
         """The fleet's live members (1: a proxy on its own), given to every broker (:meth:`set_members`)."""
 
@@ -741,17 +784,21 @@ class FairShare:
     def tenant(self, broker: BrokerLoad, key: str, now_ms: int) -> Tenant:
         return broker.tenant(key, self.weights.get(key, 1.0), now_ms)
 
-    def tick(self, now_ms: int) -> list[tuple[BrokerLoad, str]]:
-        """Run every broker's control step once per :data:`TICK_MS` (called more often, it waits); the brokers
-        whose state changed from open to limited or back, for the log."""
+    def tick(self, now_ms: int) -> None:
+        """Run every broker's control step, once per :data:`TICK_MS` (called more often, it returns at once: the
+        proxy calls it from each request, so a busy proxy ticks on time and an idle one costs no timer)."""
         if self.last_tick_ms >= 0 and now_ms - self.last_tick_ms < TICK_MS:
-            return []
+            return
         elapsed = TICK_MS if self.last_tick_ms < 0 else min(now_ms - self.last_tick_ms, 10 * TICK_MS)
         self.last_tick_ms = now_ms
-        changed = []
         for b in self.brokers.values():
             was_open = b.limit <= 0
             b.tick(now_ms, elapsed)
-            if was_open != (b.limit <= 0):
-                changed.append((b, b.state))
-        return changed
+            if was_open != (b.limit <= 0) and len(self.changes) < 4096:
+                self.changes.append((b, b.state))
+            if self.trace is not None and len(self.trace) < 100_000:
+                self.trace.append((now_ms, b.key, b.limit, b.level, b.q, b.base, b.state, len(b.tenants)))
+
+    def take_changes(self) -> list[tuple[BrokerLoad, str]]:
+        changes, self.changes = self.changes, []
+        return changes

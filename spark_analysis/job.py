@@ -6,15 +6,21 @@ Stages (each logs a line; see :class:`spark_analysis.progress.Progress`):
 2. usage_1s        - per (user, client_id, second): amount charged per quota kind, requests, bytes, logged
                      limits and throttles. Written, then read back: every later usage figure comes from this
                      much smaller table instead of rescanning the raw log.
-3. throttle_totals - per (user, client_id): decisions, throttled requests and time, rejects, mutes, shadow.
-4. latency         - per API: upstream latency percentiles.
-5. usage_windows   - per (user, client_id, kind, window): rate over ``window_s`` windows (Kafka measures over
+3. throttle_totals - per (user, client_id): decisions, throttled requests and time, rejects, mutes, shadow, and
+                     the requests fair share held.
+4. fair share      - per (proxy, broker): the episodes in which fair share limited a broker (saturated ..
+                     released); per (user, client_id, broker): the requests it held and how long.
+5. latency         - per API: upstream latency percentiles.
+6. usage_windows   - per (user, client_id, kind, window): rate over ``window_s`` windows (Kafka measures over
                      11 x 1 s samples, so 10 s windows are what a quota sees; producer ids use their own window).
-6. recommendations - per user and per (user, client_id) and kind: p-th percentile of windowed rate x headroom,
+7. recommendations - per user and per (user, client_id) and kind: p-th percentile of windowed rate x headroom,
                      optional max-min fair split of a cluster budget; the reasoning is a column.
-7. what-if replay  - (with a proposed config) every charge, grouped by bucket and time-ordered, through the
+8. what-if replay  - (with a proposed config) every charge, grouped by bucket and time-ordered, through the
                      proxy's own quotas/ code in ``applyInPandas``; per-charge results and per-bucket totals.
-8. report          - one self-contained HTML file.
+9. report          - one self-contained HTML file.
+
+Fair share's own events (``event`` "fair_share": a broker saturated or was released) belong to a broker, not to a
+tenant: every stage but the overview and the fair-share stage reads :func:`traffic`, which leaves them out.
 
 Nothing raw is collected to the driver: only aggregates bounded by the number of entities / plot bins.
 """
@@ -30,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from quotas.kinds import CLUSTER_WIDE_KEYS, KINDS
+from quotas.kinds import CLUSTER_WIDE_KEYS, FETCH, KINDS, SHARE_FETCH
 from spark_analysis.progress import Progress
 from spark_analysis.quota_config import KIND_KEYS, ReplayConfig
 from spark_analysis.replay import (
@@ -43,7 +49,14 @@ from spark_analysis.replay import (
     make_replay_fn,
     resolve_pairs,
 )
-from spark_analysis.schema import QUOTA_KINDS, amount_column, read_events
+from spark_analysis.schema import (
+    FAIR_RELEASED,
+    FAIR_SATURATED,
+    FAIR_SHARE,
+    QUOTA_KINDS,
+    amount_column,
+    read_events,
+)
 
 log = logging.getLogger("spark_analysis")
 
@@ -80,6 +93,12 @@ class JobResult:
     recommendations: pd.DataFrame
     whatif_summary: pd.DataFrame | None
     replay_agreement: pd.DataFrame | None
+    fair_episodes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Fair share's saturation episodes (the first :data:`FAIR_EPISODE_ROWS`, by broker and time)."""
+    fair_brokers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per (broker, proxy): its episodes, saturated seconds and held requests."""
+    fair_held: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per (user, client_id, broker): the requests fair share held, by total wait (the first :data:`FAIR_HELD_ROWS`)."""
 
 
 # ------------------------------------------------------------------------------------------------- session
@@ -199,11 +218,32 @@ def prepare(events: DataFrame) -> DataFrame:
     return events.select("*", *cols)
 
 
+def traffic(events: DataFrame) -> DataFrame:
+    """The events that carry requests: all but fair share's state changes.
+
+    Why: a ``fair_share`` event is a broker's (no user, ``requests`` 0, ``api_key`` -1). Left in, every
+    per-entity table gains a null tenant, and :func:`spark_analysis.schema.amount_column`, which prices an
+    ``api_key`` -1 summary's request time, charges that tenant a request's cost per state change (a null user in
+    the usage, the recommendations and the replay). Requests fair share held are kept: they are traffic.
+    """
+    return events.where(~F.col("event").eqNullSafe(FAIR_SHARE))
+
+
+def _fair_held() -> Column:
+    """A request fair share held (a Produce or mutation waited, a Fetch was throttled) longer than any quota
+    throttled it: the proxy logs those with action ``fair_share`` and the wait as ``throttle_ms``."""
+    return (F.col("event") == "request") & (F.col("action") == FAIR_SHARE)
+
+
 def overview(events: DataFrame) -> dict[str, Any]:
+    """Counts over every event, fair share's state changes included: the per-proxy ``seq`` gaps need them all
+    (the writer numbers them too); they carry no request, so ``requests`` is unchanged."""
     row = events.agg(
         F.count(F.lit(1)).alias("events"),
         F.sum(F.when(F.col("event") == "request", 1).otherwise(0)).alias("request_events"),
         F.sum(F.when(F.col("event") == "summary", 1).otherwise(0)).alias("summary_events"),
+        F.sum(F.when(F.col("event") == FAIR_SHARE, 1).otherwise(0)).alias("fair_share_events"),
+        F.sum(F.when(_fair_held(), 1).otherwise(0)).alias("fair_share_held"),
         F.sum("requests").alias("requests"),
         F.min("ts_ms").alias("first_ts_ms"),
         F.max("ts_ms").alias("last_ts_ms"),
@@ -237,6 +277,7 @@ def overview(events: DataFrame) -> dict[str, Any]:
 
 
 def usage_per_second(events: DataFrame) -> DataFrame:
+    events = traffic(events)
     aggs = [
         F.sum("requests").alias("requests"),
         F.count(F.lit(1)).alias("events"),
@@ -256,7 +297,14 @@ def usage_per_second(events: DataFrame) -> DataFrame:
 
 
 def throttle_totals(events: DataFrame) -> DataFrame:
+    """Per (user, client_id). ``throttled`` / ``throttle_ms`` count every request the proxy slowed, whatever the
+    reason: a request fair share held is in them with its wait (the log's ``throttle_ms`` is the longest of the
+    quotas' throttles and fair share's wait), and ``fair_share_held`` / ``fair_share_ms`` single those out, as the
+    per-kind columns single out each quota's. A held request's quota columns keep the quota's own (shorter)
+    throttle, so neither reason is lost, and ``throttle_ms`` stays what the client was made to wait."""
+    events = traffic(events)
     act = F.col("action")
+    held = _fair_held()
     aggs = [
         F.sum("requests").alias("requests"),
         F.sum(F.when(F.col("event") == "request", 1).otherwise(0)).alias("decisions"),
@@ -267,6 +315,8 @@ def throttle_totals(events: DataFrame) -> DataFrame:
         F.sum(F.coalesce(F.col("rejected_topics"), F.lit(0))).alias("rejected_topics"),
         F.sum(F.when(act == "mute", 1).otherwise(0)).alias("mutes"),
         F.sum(F.when(F.col("shadow") & (act != "pass"), 1).otherwise(0)).alias("shadow_not_enforced"),
+        F.sum(F.when(held, 1).otherwise(0)).alias("fair_share_held"),
+        F.sum(F.when(held, F.coalesce(F.col("throttle_ms"), F.lit(0))).otherwise(0)).alias("fair_share_ms"),
         F.sum("bytes_in").alias("bytes_in"),
         F.sum("bytes_out").alias("bytes_out"),
     ]
@@ -277,6 +327,178 @@ def throttle_totals(events: DataFrame) -> DataFrame:
             F.sum(F.coalesce(t, F.lit(0))).alias(f"{k}_throttle_ms"),
         ]
     return events.groupBy("user", "client_id").agg(*aggs)
+
+
+FAIR_EPISODE_ROWS = 5000
+"""Episodes the driver collects for the report's timeline (the Parquet table has them all)."""
+FAIR_HELD_ROWS = 200
+"""(user, client_id, broker) rows of held requests the driver collects for the report, by total wait."""
+
+
+def _fair_broker() -> Column:
+    """The broker fair share acted on: ``fair_broker``; else the scope, which the proxy sets to the broker on its
+    state changes (a held request whose tenant binding was gone by its answer is logged without fair columns)."""
+    return F.coalesce(F.col("fair_broker"), F.col("scope"), F.lit("")).alias("broker")
+
+
+def fair_share_held(events: DataFrame) -> DataFrame:
+    """Per (user, client_id, broker): the requests fair share held (``fair_share`` action), their total and
+    longest wait (``throttle_ms``), how many were Fetches (throttled at their answer rather than held before the
+    broker saw them), how many in shadow mode (not enforced), and the range of the level they were paced at.
+
+    Only requests whose longest reason was fair share are logged as such (the proxy writes one action per
+    request); one a quota throttled longer counts in that quota's columns instead."""
+    wait = F.coalesce(F.col("throttle_ms"), F.lit(0))
+    return (
+        events.where(_fair_held())
+        .groupBy("user", "client_id", _fair_broker())
+        .agg(
+            F.count(F.lit(1)).alias("held"),
+            F.sum(wait).alias("wait_ms"),
+            F.max(wait).alias("max_wait_ms"),
+            F.sum(F.when(F.col("api_key").isin(FETCH, SHARE_FETCH), 1).otherwise(0)).alias("fetches"),
+            F.sum(F.when(F.col("shadow"), 1).otherwise(0)).alias("shadow"),
+            F.min("fair_level").alias("level_min"),
+            F.max("fair_level").alias("level_max"),
+            F.min("ts_ms").alias("first_ts_ms"),
+            F.max("ts_ms").alias("last_ts_ms"),
+        )
+    )
+
+
+def fair_share_episodes(events: DataFrame) -> DataFrame:
+    """Per (proxy, broker): each episode in which fair share limited the broker, from its ``saturated`` event to
+    the ``released`` that follows it, with the limit and level at saturation (``*_first``), their range over the
+    episode (the saturation and every request held in it: nothing else logs them), the delay, baseline, target and
+    tenants at saturation, and the requests held in it.
+
+    Per proxy because each proxy instance runs its own fair share (a fleet's members may each limit the same
+    broker). Events are taken in the order the proxy logged them (``seq``, then time; in one millisecond a
+    saturation before what it held, a release after), and a held request belongs to the episode it was logged in:
+    one answered just after the release is in none. Incomplete episodes are kept, with a null end or start: a
+    saturation not released when the log ends (or followed by another saturation: a restart or a dropped event),
+    and a release whose saturation predates the log (requests held before it are counted to it).
+    """
+    is_fair = (F.col("event") == FAIR_SHARE) & F.col("action").isin(FAIR_SATURATED, FAIR_RELEASED)
+    rows = events.where(is_fair | _fair_held()).select(
+        F.coalesce(F.col("proxy"), F.lit("")).alias("proxy"),
+        _fair_broker(),
+        "ts_ms",
+        "seq",
+        F.when(is_fair, F.col("action")).alias("boundary"),
+        _fair_held().alias("is_held"),
+        F.when(is_fair & (F.col("action") == FAIR_SATURATED), 0).when(is_fair, 2).otherwise(1).alias("tie"),
+        "fair_limit",
+        "fair_level",
+        "fair_delay_ms",
+        "fair_baseline_ms",
+        "fair_target_ms",
+        "fair_tenants",
+        "throttle_ms",
+        "user",
+        "client_id",
+        "shadow",
+    )
+    order = Window.partitionBy("proxy", "broker").orderBy("seq", "ts_ms", "tie")
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    after = order.rowsBetween(1, Window.unboundedFollowing)
+    b, held = F.col("boundary"), F.col("is_held")
+    sat, rel = b == FAIR_SATURATED, b == FAIR_RELEASED
+    marked = (
+        rows.withColumn("bid", F.when(b.isNotNull(), F.row_number().over(order)))
+        .withColumn("prev", F.last("boundary", ignorenulls=True).over(before))
+        .withColumn("prev_bid", F.last("bid", ignorenulls=True).over(before))
+        .withColumn("next", F.first("boundary", ignorenulls=True).over(after))
+        .withColumn("next_bid", F.first("bid", ignorenulls=True).over(after))
+    )
+    # An episode is named by its saturation's row number, or by its release's when the saturation is not logged.
+    after_sat = F.col("prev") == FAIR_SATURATED
+    episode = (
+        F.when(sat, F.col("bid"))
+        .when(rel & after_sat, F.col("prev_bid"))
+        .when(rel, F.col("bid"))
+        .when(held & after_sat, F.col("prev_bid"))
+        .when(held & (F.col("next") == FAIR_RELEASED), F.col("next_bid"))
+    )
+    limited = sat | held  # a release logs limit 0: not part of the range
+
+    def at_saturation(col: str) -> Column:
+        return F.max(F.when(sat, F.col(col)))
+
+    eps = (
+        marked.withColumn("episode", episode)
+        .where(F.col("episode").isNotNull())
+        .groupBy("proxy", "broker", "episode")
+        .agg(
+            at_saturation("ts_ms").alias("saturated_ts_ms"),
+            F.max(F.when(rel, F.col("ts_ms"))).alias("released_ts_ms"),
+            at_saturation("next").alias("next_after_saturation"),
+            at_saturation("fair_limit").alias("limit_first"),
+            F.min(F.when(limited, F.col("fair_limit"))).alias("limit_min"),
+            F.max(F.when(limited, F.col("fair_limit"))).alias("limit_max"),
+            at_saturation("fair_level").alias("level_first"),
+            F.min(F.when(limited, F.col("fair_level"))).alias("level_min"),
+            F.max(F.when(limited, F.col("fair_level"))).alias("level_max"),
+            at_saturation("fair_delay_ms").alias("delay_ms"),
+            at_saturation("fair_baseline_ms").alias("baseline_ms"),
+            at_saturation("fair_target_ms").alias("target_ms"),
+            at_saturation("fair_tenants").alias("tenants"),
+            F.sum(F.when(held, 1).otherwise(0)).alias("held"),
+            F.sum(F.when(held, F.coalesce(F.col("throttle_ms"), F.lit(0))).otherwise(0)).alias("held_ms"),
+            # "\x1f": no user or client id is expected to hold it, so two tenants cannot join into one
+            F.countDistinct(F.when(held, F.concat_ws("\x1f", "user", "client_id"))).alias("held_tenants"),
+            F.max(F.when(b.isNotNull(), F.col("shadow").cast("int"))).alias("shadow"),
+        )
+    )
+    start, end = F.col("saturated_ts_ms"), F.col("released_ts_ms")
+    ending = (
+        F.when(start.isNull(), F.lit("released; saturated before the log begins"))
+        .when(end.isNotNull(), F.lit("released"))
+        .when(
+            F.col("next_after_saturation") == FAIR_SATURATED,
+            F.lit("saturated again with no release logged (a proxy restart or dropped events)"),
+        )
+        .otherwise(F.lit("still saturated at the end of the log"))
+    )
+    return eps.select(
+        "proxy",
+        "broker",
+        "saturated_ts_ms",
+        "released_ts_ms",
+        ((end - start) / 1000.0).alias("duration_s"),
+        ending.alias("ending"),
+        "limit_first",
+        "limit_min",
+        "limit_max",
+        "level_first",
+        "level_min",
+        "level_max",
+        "delay_ms",
+        "baseline_ms",
+        "target_ms",
+        "tenants",
+        "held",
+        "held_ms",
+        "held_tenants",
+        (F.col("shadow") > 0).alias("shadow"),
+    )
+
+
+def fair_share_brokers(episodes: DataFrame) -> DataFrame:
+    """Per (broker, proxy), from :func:`fair_share_episodes`: episodes, the seconds of the complete ones (an
+    episode with no logged start or end has no duration: ``incomplete`` counts them), the limit's range, the
+    worst delay at a saturation and the requests held."""
+    return episodes.groupBy("broker", "proxy").agg(
+        F.count(F.lit(1)).alias("episodes"),
+        F.sum("duration_s").alias("saturated_s"),
+        F.sum(F.when(F.col("duration_s").isNull(), 1).otherwise(0)).alias("incomplete"),
+        F.min("limit_min").alias("limit_min"),
+        F.max("limit_max").alias("limit_max"),
+        F.max("delay_ms").alias("max_delay_ms"),
+        F.sum("held").alias("held"),
+        F.sum("held_ms").alias("held_ms"),
+        F.min(F.coalesce(F.col("saturated_ts_ms"), F.col("released_ts_ms"))).alias("first_ts_ms"),
+    )
 
 
 def latency(events: DataFrame) -> DataFrame:
@@ -446,6 +668,7 @@ def finish_recommendations(
 
 def charges(events: DataFrame, kinds: list[str], cluster_scope: bool) -> DataFrame:
     """Events -> one row per (event, kind) with something to charge, with the time the proxy charges it at."""
+    events = traffic(events)  # fair share's state changes charge nobody
     parts = []
     for k in kinds:
         # Produce bytes, request time, new producer ids and mutations are charged when the request arrives; fetch
@@ -665,7 +888,7 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
     out = opts.out.rstrip("/")
     if "://" not in out:
         Path(out).mkdir(parents=True, exist_ok=True)
-    total = 7 + (1 if opts.quotas else 0) + (1 if opts.report else 0)
+    total = 8 + (1 if opts.quotas else 0) + (1 if opts.report else 0)
     prog = Progress(spark.sparkContext, total)
     ship_code(spark)
     pid_window_s = max(1, round(opts.quotas.windows.pids.size_ms / 1000)) if opts.quotas else 3600
@@ -694,6 +917,28 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
                 totals.orderBy(F.desc("throttle_ms"), F.desc("rejected_topics"), F.desc("bytes_in"))
                 .limit(opts.top)
                 .toPandas()
+            )
+        with prog.stage("fair share episodes and held tenants"):
+            _write(fair_share_episodes(events), out, "fair_share_episodes", tables)
+            episodes = spark.read.parquet(tables["fair_share_episodes"])
+            fair_brokers: pd.DataFrame = fair_share_brokers(episodes).orderBy("broker", "proxy").toPandas()
+            fair_episodes: pd.DataFrame = (
+                episodes.orderBy("broker", "proxy", F.coalesce(F.col("saturated_ts_ms"), F.col("released_ts_ms")))
+                .limit(FAIR_EPISODE_ROWS)
+                .toPandas()
+            )
+            _write(fair_share_held(events), out, "fair_share_held", tables)
+            fair_held: pd.DataFrame = (
+                spark.read.parquet(tables["fair_share_held"])
+                .orderBy(F.desc("wait_ms"), F.desc("held"), "user", "client_id", "broker")
+                .limit(FAIR_HELD_ROWS)
+                .toPandas()
+            )
+            log.info(
+                "  fair share: %d saturation episodes on %d brokers; %d (tenant, broker) pairs held",
+                int(fair_brokers["episodes"].sum()) if len(fair_brokers) else 0,
+                fair_brokers["broker"].nunique() if len(fair_brokers) else 0,
+                spark.read.parquet(tables["fair_share_held"]).count(),
             )
         with prog.stage("latency per API"):
             _write(latency(events), out, "latency", tables)
@@ -756,11 +1001,25 @@ def run(spark: SparkSession, opts: JobOptions) -> JobResult:
         report_path = None
         if opts.report:
             with prog.stage("HTML report"):
+                fair = {"episodes": fair_episodes, "brokers": fair_brokers, "held": fair_held}
                 report_path = report_mod.write_report(
-                    out, ov, top, lat, rec, summary_pd, agreement_pd, plots, opts, tables
+                    out, ov, top, lat, rec, summary_pd, agreement_pd, plots, opts, tables, fair
                 )
                 log.info("  report: %s", report_path)
     finally:
         prog.close()
     log.info("done in %.1f s; tables in %s", time.monotonic() - t0, out)
-    return JobResult(out, ov, tables, prog.timings, report_path, top, rec, summary_pd, agreement_pd)
+    return JobResult(
+        out,
+        ov,
+        tables,
+        prog.timings,
+        report_path,
+        top,
+        rec,
+        summary_pd,
+        agreement_pd,
+        fair_episodes,
+        fair_brokers,
+        fair_held,
+    )

@@ -72,6 +72,7 @@ MAX_SERIES = 6
 HEATMAP_ROWS = 20
 HEATMAP_BINS = 60
 SERIES_BINS = 400
+EPISODE_TABLE_ROWS = 200
 
 
 def _label(user: Any, client: Any) -> str:
@@ -288,6 +289,159 @@ def _bar_figure(
     return fig
 
 
+def _fair_timeline_figure(episodes: pd.DataFrame, first: int, last: int):
+    """One row per (broker, proxy), a bar per saturation episode. An episode with no logged start or end is drawn
+    to the log's edge, pale and hatched: it lasted at least that long."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = sorted({(b, p) for b, p in zip(episodes["broker"], episodes["proxy"], strict=True)})
+    fig, ax = plt.subplots(figsize=(11, 0.4 * len(rows) + 1.6))
+    y = {r: i for i, r in enumerate(rows)}
+    for e in episodes.itertuples(index=False):
+        start, end = e.saturated_ts_ms, e.released_ts_ms
+        complete = not (pd.isna(start) or pd.isna(end))
+        x0 = (first if pd.isna(start) else start / 1000.0) - first
+        x1 = (last if pd.isna(end) else end / 1000.0) - first
+        ax.broken_barh(
+            [(x0 / 60.0, max(x1 - x0, 0.5) / 60.0)],
+            (y[(e.broker, e.proxy)] - 0.35, 0.7),
+            facecolors="tab:red" if complete else "mistyrose",
+            edgecolor="tab:red",
+            hatch=None if complete else "//",
+            lw=0.5,
+        )
+    multi = len({p for _, p in rows}) > 1  # a fleet: say which member's fair share it was
+    ax.set_yticks(range(len(rows)), [f"{b} ({p})" if multi else b for b, p in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(last - first, 1) / 60.0)
+    ax.set_xlabel(f"minutes since {_fmt_time(first)}", fontsize=8)
+    ax.set_title("Fair share: when each broker was limited", fontsize=9)
+    handles = [Patch(facecolor="tab:red", label="saturated .. released")]
+    if episodes["saturated_ts_ms"].isna().any() or episodes["released_ts_ms"].isna().any():
+        handles.append(
+            Patch(facecolor="mistyrose", edgecolor="tab:red", hatch="//", label="start or end not in the log")
+        )
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def _with_times(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``df`` with epoch-ms columns shown as UTC times (the raw ms stay in the Parquet tables)."""
+    df = df.copy()
+    for ms, label in columns.items():
+        df[label] = ["" if pd.isna(v) else _fmt_time(int(v) // 1000) for v in df[ms]]
+    return df
+
+
+def _fair_share_sections(fair: dict[str, pd.DataFrame] | None, first: int, last: int) -> list[str]:
+    """The report's two fair-share sections (issue 48): the brokers' saturation episodes, and who was held."""
+    episodes = fair.get("episodes") if fair else None
+    brokers = fair.get("brokers") if fair else None
+    held = fair.get("held") if fair else None
+    none = episodes is None or episodes.empty
+    if none and (held is None or held.empty):
+        return [
+            "<h2>Fair share</h2><p><i>no fair-share events: fair share was off, never limited a broker, or the "
+            "log predates it</i></p>"
+        ]
+    parts = [
+        "<h2>Fair share: saturation episodes</h2><p class='note'>When a broker's answers slowed down, the "
+        "proxy's fair share limited the work it admits to that broker (<code>limit</code>, bytes/s) and paced "
+        "each heavy tenant at <code>level</code> (bytes/s) until it was released. One row per episode and "
+        "proxy instance (each instance limits on its own). <code>*_first</code> and the delay, baseline, target "
+        "and tenants are those at the saturation; min and max range over the saturation and the requests held "
+        "in the episode (nothing else logs the limit as it moves). <code>held</code>: requests held in it, "
+        "<code>held_ms</code> their total wait. An episode whose start or end is not in the log has no "
+        "duration: it lasted at least to the log's edge.</p>"
+    ]
+    if brokers is not None and not brokers.empty:
+        parts.append(
+            "<h3>Per broker</h3>"
+            + _table(_with_times(brokers, {"first_ts_ms": "first"}).drop(columns=["first_ts_ms"]), 200)
+        )
+    if not none:
+        assert episodes is not None  # for mypy: none is False
+        parts.append(_png(_fair_timeline_figure(episodes, first, last)))
+        shown = _with_times(episodes, {"saturated_ts_ms": "saturated", "released_ts_ms": "released"})
+        cols = [
+            "broker",
+            "proxy",
+            "saturated",
+            "released",
+            "duration_s",
+            "ending",
+            "limit_first",
+            "limit_min",
+            "limit_max",
+            "level_first",
+            "level_min",
+            "level_max",
+            "delay_ms",
+            "baseline_ms",
+            "target_ms",
+            "tenants",
+            "held",
+            "held_ms",
+            "held_tenants",
+            "shadow",
+        ]
+        total = int(brokers["episodes"].sum()) if brokers is not None and not brokers.empty else len(episodes)
+        if total > EPISODE_TABLE_ROWS:
+            parts.append(
+                f"<p class='note'>{total:,} episodes; the first {EPISODE_TABLE_ROWS} by broker and time below "
+                "(all of them in the <code>fair_share_episodes</code> table).</p>"
+            )
+        parts.append(_table(shown[[c for c in cols if c in shown.columns]], EPISODE_TABLE_ROWS))
+    parts.append(
+        "<h2>Fair share: who was held back</h2><p class='note'>Per (user, client-id) and broker: the requests "
+        "fair share held (a Produce or a topic mutation waited before the broker saw it; a Fetch, counted in "
+        "<code>fetches</code>, was throttled at its answer), their total and longest wait, by total wait. A "
+        "request a quota throttled longer than fair share held it is logged, and counted, as the quota's. These "
+        "waits are also in the offenders' <code>throttle_ms</code> (its <code>fair_share_ms</code> part). "
+        "<code>shadow</code>: would have been held (fair share not enforced).</p>"
+    )
+    if held is not None and not held.empty:
+        bars = held[held["wait_ms"].fillna(0) > 0].head(HEATMAP_ROWS)
+        if not bars.empty:
+            parts.append(
+                _png(
+                    _bar_figure(
+                        [
+                            f"{_label(u, c)} @ {b}"
+                            for u, c, b in zip(bars["user"], bars["client_id"], bars["broker"], strict=True)
+                        ],
+                        list(bars["wait_ms"] / 1000.0),
+                        "Time held by fair share",
+                        "seconds",
+                    )
+                )
+            )
+        shown = _with_times(held, {"first_ts_ms": "first", "last_ts_ms": "last"})
+        hcols = [
+            "user",
+            "client_id",
+            "broker",
+            "held",
+            "wait_ms",
+            "max_wait_ms",
+            "fetches",
+            "shadow",
+            "level_min",
+            "level_max",
+            "first",
+            "last",
+        ]
+        parts.append(_table(shown[hcols], 100))
+    else:
+        parts.append("<p><i>nobody was held</i></p>")
+    return parts
+
+
 def _table(df: pd.DataFrame, max_rows: int = 50) -> str:
     if df is None or df.empty:
         return "<p><i>none</i></p>"
@@ -327,8 +481,10 @@ def write_report(
     plots: dict[str, Any],
     opts,
     tables: dict[str, str],
+    fair: dict[str, pd.DataFrame] | None = None,
 ) -> str:
-    """Render ``report.html`` in ``out`` (local paths; for remote outputs it is written to the local cwd)."""
+    """Render ``report.html`` in ``out`` (local paths; for remote outputs it is written to the local cwd).
+    ``fair``: fair share's ``episodes``, ``brokers`` and ``held`` tables (:mod:`spark_analysis.job`)."""
     e = html.escape
     first, last = plots["first_sec"], plots["last_sec"]
     parts = [
@@ -348,10 +504,12 @@ def write_report(
                     "events",
                     "request_events",
                     "summary_events",
+                    "fair_share_events",
                     "requests",
                     "users",
                     "entities",
                     "shadow_events",
+                    "fair_share_held",
                     "missing_events",
                 )
             }
@@ -365,7 +523,12 @@ def write_report(
         )
     parts.append("<h3>Per proxy instance</h3>" + _table(ov.get("proxies"), 100))
 
-    parts.append("<h2>Top offenders (logged decisions)</h2>")
+    parts.append(
+        "<h2>Top offenders (logged decisions)</h2><p class='note'><code>throttled</code> and "
+        "<code>throttle_ms</code> count every request the proxy slowed and for how long, whether a quota "
+        "throttled it or fair share held it (<code>fair_share_held</code>, <code>fair_share_ms</code>: the "
+        "requests whose longest wait was fair share's).</p>"
+    )
     if not top.empty and top["throttle_ms"].fillna(0).sum() > 0:
         t = top[top["throttle_ms"].fillna(0) > 0]
         parts.append(
@@ -390,6 +553,8 @@ def write_report(
         "rejected_topics",
         "mutes",
         "shadow_not_enforced",
+        "fair_share_held",
+        "fair_share_ms",
         "bytes_in",
         "bytes_out",
     ]
@@ -412,6 +577,8 @@ def write_report(
         parts.append(_png(_heatmap_figure(hm, plots["heatmap_bin_s"], "Throttle time per entity and time bin")))
     else:
         parts.append("<p><i>nothing was throttled</i></p>")
+
+    parts.extend(_fair_share_sections(fair, first, last))
 
     parts.append("<h2>Upstream latency per API</h2>")
     if lat is not None and not lat.empty:

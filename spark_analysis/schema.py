@@ -26,6 +26,9 @@ from quotas.kinds import (
 )
 
 __all__ = [
+    "FAIR_RELEASED",
+    "FAIR_SATURATED",
+    "FAIR_SHARE",
     "MUTATION_APIS",
     "NEVER_CHARGED_APIS",
     "QUOTA_KINDS",
@@ -34,6 +37,13 @@ __all__ = [
     "event_schema",
     "read_events",
 ]
+
+FAIR_SHARE = "fair_share"
+"""Both the ``event`` of a broker's fair-share state change (``action`` ``saturated`` or ``released``, ``requests``
+0, no tenant) and the ``action`` of a request fair share held longer than any quota throttled it (its wait in
+``throttle_ms``): what :func:`quotas.decision_events.fair_share_event` and the proxy's decision recording write."""
+FAIR_SATURATED = "saturated"
+FAIR_RELEASED = "released"
 
 _DDL = {
     "int32": "int",

@@ -6,11 +6,15 @@ Two generators, for two purposes:
   decisions follow a ``<default user>`` byte-rate config approximately (an 11-second rolling rate per user, the
   throttle formula of KIP-13 applied per second), enough for realistic reports; exact decisions are what the
   replay computes.
+  With ``fair_share``, fair share also limits a broker on the noisy tenant's proxy through each burst: a
+  ``saturated`` and a ``released`` event (overlapping bursts on one broker make one episode), and most of the
+  noisy tenant's Produce requests on that broker in between are held (action ``fair_share``, a wait of 20-300 ms).
 * :class:`ProxySimulator` - exact, for tests: feeds events through the proxy's own
   :class:`quotas.manager.QuotaManager` the way :mod:`proxy.policy` does and fills the logged decision columns,
   so a test can check the job's totals and the replay against decisions made by the quota code itself.
 
-CLI: ``python -m spark_analysis.synthetic OUT_DIR --events 10000000 [--span 3600] [--users 200] [--seed 1]``.
+CLI: ``python -m spark_analysis.synthetic OUT_DIR --events 10000000 [--span 3600] [--users 200] [--seed 1]
+[--fair-share]``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from quotas.decision_events import COLUMNS, SCHEMA_VERSION, arrow_schema
+from quotas.decision_events import COLUMNS, SCHEMA_VERSION, arrow_schema, fair_share_event
 from quotas.kinds import (
     BY_KEY,
     CONTROLLER_MUTATION_RATE,
@@ -42,6 +46,7 @@ __all__ = ["NOISY_USER", "ProxySimulator", "generate", "live_config_yaml", "main
 NOISY_USER = "noisy"
 LIVE_PRODUCE_LIMIT = 2_000_000.0  # <default user> producer_byte_rate in the synthetic "live" config
 LIVE_FETCH_LIMIT = 6_000_000.0  # <default user> consumer_byte_rate
+FAIR_BROKERS = ("broker 1", "broker 2", "broker 3")  # the synthetic scopes; a burst's episode is on one of them
 
 _APIS_PRODUCER = np.array([0, 0, 0, 0, 0, 0, 0, 0, 3, 22])  # Produce-heavy, some Metadata / InitProducerId
 _APIS_CONSUMER = np.array([1, 1, 1, 1, 1, 1, 8, 12, 3, 2])  # Fetch-heavy, commits, heartbeats, metadata
@@ -77,8 +82,11 @@ def generate(
     proxies: int = 2,
     rows_per_file: int = 1_000_000,
     start_ms: int | None = None,
+    fair_share: bool = False,
 ) -> dict[str, Any]:
-    """Write ``n_events`` synthetic events as Parquet under ``out_dir/date=.../``; returns a small description."""
+    """Write ``n_events`` synthetic events as Parquet under ``out_dir/date=.../``; returns a small description.
+    ``fair_share``: also fair share's episodes and held requests (see the module's docstring); ``n_events``
+    counts the requests and summaries, the episodes' events come on top."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -192,6 +200,11 @@ def generate(
         "scope": np.array(["broker 1", "broker 2", "broker 3"])[rng.integers(0, 3, size=n)],
         "req_ts_ms": ts - np.where(is_fetch, upstream.astype(np.int64), 0),
     }
+    fair_rows: list[dict[str, Any]] = []
+    if fair_share:  # its own generator: the default log stays the same, seed for seed
+        bursts = [(start_ms + int(b), start_ms + int(b + n)) for b, n in zip(b_start, b_len, strict=True)]
+        noisy_prod = noisy & is_prod & (proxy_idx == 0)  # the noisy tenant's proxy is proxy-a (user 0)
+        fair_rows = _add_fair_share(cols, np.random.default_rng(seed + 1), bursts, noisy_prod, proxy_idx == 0)
     schema = arrow_schema()
     day = dt.datetime.fromtimestamp(start_ms / 1000, dt.UTC).strftime("%Y-%m-%d")
     (out / f"date={day}").mkdir(parents=True, exist_ok=True)
@@ -227,8 +240,14 @@ def generate(
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
         pq.write_table(table, out / f"date={day}" / f"decisions-synthetic-{files:05d}.parquet", compression="zstd")
         files += 1
+    if fair_rows:
+        table = pa.Table.from_pylist(fair_rows, schema=schema)
+        pq.write_table(table, out / f"date={day}" / f"decisions-synthetic-{files:05d}.parquet", compression="zstd")
+        files += 1
     return {
-        "events": n,
+        "events": n + len(fair_rows),
+        "fair_share_events": len(fair_rows),
+        "fair_share_held": int(np.count_nonzero(cols["action"] == "fair_share")),
         "files": files,
         "entities": n_ent,
         "users": n_users,
@@ -237,6 +256,78 @@ def generate(
         "seconds": time.monotonic() - t0,
         "start_ms": start_ms,
     }
+
+
+def _add_fair_share(
+    cols: dict[str, Any],
+    rng: np.random.Generator,
+    bursts: list[tuple[int, int]],
+    noisy_prod: np.ndarray,
+    on_proxy: np.ndarray,
+) -> list[dict[str, Any]]:
+    """Fair share on the noisy tenant's proxy (``on_proxy``): each burst saturates one broker from 2 s after it
+    starts (the delay takes a moment to build) to 3 s after it ends, and ~60 % of the noisy tenant's Produce
+    requests (``noisy_prod``) on that broker meanwhile are held, unless its quota throttled them (the proxy logs
+    the longer reason). Marks those rows in ``cols``, renumbers the proxy's ``seq`` so the state changes sit in
+    emit order among its requests, and returns the state-change events."""
+    per_broker: dict[str, list[list[int]]] = {}
+    for i, (lo, hi) in enumerate(sorted(bursts)):
+        spans = per_broker.setdefault(FAIR_BROKERS[i % len(FAIR_BROKERS)], [])
+        sat, rel = lo + 2000, hi + 3000
+        if spans and sat <= spans[-1][1]:  # overlapping bursts: one episode, as one broker's loop would see it
+            spans[-1][1] = max(spans[-1][1], rel)
+        else:
+            spans.append([sat, rel])
+    ts, scope = cols["ts_ms"], cols["scope"]
+    cols["action"] = cols["action"].astype(object)  # a fixed-width "<U8" array would cut "fair_share" short
+    fair_cols = {
+        "fair_broker": np.full(len(ts), None, dtype=object),
+        **{c: np.full(len(ts), np.nan) for c in ("fair_limit", "fair_level", "fair_delay_ms")},
+    }
+    rows: list[dict[str, Any]] = []
+    for broker, spans in per_broker.items():
+        for sat, rel in spans:
+            limit = float(rng.uniform(8, 40)) * 2**20
+            tenants = int(rng.integers(5, 40))
+            level, delay = limit / 4, float(rng.uniform(2, 8))
+            for at, action in ((sat, "saturated"), (rel, "released")):
+                e = fair_share_event(
+                    ts_ms=at,
+                    broker=broker,
+                    action=action,
+                    limit=limit if action == "saturated" else 0.0,
+                    level=level if action == "saturated" else 0.0,
+                    delay_ms=delay if action == "saturated" else 0.0,
+                    baseline_ms=2.0,
+                    target_ms=1.0,
+                    tenants=tenants,
+                    shadow=False,
+                )
+                rows.append({"schema": SCHEMA_VERSION, "proxy": "proxy-a", **e})
+            held = np.flatnonzero(
+                noisy_prod & (scope == broker) & (ts >= sat) & (ts < rel) & (cols["throttle_ms"] == 0)
+            )
+            held = held[rng.random(len(held)) < 0.6]
+            wobble = rng.uniform(0.8, 1.2, size=len(held))  # the limit moves while it holds
+            cols["action"][held] = "fair_share"
+            cols["throttle_ms"][held] = rng.integers(20, 301, size=len(held))
+            fair_cols["fair_broker"][held] = broker
+            fair_cols["fair_limit"][held] = limit * wobble
+            fair_cols["fair_level"][held] = level * wobble
+            fair_cols["fair_delay_ms"][held] = delay * wobble
+    cols.update(fair_cols)
+    # seq: the proxy numbers events as it emits them; in one millisecond a saturation comes before what it holds
+    # and a release after (what spark_analysis.job.fair_share_episodes orders by).
+    mine = np.flatnonzero(on_proxy)
+    keys = np.concatenate(
+        [ts[mine] * 4 + 1, np.array([r["ts_ms"] * 4 + (0 if r["action"] == "saturated" else 2) for r in rows])]
+    )
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[np.argsort(keys, kind="stable")] = np.arange(len(keys))
+    cols["seq"][mine] = rank[: len(mine)]
+    for r, q in zip(rows, rank[len(mine) :], strict=True):
+        r["seq"] = int(q)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------- exact
@@ -363,8 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxies", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--write-live-config", metavar="FILE", help="also write the approximate live quota config")
+    p.add_argument(
+        "--fair-share", action="store_true", help="also fair share: a broker limited through each noisy burst"
+    )
     a = p.parse_args(argv)
-    info = generate(a.out, a.events, span_s=a.span, n_users=a.users, seed=a.seed, proxies=a.proxies)
+    info = generate(
+        a.out, a.events, span_s=a.span, n_users=a.users, seed=a.seed, proxies=a.proxies, fair_share=a.fair_share
+    )
     if a.write_live_config:
         Path(a.write_live_config).write_text(live_config_yaml(), encoding="utf-8")
     rate = info["events"] / max(info["seconds"], 1e-9)

@@ -157,7 +157,7 @@ def run(
                     continue
                 t.held_mark = -1.0
                 service = broker.admit(t.size)
-                b.sample(sample_class(0, -1, t.size), service, now, now)
+                b.sample(sample_class(0, -1, t.size), service, now / 1000, now)
                 t.sent += t.size
                 t.delays_ms.append(service)
                 continue
@@ -173,7 +173,7 @@ def run(
                     t.credit = min(t.credit, t.size)  # a held connection is not read: its demand queues at the client
                     break
                 service = broker.admit(t.size)
-                b.sample(sample_class(0, -1, t.size), service, now, now)
+                b.sample(sample_class(0, -1, t.size), service, now / 1000, now)
                 t.sent += t.size
                 t.delays_ms.append(service)
         now += step_ms
@@ -295,12 +295,12 @@ def test_samples_of_requests_sent_before_a_change_are_ignored():
     fs = FairShare(FairShareSettings())
     b = fs.broker("b", 0)
     for i in range(MIN_BASELINE_SAMPLES):
-        b.sample(0, 1.0, i, i)
+        b.sample(0, 1.0, i / 1000, i)
     b.delays.clear()
-    b.changed_ms = 1000
-    b.sample(0, 50.0, 999, 1100)  # sent before the change: its delay belongs to the old limit
+    b.changed_s = 1.0
+    b.sample(0, 50.0, 0.999, 1100)  # sent before the change: its delay belongs to the old limit
     assert b.delays == []
-    b.sample(0, 50.0, 1000, 1100)
+    b.sample(0, 50.0, 1.0, 1100)
     assert b.delays == [49.0]
 
 
