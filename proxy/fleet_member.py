@@ -7,6 +7,10 @@ short retention (a record older than a lease changes nothing). Every ``fleet.syn
 (``quotas.fleet_leases``: its demand and hold per bucket); every member runs the same lease book over the topic, in
 its order, and enforces the share its own records, read back, give it (issue 39; docs/fleet.md, "Leases").
 
+Fair share in a fleet rides on the same topic: while fair share is on, a member says where it has light tenants
+(``quotas.fleet_fair.LightReport``), and another member's report counts on its own brokers
+(``quotas.fair_share.FairShare.note_remote``; docs/fleet.md, "Fair share in a fleet").
+
 Never in the clients' way: publishing and reading run as tasks on the event loop through aiokafka; when the
 topic is unreachable, the member's lease runs out and it enforces an equal split of each quota (the others count
 its last hold until its lease has run out for them too), logs one WARNING per minute and counts the failures.
@@ -29,6 +33,9 @@ from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
 from quotas.entities import QuotaEntity
+from quotas.fair_share import FairShare
+from quotas.fleet_fair import MAGIC as LIGHT_MAGIC
+from quotas.fleet_fair import LightReport
 from quotas.fleet_leases import (
     LEASE_MS,
     SKEW_MS,
@@ -67,6 +74,19 @@ MAX_UNACKED = 8
 FAREWELL_WAIT_S = 2.0
 """How long a stopping member waits for its farewell record to be acknowledged (:meth:`FleetMember.stop`): a
 shutdown must end even when the topic is slow; without the record its share comes back a lease later."""
+LIGHT_REFRESH_MS = 1_000
+"""While a member has light tenants and nothing new to say (no broker added to where it has some), it writes its light
+report again this often, so that the others keep counting it. Why not every sync interval: a report's effect at the
+others is only "somebody light is on this broker", which changes seldom; a member with something new (a light tenant
+on a broker it did not report) writes at its next interval, so a new victim is protected as fast as the leases move.
+Why not longer: a member learns a broker only once its own clients use it (a report naming a broker it does not know
+yet is dropped, ``FairShare.note_remote``), so a flooder's member that starts after the victim's report limits within
+this long."""
+LIGHT_VALID_MS = 3 * LIGHT_REFRESH_MS
+"""How long after it was written a light report counts (``until = ts + this``): three refreshes, so one or two lost or
+late records (a loaded cluster delays records by more than a second) do not release the flooder's broker, and a report
+lapses within this long of the light tenant's leaving (the tenant itself counts as active for two seconds after its
+last request: ``quotas.fair_share.ACTIVE_MS``): the flooder's member limits no longer than needed."""
 HISTORY_MS = 2 * (LEASE_MS + SKEW_MS) + 1_000
 """How far back a member starts reading the usage topic: every record still live in the lease book (a lease and
 the skew) and the records those were taken with (as long again), so its book equals everybody else's."""
@@ -74,6 +94,10 @@ the skew) and the records those were taken with (as long again), so its book equ
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _no_fair_share() -> FairShare | None:
+    return None
 
 
 def topic_name(fleet: str) -> str:
@@ -92,9 +116,11 @@ class FleetSync:
         guard: ProtectedTopics | None = None,
         worker: int | None = None,
         wall_ms: Callable[[], int] = _wall_ms,
+        fair_share: Callable[[], FairShare | None] | None = None,
     ) -> None:
         """``worker``: this process's index among the host's workers (None: a single process); workers of one host
-        are members of their own, so each needs its own id."""
+        are members of their own, so each needs its own id. ``fair_share``: the policy's fair share now (None while it
+        is off); a getter, since a reload turns it on or off."""
         fc = config.fleet
         assert fc.name is not None
         secret = fc.secret()
@@ -149,6 +175,12 @@ class FleetSync:
         """The lease records' producer while connected: :meth:`stop` writes the farewell with it."""
         self._tasks: list[asyncio.Task[None]] = []
         self._last_warning = -WARN_EVERY_S
+        self.fair_share = fair_share or _no_fair_share
+        self.light_sent = self.light_taken = 0
+        self._told: frozenset[str] = frozenset()
+        """The brokers this member's last light report named (a broker not among them is news: written at once)."""
+        self._told_ms = 0
+        """When (wall ms) this member last wrote a light report."""
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -237,6 +269,14 @@ class FleetSync:
                 "Shares asked while this member held no live lease (the equal split applied)",
                 self.holder.expired,
             ),
+            "ktp_fleet_light_reports_sent": (
+                "Fair-share light reports this member wrote (where it has light tenants)",
+                self.light_sent,
+            ),
+            "ktp_fleet_light_reports_taken": (
+                "Other members' fair-share light reports taken into this member's fair share",
+                self.light_taken,
+            ),
         }
 
     def delay_p99(self) -> float:
@@ -315,7 +355,12 @@ class FleetSync:
                 log.info(
                     "fleet %s: member %s publishing every %d ms", self.topic, self.member, round(self.interval_s * 1000)
                 )
-                await asyncio.gather(self._publish(producer), self._read(consumer), self._publish_alters(producer))
+                await asyncio.gather(
+                    self._publish(producer),
+                    self._read(consumer),
+                    self._publish_alters(producer),
+                    self._publish_light(producer),
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure of the channel: local enforcement, retry
@@ -431,6 +476,47 @@ class FleetSync:
             unacked.add(fut)
             fut.add_done_callback(acked)
 
+    async def _publish_light(self, producer: Any) -> None:
+        """Every interval, while fair share is on: the fleet's live member count into fair share (each member takes
+        its part of the floor), and a light report when :meth:`light_report` has one. Awaited one at a time: at most
+        one in flight, so a slow topic delays reports, never piles them up; a failed send ends the connection, as the
+        lease records' does."""
+        tick = time.monotonic()
+        while True:
+            tick = max(tick + self.interval_s, time.monotonic())  # behind (a stalled loop): no catching up
+            await asyncio.sleep(tick - time.monotonic())
+            value = self.light_report(self.wall_ms())
+            if value is None:
+                continue
+            try:
+                await producer.send_and_wait(self.topic, value, headers=self._mac(self.topic, None, value))
+            except Exception:
+                self.dropped += 1
+                raise
+            self.light_sent += 1
+
+    def live_members(self) -> int:
+        """The fleet's live members as the lease book knows them, this one included (before its first record)."""
+        return max(1, self.book.live() + (self.member not in self.book.members))
+
+    def light_report(self, now: int) -> bytes | None:
+        """This member's light report due at ``now`` (wall ms), or None: fair share off, nothing light here (what it
+        told before lapses at the others), or nothing new and its last report younger than :data:`LIGHT_REFRESH_MS`.
+        Tells fair share the fleet's live member count first (it decides what is too small to compare by it)."""
+        fair = self.fair_share()
+        if fair is None:
+            self._told = frozenset()
+            return None
+        fair.set_members(self.live_members())
+        light = fair.light()
+        if not light:
+            self._told = frozenset()
+            return None
+        if self._told.issuperset(light) and now - self._told_ms < LIGHT_REFRESH_MS:
+            return None
+        self._told, self._told_ms = frozenset(light), now
+        return LightReport(self.member, now, LIGHT_VALID_MS, light).encode()
+
     def _observe(self, usage: Iterable[Usage], now: int) -> None:
         """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to), with
         the buckets throttled in it: its clients want more than its share, in either enforcement mode, even when
@@ -493,17 +579,16 @@ class FleetSync:
                 )
             return
         if topic == self.topic:
-            if value is not None and value[:4] == LEASE_MAGIC:
+            magic = value[:4] if value is not None else None
+            if value is not None and magic == LEASE_MAGIC:
                 self._take_lease(value)
+            elif value is not None and magic == LIGHT_MAGIC:
+                self._take_light(value)
             else:  # a usage report (format 2): a member of an earlier version; members upgrade together
-                self.bad += 1
-                if self.bad == 1 or self.bad % 1000 == 0:
-                    log.warning(
-                        "fleet %s: a record that is not a lease record (a member older than issue 39's leases? "
-                        "the members of a fleet upgrade together; %d refused so far)",
-                        self.topic,
-                        self.bad,
-                    )
+                self._refused(
+                    "a record that is neither a lease record nor a light report (a member older than issue 39's "
+                    "leases? the members of a fleet upgrade together)"
+                )
         else:
             self._take_alter(key, value)
 
@@ -519,15 +604,38 @@ class FleetSync:
             self.alters_taken_in += 1
             log.info("fleet %s: quotas of %s now %s", self.quota_topic, entity, layer)
 
+    def _refused(self, why: object) -> None:
+        """A record on the usage topic that is not one a member takes: counted; one WARNING, then one per 1,000."""
+        self.bad += 1
+        if self.bad == 1 or self.bad % 1000 == 0:
+            log.warning("fleet %s: %s (%d refused so far)", self.topic, why, self.bad)
+
+    def _take_light(self, value: bytes) -> None:
+        """Another member's light report: its light tenants count on those brokers here until the report lapses
+        (its ``ts + valid``, by the writer's clock: a late report counts for less, one already lapsed not at all), as
+        one of the fleet's live members (the lease book's count). Its own, read back, is not news."""
+        try:
+            rec = LightReport.decode(value)
+        except ReportError as exc:
+            self._refused(exc)
+            return
+        fair = self.fair_share()
+        if rec.member == self.member or fair is None:
+            return
+        left = rec.ts_ms + rec.valid_ms - self.wall_ms()
+        if left <= 0:  # late, or from before this member started reading (HISTORY_MS)
+            return
+        left = min(left, rec.valid_ms + SKEW_MS)  # a writer's clock ahead of this one's counts no longer than that
+        fair.note_remote(rec.member, rec.light, self.live_members(), self.now_ms() + left)
+        self.light_taken += 1
+
     def _take_lease(self, value: bytes) -> None:
         """A lease record, in the topic's order: into the book (every member's book takes the same records in the
         same order); this member's own newest record, read back, gives it its new shares."""
         try:
             rec = LeaseRecord.decode(value)
         except ReportError as exc:
-            self.bad += 1
-            if self.bad == 1 or self.bad % 1000 == 0:
-                log.warning("fleet %s: %s (%d refused so far)", self.topic, exc, self.bad)
+            self._refused(exc)
             return
         mine = rec.member == self.member
         grant = self.book.take(rec, grant=mine)

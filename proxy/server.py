@@ -34,6 +34,7 @@ from proxy.sockets import ClientSide
 from proxy.stats import Stats
 from proxy.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
+from quotas.fair_share import FairShare
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,13 @@ class Proxy:
             self.loop_lag.start(loop)  # nobody could read it otherwise: no wake-ups for nothing
         if self.config.quotas.scope == "fleet":
             self.fleet = FleetSync(
-                self.config, self.policy.quotas, self.policy.now_ms, self.policy.sources, self.policy.guard, self.worker
+                self.config,
+                self.policy.quotas,
+                self.policy.now_ms,
+                self.policy.sources,
+                self.policy.guard,
+                self.worker,
+                fair_share=self._fair_share,
             )
             self.fleet.start()
         if self.config.quotas.import_interval_seconds is not None:
@@ -239,6 +246,12 @@ class Proxy:
                         self.policy.summarise(conn)
             except Exception:  # a bug here must not end every timeout, expiry and summary for good
                 log.exception("upkeep failed; trying again in a second")
+
+    def _fair_share(self) -> FairShare | None:
+        """Fair share's state now, for the fleet's light reports (None while it is off; a reload turns it on or off,
+        and the policy's seat with it)."""
+        fair = self.policy.fair
+        return None if fair is None else fair.state
 
     async def _fair_ticks(self) -> None:
         """Fair share's state changes to the log, and its control step when no request has run it (requests tick

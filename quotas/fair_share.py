@@ -114,6 +114,15 @@ seen to be light. A new flooder's demand passes the sparse share within this tim
 LIGHT_HEADROOM: Final = 2.0
 """A light tenant is paced at no less than this many times its own demand (:meth:`BrokerLoad._divide`): its bursts
 (a batch after a pause, a rebalance's commits) fit with room to spare, however low the heavy tenants' level."""
+FLEET_LIGHT: Final = 0.5
+"""In a fleet, a tenant not held back and using less than this part of its member's part of the floor
+(:attr:`FairShareSettings.min_limit` / members) is light in what the member tells the others (:meth:`FairShare.light`),
+whatever its neighbours here. Why: a member sees only its own clients, and lightness is relative to the others on the
+broker, most of whom it cannot see; with one tenant on a broker (the victim whose flooder is on another member) or
+tenants alike, it would find nobody light and tell nothing, and the member with the flooder would never limit it. A
+tenant this small is never held by its own member's limit (which never falls below that floor, twice its demand:
+:data:`LIGHT_HEADROOM`), so asking the others to protect it costs it nothing; a flooder is far above it. What it
+does not cover: a member's lone tenant above it (raise ``min_work_rate`` to protect larger ones)."""
 RELEASE_MS: Final = 10_000
 """A limited broker is released (unlimited again) once nobody has been held back for this long and the delay is
 low: a limit learned in one incident does not slow a healthy cluster's next burst."""
@@ -362,7 +371,8 @@ class BrokerLoad:
         Each member sees only its own clients, so a member whose only tenant here is a flooder would find nobody to
         protect, while the victim it harms is on another member (docs/fair-share.md, "In a fleet")."""
         self.light_sum = 0.0
-        """This member's light tenants' demand here at the last tick: what it tells the fleet."""
+        """This member's light tenants' demand here at the last tick, with, in a fleet, its tenants too small to compare
+        (:data:`FLEET_LIGHT`): what it tells the fleet."""
         self.members = 1
         """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
 
@@ -566,7 +576,10 @@ class BrokerLoad:
         tenant alone, or tenants that all use about the same). Light, while the broker is open: using less than
         half the equal split of what its active tenants use; while it is limited: sparse (:meth:`_classify`). Not
         "that much again for each of the others": a tenant that splits itself over many client ids would raise such
-        a floor with each."""
+        a floor with each. In a fleet, another member's light tenants here count as somebody to protect, but only
+        while this member has a tenant to limit: not when its own are all too small to compare (:data:`FLEET_LIGHT`),
+        or two members whose lone tenants are both small would each limit theirs, where one proxy holding both
+        would see tenants alike and limit neither."""
         remote = 0.0
         if self.remote_light:
             for member, (until, demand) in list(self.remote_light.items()):
@@ -574,17 +587,28 @@ class BrokerLoad:
                     del self.remote_light[member]
                 else:
                     remote += demand if demand > 0 else REQUEST_WORK
+        # In a fleet, tenants too small to compare count in what this member tells the others (FLEET_LIGHT).
+        small = FLEET_LIGHT * self.settings.min_limit / self.members if self.members > 1 else 0.0
+        told = 0.0
         if len(active) < (1 if remote > 0 else 2):
-            self.light_sum = 0.0
+            for t in active:
+                if not t.held_tick and t.demand < small:
+                    told += t.demand
+            self.light_sum = told
             return 0.0
         light_sum = 0.0
         light = 0
+        heavy = 0
         if self.limit > 0:
             self._classify(active, self.limit, now_ms)
             for t in active:
                 if t.sparse:
                     light += 1
                     light_sum += t.demand
+                elif not t.held_tick and t.demand < small:
+                    told += t.demand
+                else:
+                    heavy += 1
         else:
             total = 0.0
             for t in active:
@@ -594,8 +618,12 @@ class BrokerLoad:
                 if not t.held_tick and t.demand < 0.5 * split:
                     light += 1
                     light_sum += t.demand
-        self.light_sum = light_sum if light else 0.0
-        if light == 0 and remote <= 0:
+                elif not t.held_tick and t.demand < small:
+                    told += t.demand
+                else:
+                    heavy += 1
+        self.light_sum = light_sum + told
+        if light == 0 and (remote <= 0 or heavy == 0):
             return 0.0
         return light_sum + self.settings.min_limit / self.members
 
@@ -685,7 +713,7 @@ def _median(values: list[float]) -> float:
 class FairShare:
     """Every broker's load, keyed by the proxy's name for the broker (its listener label)."""
 
-    __slots__ = ("settings", "brokers", "weights", "last_tick_ms", "changes", "trace")
+    __slots__ = ("settings", "brokers", "weights", "last_tick_ms", "changes", "trace", "members")
 
     def __init__(self, settings: FairShareSettings, weights: dict[str, float] | None = None) -> None:
         self.settings = settings
@@ -697,6 +725,8 @@ class FairShare:
         """Brokers whose state changed from open to limited or back since :meth:`take_changes` (for the log)."""
         self.trace: list[tuple[int, str, float, float, float, float, str, int]] | None = None
         """Diagnosis (the proxy's timeline): every broker's loop at every tick, when set (drained by its owner)."""
+        self.members = 1
+        """The fleet's live members (1: a proxy on its own), given to every broker (:meth:`set_members`)."""
 
     def configure(self, settings: FairShareSettings, weights: dict[str, float] | None = None) -> None:
         """New settings (a reload): the brokers keep their baselines and limits; weights apply from the next
@@ -710,8 +740,8 @@ class FairShare:
                 t.weight = self.weights.get(t.key, 1.0)
 
     def light(self) -> dict[str, float]:
-        """Per broker, this member's light tenants' demand now (work bytes/s): what a fleet member tells the others
-        (only brokers where it has some)."""
+        """Per broker, this member's light tenants' demand now (work bytes/s), with, in a fleet, its tenants too small
+        to compare (:data:`FLEET_LIGHT`): what a fleet member tells the others (only brokers where it has some)."""
         return {key: b.light_sum for key, b in self.brokers.items() if b.light_sum > 0}
 
     def note_remote(self, member: str, light: dict[str, float], members: int, until_ms: int) -> None:
@@ -723,8 +753,15 @@ class FairShare:
                 if len(b.remote_light) >= 1024 and member not in b.remote_light:
                     continue  # members are bounded by the fleet's own records; this bounds a forged flood of them
                 b.remote_light[member] = (until_ms, demand)
+        self.set_members(members)
+
+    def set_members(self, members: int) -> None:
+        """The fleet's live members now (a fleet member says so every sync, whether or not anybody reports): each
+        takes its part of the floor, and above one, tells the others of its tenants too small to compare
+        (:data:`FLEET_LIGHT`)."""
+        self.members = members if members > 0 else 1
         for b in self.brokers.values():
-            b.members = members if members > 0 else 1
+            b.members = self.members
 
     def broker(self, key: str, now_ms: int) -> BrokerLoad:
         b = self.brokers.get(key)
@@ -734,6 +771,7 @@ class FairShare:
                     old.epoch += 1  # connections bound to it bind again, to a broker in the table
                 self.brokers.clear()
             b = self.brokers[key] = BrokerLoad(key, self.settings, now_ms)
+            b.members = self.members
         return b
 
     def tenant(self, broker: BrokerLoad, key: str, now_ms: int) -> Tenant:

@@ -325,3 +325,89 @@ def test_a_member_tells_the_fleet_where_it_has_light_tenants():
     light = fs.light()
     assert set(light) == {"broker 1"}
     assert light["broker 1"] == pytest.approx(fs.brokers["broker 1"].tenants["victim"].demand)
+
+
+def test_in_a_fleet_a_member_tells_the_others_of_a_lone_tenant_too_small_to_compare():
+    # Alone on its member, a victim has nobody to be light against: on its own a proxy never limits it, and tells
+    # nothing; in a fleet it is told as light, being too small to compare (FLEET_LIGHT), so that the member with the
+    # flooder limits it. A lone flooder, far above that, is never told.
+    def alone(tenant: SimTenant, members: int) -> dict[str, float]:
+        fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=MIB))
+        fs.set_members(members)
+        fs, _b, trace = run([tenant], SimBroker(20 * MIB), 5, fs=fs)
+        assert all(limit == 0 for _t, limit, _s in trace)  # a lone tenant is never limited, in a fleet or not
+        return fs.light()
+
+    # 100 KiB/s of 1-KiB requests: 200 KiB/s of work (REQUEST_WORK a request), below half of 1 MiB / 2 members
+    assert alone(SimTenant("victim", 100 * KIB, KIB), 1) == {}
+    told = alone(SimTenant("victim", 100 * KIB, KIB), 2)
+    assert set(told) == {"broker 1"} and told["broker 1"] == pytest.approx(200 * KIB, rel=0.1)
+    assert alone(SimTenant("victim", 100 * KIB, KIB), 4) == {}  # over half its part of the floor of four (128 KiB)
+    assert alone(SimTenant("flooder", 40 * MIB, 256 * KIB), 2) == {}
+
+
+def test_two_members_protect_a_victim_on_one_from_a_flooder_on_the_other():
+    """The whole loop over a fleet of two: member A has only the victim, member B only the flooder, both in front of
+    the same broker; each tick each member reads the other's light(). Without the reports (each alone) nobody is
+    limited and the victim waits behind the flood; with them B limits the flooder and the victim's delay falls."""
+    settings_ = FairShareSettings(target_delay_ms=2.0, min_limit=MIB)
+
+    def fleet(share: bool) -> tuple[list[float], list[float], FairShare]:
+        broker = SimBroker(20 * MIB)
+        victim, flood = SimTenant("victim", 100 * KIB, KIB), SimTenant("flooder", 40 * MIB, 256 * KIB)
+        members = [FairShare(settings_), FairShare(settings_)]
+        for fs in members:
+            fs.set_members(2)
+        loads = [fs.broker("broker 1", 0) for fs in members]
+        pairs = [(victim, members[0], loads[0]), (flood, members[1], loads[1])]
+        handles = [fs.tenant(b, t.name, 0) for t, fs, b in pairs]
+        for now in range(0, 20_000, 10):
+            broker.serve(0.01)
+            for (t, _fs, b), h in zip(pairs, handles, strict=True):
+                if t.held_mark >= 0:
+                    if b.wait_ms(h, t.held_mark, now) > 1:
+                        continue
+                    t.held_mark = -1.0
+                    t.delays_ms.append(broker.admit(t.size))
+                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now, now)
+                    continue
+                t.credit += t.demand / 100
+                while t.credit >= t.size and t.held_mark < 0:
+                    t.credit -= t.size
+                    mark = b.charge(h, float(t.size + REQUEST_WORK), now)
+                    if b.wait_ms(h, mark, now) > 1:
+                        t.held_mark = mark
+                        t.held_requests += 1
+                        t.credit = min(t.credit, t.size)
+                        break
+                    t.delays_ms.append(broker.admit(t.size))
+                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now, now)
+            if (now + 10) % TICK_MS == 0:
+                for fs in members:
+                    fs.tick(now + 10)
+                if share:  # (a real member hears every second, and the report counts for three)
+                    members[1].note_remote("a", members[0].light(), 2, now + 3_000)
+                    members[0].note_remote("b", members[1].light(), 2, now + 3_000)
+        late = victim.delays_ms[len(victim.delays_ms) // 2 :]
+        return late, flood.delays_ms, members[1]
+
+    late, _flood, b = fleet(share=False)
+    assert b.brokers["broker 1"].cuts == 0 and statistics.median(late) > 100  # nobody to protect: the victim waits
+    late, flood_delays, b = fleet(share=True)
+    assert b.brokers["broker 1"].cuts > 0  # B limited the flooder for A's victim
+    assert statistics.quantiles(late, n=100)[98] < 20, statistics.quantiles(late, n=100)[98]
+    assert len(flood_delays) > 100  # held to a share, not starved
+
+
+def test_in_a_fleet_two_members_whose_lone_tenants_are_both_small_limit_neither():
+    # Each is told of the other's small tenant; one proxy holding both would see two tenants alike and limit neither,
+    # so neither member does, even with the broker slow for reasons of its own.
+    settings_ = FairShareSettings(target_delay_ms=2.0, min_limit=MIB)
+    fs = FairShare(settings_)
+    fs.set_members(2)
+    fs.broker("broker 1", 0)
+    fs.note_remote("other", {"broker 1": 200 * KIB}, members=2, until_ms=60_000)
+    _fs, b, trace = run([SimTenant("small", 100 * KIB, KIB)], SimBroker(80 * KIB), 10, fs=fs)
+    assert b.q_avg > settings_.target_delay_ms  # saturated
+    assert b.remote_light and all(limit == 0 for _t, limit, _s in trace) and b.cuts == 0
+    assert set(fs.light()) == {"broker 1"}  # and still tells the other it has somebody small here

@@ -159,3 +159,150 @@ def test_a_stopping_member_writes_a_farewell_record_and_does_not_wait_on_a_silen
     silent = _Producer(hang=True)
     _, took = asyncio.run(stop(silent))
     assert len(silent.sent) == 1 and took < 1.0
+
+
+# ------------------------------------------------------------------------------------------ fair share in a fleet
+
+
+def _light_fleet(monkeypatch, clock: list[int]):
+    """Two members, a and b, each with a fair share of its own, whose lease books know both (lease records taken in
+    the same order by both); a's only tenant on broker 1 is small (a victim), b's only tenant there is a flooder."""
+    from quotas.fair_share import FairShare, FairShareSettings
+    from quotas.fleet_reports import record_mac
+
+    shares = {name: FairShare(FairShareSettings()) for name in ("a", "b")}
+
+    def member(name: str) -> FleetSync:
+        return FleetSync(
+            fleet_config(monkeypatch, name),
+            QuotaManager(QuotaStore()),
+            lambda: clock[0],
+            wall_ms=lambda: clock[0],
+            fair_share=lambda: shares[name],
+        )
+
+    async def build() -> tuple[FleetSync, FleetSync]:  # (it makes an asyncio queue: inside a loop)
+        return member("a"), member("b")
+
+    a, b = asyncio.run(build())
+    for _ in range(4):
+        clock[0] += 250
+        for value in [m.holder.record(clock[0]).encode() for m in (a, b)]:
+            for m in (a, b):
+                m.take(a.topic, None, value, [("ktp-mac", record_mac(a.secret, a.topic, None, value))])
+            for m in (a, b):
+                m.holder.in_flight = None
+    assert a.live_members() == b.live_members() == 2
+    for name, per_tick in (("a", 20 * 1024.0), ("b", 4 * 1024 * 1024.0)):  # 200 KiB/s and 40 MiB/s of work
+        fs = shares[name]
+        br = fs.broker("broker 1", clock[0])
+        t = fs.tenant(br, name, clock[0])
+        for i in range(30):
+            br.charge(t, per_tick, clock[0] + 100 * i)
+            fs.tick(clock[0] + 100 * i + 100)
+    return a, b, shares
+
+
+def _mac(sync: FleetSync, value: bytes) -> list[tuple[str, bytes]]:
+    return sync._mac(sync.topic, None, value)
+
+
+def test_a_member_writes_a_light_report_when_it_has_news_and_refreshes_it_while_it_lasts(monkeypatch):
+    from proxy.fleet_member import LIGHT_REFRESH_MS, LIGHT_VALID_MS
+    from quotas.fleet_fair import LightReport
+
+    clock = [1_000_000]
+    a, b, shares = _light_fleet(monkeypatch, clock)
+    assert a.light_report(clock[0]) is None  # the fleet's size told first: its small lone tenant shows at the next tick
+    assert shares["a"].members == 2
+    clock[0] += 3_100
+    shares["a"].tick(clock[0])
+    value = a.light_report(clock[0])
+    assert value is not None
+    rep = LightReport.decode(value)
+    assert rep.member == "a" and rep.ts_ms == clock[0] and rep.valid_ms == LIGHT_VALID_MS
+    assert set(rep.light) == {"broker 1"} and 150 * 1024 < rep.light["broker 1"] < 250 * 1024
+    assert a.light_report(clock[0] + 250) is None  # nothing new: not before the refresh
+    assert a.light_report(clock[0] + LIGHT_REFRESH_MS) is not None
+    shares["a"].broker("broker 1", clock[0]).light_sum = 0.0
+    shares["a"].broker("broker 2", clock[0]).light_sum = 1.0  # news: a broker not told yet
+    assert LightReport.decode(a.light_report(clock[0] + LIGHT_REFRESH_MS + 250) or b"").light == {"broker 2": 1.0}
+    shares["a"].brokers["broker 2"].light_sum = 0.0
+    assert a.light_report(clock[0] + 5 * LIGHT_REFRESH_MS) is None  # nothing light: nothing to say, the last lapses
+    assert b.light_report(clock[0]) is None  # a lone flooder is nobody to protect
+    a.fair_share = lambda: None  # fair share turned off by a reload
+    assert a.light_report(clock[0] + 10 * LIGHT_REFRESH_MS) is None
+
+
+def test_another_members_light_report_makes_this_one_limit_its_flooder(monkeypatch):
+    from proxy.fleet_member import LIGHT_VALID_MS
+    from quotas.fleet_fair import LightReport
+
+    clock = [1_000_000]
+    a, b, shares = _light_fleet(monkeypatch, clock)
+    remote = shares["b"].brokers["broker 1"].remote_light
+    value = LightReport("a", clock[0] - 500, LIGHT_VALID_MS, {"broker 1": 200 * 1024.0, "broker 9": 1.0}).encode()
+    b.take(b.topic, None, value, _mac(b, value))
+    assert remote == {"a": (clock[0] + LIGHT_VALID_MS - 500, 200 * 1024.0)}  # until its writer's ts + valid
+    assert "broker 9" not in shares["b"].brokers  # a broker b does not know is not made up
+    assert b.light_taken == 1 and b.bad == 0
+    assert shares["b"].brokers["broker 1"].members == 2
+    # b's flooder, alone on b, now has somebody to protect: its floor is its part of the fleet's min_limit
+    floor = shares["b"].brokers["broker 1"]._floor(list(shares["b"].brokers["broker 1"].tenants.values()), clock[0])
+    assert floor == shares["b"].settings.min_limit / 2
+
+    remote.clear()
+    own = LightReport("b", clock[0], LIGHT_VALID_MS, {"broker 1": 1.0}).encode()
+    b.take(b.topic, None, own, _mac(b, own))  # its own, read back: not news
+    lapsed = LightReport("a", clock[0] - LIGHT_VALID_MS - 1, LIGHT_VALID_MS, {"broker 1": 1.0}).encode()
+    b.take(b.topic, None, lapsed, _mac(b, lapsed))  # from before it started reading
+    ahead = LightReport("a", clock[0] + 60_000, LIGHT_VALID_MS, {"broker 1": 1.0}).encode()
+    forged = LightReport("a", clock[0], LIGHT_VALID_MS, {"broker 1": 1.0}).encode()
+    b.take(b.topic, None, forged, [("ktp-mac", b"\0" * 32)])
+    assert remote == {} and b.light_taken == 1 and b.unauthenticated == 1
+    b.take(b.topic, None, ahead, _mac(b, ahead))  # a clock far ahead counts no longer than its report's life and skew
+    assert remote["a"][0] <= clock[0] + LIGHT_VALID_MS + 250
+    b.fair_share = lambda: None  # off here: nothing to note
+    b.take(b.topic, None, value, _mac(b, value))
+    assert b.light_taken == 2
+
+
+def test_a_malformed_light_report_is_counted_and_warned_of_once_never_a_traceback(monkeypatch, caplog):
+    from quotas.fleet_fair import MAGIC
+
+    clock = [1_000_000]
+    _a, b, shares = _light_fleet(monkeypatch, clock)
+    bad = MAGIC + b"\xff" * 40
+    with caplog.at_level("WARNING", logger="proxy.fleet_member"):
+        for _ in range(3):
+            b.take(b.topic, None, bad, _mac(b, bad))
+        b.take(b.topic, None, b"KTX\x01", _mac(b, b"KTX\x01"))  # nobody's record at all
+    assert b.bad == 4 and b.light_taken == 0
+    assert shares["b"].brokers["broker 1"].remote_light == {}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "light report" in warnings[0], warnings
+
+
+def test_light_reports_go_out_authenticated_on_the_fleets_topic(monkeypatch):
+    """The publishing task: every interval, a report when one is due, MAC'd like the lease records."""
+    from quotas.fleet_fair import LightReport
+    from quotas.fleet_reports import authentic
+
+    clock = [1_000_000]
+    a, _b, shares = _light_fleet(monkeypatch, clock)
+    a.light_report(clock[0])
+    clock[0] += 3_100
+    shares["a"].tick(clock[0])
+    a.interval_s = 0.01
+    producer = _Producer()
+
+    async def publish() -> None:
+        task = asyncio.get_running_loop().create_task(a._publish_light(producer))
+        await asyncio.sleep(0.2)
+        task.cancel()
+
+    asyncio.run(publish())
+    assert len(producer.sent) == 1 and a.light_sent == 1  # then nothing new before the refresh (the clock stood)
+    topic, value, headers = producer.sent[0]
+    assert topic == a.topic and authentic(a.secret, topic, None, value, headers)
+    assert set(LightReport.decode(value).light) == {"broker 1"}
