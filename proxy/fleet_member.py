@@ -515,7 +515,7 @@ class FleetSync:
         if self._told.issuperset(light) and now - self._told_ms < LIGHT_REFRESH_MS:
             return None
         self._told, self._told_ms = frozenset(light), now
-        return LightReport(self.member, now, LIGHT_VALID_MS, light).encode()
+        return LightReport(self.member, now, LIGHT_VALID_MS, light, fair.baselines()).encode()
 
     def _observe(self, usage: Iterable[Usage], now: int) -> None:
         """This interval's own usage into the demand meter, per lease (the bucket each charge resolved to), with
@@ -626,7 +626,7 @@ class FleetSync:
         if left <= 0:  # late, or from before this member started reading (HISTORY_MS)
             return
         left = min(left, rec.valid_ms + SKEW_MS)  # a writer's clock ahead of this one's counts no longer than that
-        fair.note_remote(rec.member, rec.light, self.live_members(), self.now_ms() + left)
+        fair.note_remote(rec.member, rec.light, self.live_members(), self.now_ms() + left, rec.base)
         self.light_taken += 1
 
     def _take_lease(self, value: bytes) -> None:

@@ -366,8 +366,10 @@ class BrokerLoad:
         """``open`` (unlimited), ``cut``, ``grow`` or ``hold``: what the last tick did."""
         self.epoch = 0
         """Moves when a tenant is dropped (or the broker itself): a connection's kept tenant may be stale."""
-        self.remote_light: dict[str, tuple[int, float]] = {}
-        """A fleet's other members' light tenants on this broker: member -> (until when it counts, their demand).
+        self.remote_light: dict[str, tuple[int, float, float]] = {}
+        """A fleet's other members' light tenants on this broker: member -> (until when it counts, their demand, the
+        member's smallest baseline here in ms, 0 when it had none: the target is half the smallest baseline any
+        member measures, as one proxy seeing every tenant's requests would have it).
         Each member sees only its own clients, so a member whose only tenant here is a flooder would find nobody to
         protect, while the victim it harms is on another member (docs/fair-share.md, "In a fleet")."""
         self.light_sum = 0.0
@@ -504,8 +506,16 @@ class BrokerLoad:
             self.carried = 0
         s = self.settings
         d = s.target_delay_ms
-        if 0.5 * self.base > d:
-            d = 0.5 * self.base
+        base = self.base
+        if self.remote_light:
+            # In a fleet, the smallest baseline any member measures here: a member whose only tenant sends 1-MB
+            # batches knows only their long one, and would hold the broker at many times the delay the victim's
+            # member aims at (its cuts the later for it).
+            for until, _demand, other in self.remote_light.values():
+                if 0.0 < other < base and until > now_ms:
+                    base = other
+        if 0.5 * base > d:
+            d = 0.5 * base
         self.target = d
 
         was_open = self.limit <= 0
@@ -582,7 +592,7 @@ class BrokerLoad:
         would see tenants alike and limit neither."""
         remote = 0.0
         if self.remote_light:
-            for member, (until, demand) in list(self.remote_light.items()):
+            for member, (until, demand, _base) in list(self.remote_light.items()):
                 if until <= now_ms:
                     del self.remote_light[member]
                 else:
@@ -744,15 +754,24 @@ class FairShare:
         to compare (:data:`FLEET_LIGHT`): what a fleet member tells the others (only brokers where it has some)."""
         return {key: b.light_sum for key, b in self.brokers.items() if b.light_sum > 0}
 
-    def note_remote(self, member: str, light: dict[str, float], members: int, until_ms: int) -> None:
-        """Another member's report (:meth:`light`): its light tenants count on these brokers until ``until_ms``;
-        ``members``: the fleet's live members now (each takes its part of the floor)."""
+    def baselines(self) -> dict[str, float]:
+        """Per broker of :meth:`light`, the smallest baseline this member measured there in its last tick with
+        enough samples (ms; absent when none yet): what a fleet member tells the others with its light tenants."""
+        return {key: b.base for key, b in self.brokers.items() if b.light_sum > 0 and b.base > 0}
+
+    def note_remote(
+        self, member: str, light: dict[str, float], members: int, until_ms: int, base: dict[str, float] | None = None
+    ) -> None:
+        """Another member's report (:meth:`light`, :meth:`baselines`): its light tenants count on these brokers
+        until ``until_ms``, and its baseline in their target; ``members``: the fleet's live members now (each takes
+        its part of the floor)."""
+        bases = base or {}
         for key, demand in list(light.items())[:4096]:  # the report is bounded by its writer; this is too
             b = self.brokers.get(key)
             if b is not None:
                 if len(b.remote_light) >= 1024 and member not in b.remote_light:
                     continue  # members are bounded by the fleet's own records; this bounds a forged flood of them
-                b.remote_light[member] = (until_ms, demand)
+                b.remote_light[member] = (until_ms, demand, bases.get(key, 0.0))
         self.set_members(members)
 
     def set_members(self, members: int) -> None:

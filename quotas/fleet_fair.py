@@ -16,7 +16,7 @@ the lease record's (``KTL\\x02``) and the old usage report's (``KTP\\x02``), so 
 first four bytes.
 
 Bounded: at most :data:`MAX_BROKERS` brokers of keys of at most :data:`MAX_KEY_BYTES` bytes and a member id of
-``MAX_MEMBER_BYTES``, so a report is at most ~0.5 MB whatever is in it, within the fleet's ``MAX_REPORT_BYTES``
+``MAX_MEMBER_BYTES``, so a report is at most ~0.55 MB whatever is in it, within the fleet's ``MAX_REPORT_BYTES``
 (checked first, before any parsing). A reader refuses anything else with a :class:`ReportError` that says what is
 wrong.
 """
@@ -43,10 +43,10 @@ MAX_VALID_MS = 10_000
 """The longest a report may count after it was written: a writer refreshes its report every second or so; a report
 claiming longer is malformed (it would keep a broker limited long after the light tenant left)."""
 _HEAD = struct.Struct("<4sqIHH")  # magic, ts_ms, valid_ms, member id length, brokers
-_AMOUNT = struct.Struct("<d")
+_AMOUNTS = struct.Struct("<dd")  # demand, baseline
 
-MAX_BYTES = _HEAD.size + MAX_MEMBER_BYTES + MAX_BROKERS * (1 + MAX_KEY_BYTES + _AMOUNT.size)
-"""The largest report the bounds allow (~0.5 MB)."""
+MAX_BYTES = _HEAD.size + MAX_MEMBER_BYTES + MAX_BROKERS * (1 + MAX_KEY_BYTES + _AMOUNTS.size)
+"""The largest report the bounds allow (~0.55 MB)."""
 assert MAX_BYTES <= MAX_REPORT_BYTES
 
 
@@ -59,15 +59,19 @@ class LightReport:
     ts_ms: int
     valid_ms: int
     light: dict[str, float] = field(default_factory=dict)
+    base: dict[str, float] = field(default_factory=dict)
+    """Per broker of :attr:`light`, the member's smallest baseline there (ms); a broker without one is absent."""
 
-    def entries(self) -> list[tuple[bytes, float]]:
+    def entries(self) -> list[tuple[bytes, float, float]]:
         """What :meth:`encode` writes: the brokers in key order, each key at most :data:`MAX_KEY_BYTES` bytes and
-        its demand finite and >= 0 (others are left out), at most :data:`MAX_BROKERS` of them."""
-        out: list[tuple[bytes, float]] = []
+        its demand finite and >= 0 (others are left out), its baseline when finite and > 0 (else 0), at most
+        :data:`MAX_BROKERS` of them."""
+        out: list[tuple[bytes, float, float]] = []
         for key in sorted(self.light):
             raw, demand = key.encode(), self.light[key]
+            base = self.base.get(key, 0.0)
             if 0 < len(raw) <= MAX_KEY_BYTES and 0.0 <= demand < math.inf:
-                out.append((raw, float(demand)))
+                out.append((raw, float(demand), float(base) if 0.0 < base < math.inf else 0.0))
                 if len(out) == MAX_BROKERS:
                     break
         return out
@@ -79,8 +83,8 @@ class LightReport:
         member = self.member.encode()[:MAX_MEMBER_BYTES].decode(errors="ignore").encode()
         entries = self.entries()
         parts = [_HEAD.pack(MAGIC, self.ts_ms, self.valid_ms, len(member), len(entries)), member]
-        for raw, demand in entries:
-            parts += (bytes((len(raw),)), raw, _AMOUNT.pack(demand))
+        for raw, demand, base in entries:
+            parts += (bytes((len(raw),)), raw, _AMOUNTS.pack(demand, base))
         return b"".join(parts)
 
     @staticmethod
@@ -108,12 +112,13 @@ class LightReport:
             raise ReportError(f"light report is malformed (member id runs past its {len(data)} bytes)")
         member = member_id(data, _HEAD.size, pos, "light report")
         light: dict[str, float] = {}
+        bases: dict[str, float] = {}
         for i in range(n):
             if pos >= len(data):
                 raise ReportError(f"light report is malformed (broker {i} of {n} runs past its {len(data)} bytes)")
             klen = data[pos]
             end = pos + 1 + klen
-            if klen == 0 or end + _AMOUNT.size > len(data):
+            if klen == 0 or end + _AMOUNTS.size > len(data):
                 raise ReportError(
                     f"light report is malformed (broker {i}: key of {klen} bytes at {pos} of {len(data)})"
                 )
@@ -121,13 +126,17 @@ class LightReport:
                 key = bytes(data[pos + 1 : end]).decode()
             except UnicodeDecodeError:
                 raise ReportError(f"light report is malformed (broker {i}'s key is not UTF-8)") from None
-            (demand,) = _AMOUNT.unpack_from(data, end)
+            demand, base = _AMOUNTS.unpack_from(data, end)
             if not 0.0 <= demand < math.inf:
                 raise ReportError(f"light report's demand on {key!r} is {demand}, not a finite amount >= 0")
+            if not 0.0 <= base < math.inf:
+                raise ReportError(f"light report's baseline on {key!r} is {base} ms, not a finite time >= 0")
             if key in light:
                 raise ReportError(f"light report names broker {key!r} twice")
             light[key] = demand
-            pos = end + _AMOUNT.size
+            if base > 0:
+                bases[key] = base
+            pos = end + _AMOUNTS.size
         if pos != len(data):
             raise ReportError(f"light report is malformed ({len(data) - pos} bytes after its {n} brokers)")
-        return LightReport(member, ts_ms, valid_ms, light)
+        return LightReport(member, ts_ms, valid_ms, light, bases)

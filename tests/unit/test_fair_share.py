@@ -318,6 +318,33 @@ def test_in_a_fleet_a_lone_flooder_is_limited_while_another_member_protects_a_li
     assert fs.light() == {}  # nothing light of its own to tell the others
 
 
+def test_in_a_fleet_the_target_is_half_the_smallest_baseline_any_member_measured():
+    # This member sees only 1-MB batches (a 20-ms baseline): on its own its target would be 10 ms; the victim's
+    # member measures small requests at 2 ms, so, while its report counts, the target here is 1 ms.
+    fs = FairShare(FairShareSettings(target_delay_ms=0.5, min_limit=MIB))
+    b = fs.broker("broker 1", 0)
+    t = fs.tenant(b, "flooder", 0)
+
+    def tick(now_ms: int) -> None:
+        for i in range(5):
+            b.charge(t, MIB, now_ms)
+            b.sample(5, 20.0 + i * 0.1, now_ms / 1000 - 0.05, now_ms / 1000)
+        fs.tick(now_ms)
+
+    for now in range(0, 3_000, 100):
+        tick(now)
+    assert b.base == pytest.approx(20.0) and b.target == pytest.approx(10.0)
+    fs.note_remote("member-a", {"broker 1": 200 * KIB}, members=2, until_ms=5_000, base={"broker 1": 2.0})
+    tick(3_000)
+    assert b.target == pytest.approx(1.0)
+    fs.note_remote("member-a", {"broker 1": 200 * KIB}, members=2, until_ms=5_000, base={"broker 1": 40.0})
+    tick(3_100)
+    assert b.target == pytest.approx(10.0), "a longer baseline elsewhere does not loosen this member's target"
+    fs.note_remote("member-a", {"broker 1": 200 * KIB}, members=2, until_ms=5_000, base={"broker 1": 2.0})
+    tick(5_000)
+    assert b.target == pytest.approx(10.0), "the report has lapsed"
+
+
 def test_a_member_tells_the_fleet_where_it_has_light_tenants():
     victim = SimTenant("victim", 200 * KIB, KIB)
     flood = SimTenant("flooder", 40 * MIB, 256 * KIB)
@@ -325,6 +352,7 @@ def test_a_member_tells_the_fleet_where_it_has_light_tenants():
     light = fs.light()
     assert set(light) == {"broker 1"}
     assert light["broker 1"] == pytest.approx(fs.brokers["broker 1"].tenants["victim"].demand)
+    assert set(fs.baselines()) == {"broker 1"} and fs.baselines()["broker 1"] == fs.brokers["broker 1"].base > 0
 
 
 def test_in_a_fleet_a_member_tells_the_others_of_a_lone_tenant_too_small_to_compare():
@@ -369,7 +397,7 @@ def test_two_members_protect_a_victim_on_one_from_a_flooder_on_the_other():
                         continue
                     t.held_mark = -1.0
                     t.delays_ms.append(broker.admit(t.size))
-                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now, now)
+                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now / 1000, now / 1000)
                     continue
                 t.credit += t.demand / 100
                 while t.credit >= t.size and t.held_mark < 0:
@@ -381,7 +409,7 @@ def test_two_members_protect_a_victim_on_one_from_a_flooder_on_the_other():
                         t.credit = min(t.credit, t.size)
                         break
                     t.delays_ms.append(broker.admit(t.size))
-                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now, now)
+                    b.sample(sample_class(0, -1, t.size), t.delays_ms[-1], now / 1000, now / 1000)
             if (now + 10) % TICK_MS == 0:
                 for fs in members:
                     fs.tick(now + 10)

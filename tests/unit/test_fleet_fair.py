@@ -24,14 +24,20 @@ def raw(entries: list[tuple[bytes, bytes]], member: bytes = b"m", ts: int = 1_00
     return HEAD.pack(magic, ts, valid, len(member), len(entries) if n is None else n) + member + body
 
 
-def amount(x: float) -> bytes:
-    return struct.pack("<d", x)
+def amount(x: float, base: float = 0.0) -> bytes:
+    """A broker's amounts: the light tenants' demand and the member's baseline there."""
+    return struct.pack("<dd", x, base)
 
 
 def test_round_trip():
-    rep = LightReport("proxy-a-w1", 1_733_400_000_000, 3_000, {"broker 1": 150_000.0, "kafka-2:9092": 0.0})
+    rep = LightReport(
+        "proxy-a-w1", 1_733_400_000_000, 3_000, {"broker 1": 150_000.0, "kafka-2:9092": 0.0}, {"broker 1": 1.25}
+    )
     back = LightReport.decode(rep.encode())
     assert back == rep
+    # a baseline not yet known (or not a time) is written as none; one for a broker not reported, not at all
+    odd = LightReport("m", 1, 1, {"a": 1.0, "b": 2.0}, {"a": math.inf, "b": -1.0, "c": 2.0})
+    assert LightReport.decode(odd.encode()).base == {}
     assert LightReport.decode(LightReport("é-member", 0, 1, {}).encode()) == LightReport("é-member", 0, 1, {})
 
 
@@ -87,11 +93,13 @@ GOOD = (b"broker 1", amount(1.0))
         (HEAD.pack(MAGIC, 1, 1, 50, 0) + b"m", "member id runs past"),
         (raw([GOOD], n=2), "broker 1 of 2 runs past"),
         (raw([(b"", amount(1.0))]), "key of 0 bytes"),
-        (raw([(b"broker 1", b"\0" * 7)]), "key of 8 bytes"),
+        (raw([(b"broker 1", b"\0" * 15)]), "key of 8 bytes"),
         (raw([(b"\xc3(", amount(1.0))]), "key is not UTF-8"),
         (raw([(b"broker 1", amount(-1.0))]), "is -1.0, not a finite amount"),
         (raw([(b"broker 1", amount(math.nan))]), "is nan"),
         (raw([(b"broker 1", amount(math.inf))]), "is inf"),
+        (raw([(b"broker 1", amount(1.0, -2.0))]), "baseline on 'broker 1' is -2.0 ms"),
+        (raw([(b"broker 1", amount(1.0, math.nan))]), "baseline on 'broker 1' is nan ms"),
         (raw([GOOD, GOOD]), "names broker 'broker 1' twice"),
         (raw([GOOD]) + b"\0", "1 bytes after its 1 brokers"),
     ],
@@ -111,9 +119,10 @@ def test_each_malformed_report_is_refused_saying_what_is_wrong(data, says):
     member=st.text(min_size=1, max_size=40),
     ts=st.integers(0, 1 << 62),
     valid=st.integers(1, MAX_VALID_MS),
+    base=st.floats(0.001, 1e6),
 )
-def test_any_report_round_trips(light, member, ts, valid):
-    rep = LightReport(member, ts, valid, light)
+def test_any_report_round_trips(light, member, ts, valid, base):
+    rep = LightReport(member, ts, valid, light, {k: base for k in light})
     assert LightReport.decode(rep.encode()) == rep
 
 

@@ -222,8 +222,10 @@ def test_a_member_writes_a_light_report_when_it_has_news_and_refreshes_it_while_
     rep = LightReport.decode(value)
     assert rep.member == "a" and rep.ts_ms == clock[0] and rep.valid_ms == LIGHT_VALID_MS
     assert set(rep.light) == {"broker 1"} and 150 * 1024 < rep.light["broker 1"] < 250 * 1024
+    assert rep.base == {}  # no baseline measured yet: none told
     assert a.light_report(clock[0] + 250) is None  # nothing new: not before the refresh
-    assert a.light_report(clock[0] + LIGHT_REFRESH_MS) is not None
+    shares["a"].brokers["broker 1"].base = 1.75  # its smallest baseline there, told with its light tenants
+    assert LightReport.decode(a.light_report(clock[0] + LIGHT_REFRESH_MS) or b"").base == {"broker 1": 1.75}
     shares["a"].broker("broker 1", clock[0]).light_sum = 0.0
     shares["a"].broker("broker 2", clock[0]).light_sum = 1.0  # news: a broker not told yet
     assert LightReport.decode(a.light_report(clock[0] + LIGHT_REFRESH_MS + 250) or b"").light == {"broker 2": 1.0}
@@ -241,9 +243,12 @@ def test_another_members_light_report_makes_this_one_limit_its_flooder(monkeypat
     clock = [1_000_000]
     a, b, shares = _light_fleet(monkeypatch, clock)
     remote = shares["b"].brokers["broker 1"].remote_light
-    value = LightReport("a", clock[0] - 500, LIGHT_VALID_MS, {"broker 1": 200 * 1024.0, "broker 9": 1.0}).encode()
+    value = LightReport(
+        "a", clock[0] - 500, LIGHT_VALID_MS, {"broker 1": 200 * 1024.0, "broker 9": 1.0}, {"broker 1": 1.5}
+    ).encode()
     b.take(b.topic, None, value, _mac(b, value))
-    assert remote == {"a": (clock[0] + LIGHT_VALID_MS - 500, 200 * 1024.0)}  # until its writer's ts + valid
+    # until its writer's ts + valid, with its baseline there (the target's)
+    assert remote == {"a": (clock[0] + LIGHT_VALID_MS - 500, 200 * 1024.0, 1.5)}
     assert "broker 9" not in shares["b"].brokers  # a broker b does not know is not made up
     assert b.light_taken == 1 and b.bad == 0
     assert shares["b"].brokers["broker 1"].members == 2
