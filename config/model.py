@@ -183,8 +183,9 @@ class QuotaEntry(_Strict):
 
 
 class FairShareWeight(_Strict):
-    """One tenant's weight in the fair division: ``{client-id: batch, weight: 0.5}``. The tenant is named as
-    ``fair_share.tenant`` keys them: ``user`` and ``client-id`` (``user_client``), ``user`` alone, or ``address``."""
+    """One tenant's weight in the fair division: ``{user: ANONYMOUS, client-id: batch, weight: 0.5}``. The tenant
+    is named as ``fair_share.tenant`` keys them: ``user`` and ``client-id`` (``user_client``: both, an
+    unauthenticated client's user is ``ANONYMOUS``), ``user`` alone, or ``address``."""
 
     user: str | None = None
     client_id: str | None = Field(default=None, alias="client-id")
@@ -231,7 +232,7 @@ class FairShareConfig(_Strict):
         return self
 
     def weight_keys(self) -> dict[str, float]:
-        """Tenant key (``proxy.fair_share.tenant_key``) -> weight."""
+        """Tenant key (``proxy.fair_seat.tenant_key``) -> weight."""
         out = {}
         for w in self.weights:
             if self.tenant == "address":

@@ -99,6 +99,22 @@ _REQUEST_FLEXIBLE: Final = _FlexibleMemo(request_is_flexible)
 _RESPONSE_FLEXIBLE: Final = _FlexibleMemo(response_header_is_flexible)
 
 
+class _ClientIdMemo:
+    """The last client id read, as bytes and as text. A connection sends one client id request after request; a
+    compare of its bytes costs a fraction of a UTF-8 decode (compiled: ~230 instructions for a short id), and the
+    one str object then compares by identity wherever the id is compared again (the policy's memos). One entry: the
+    memory it keeps is one client id, whatever the clients send."""
+
+    __slots__ = ("raw", "text")
+
+    def __init__(self) -> None:
+        self.raw = b""
+        self.text = ""
+
+
+_CLIENT_ID: Final = _ClientIdMemo()
+
+
 def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
     """Byte by byte on ``bytes``: compiled, each read is native, where ``struct`` and memoryview slices are calls."""
     end = len(frame)
@@ -125,10 +141,16 @@ def _parse_request_header(frame: bytes, start: int) -> RequestHeader:
         stop = pos + cid_len
         if stop > end:
             raise HeaderError("client_id runs past the end of the request frame")
-        try:
-            client_id = frame[pos:stop].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HeaderError("client_id is not valid UTF-8") from exc
+        raw = frame[pos:stop]
+        memo = _CLIENT_ID
+        if raw == memo.raw:
+            client_id = memo.text
+        else:
+            try:
+                client_id = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise HeaderError("client_id is not valid UTF-8") from exc
+            memo.raw, memo.text = raw, client_id
         pos = stop
     flexible = _REQUEST_FLEXIBLE.get(api_key, api_version)
     body_offset: int | None = pos - start

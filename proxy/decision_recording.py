@@ -48,9 +48,9 @@ class DecisionRecorder:
         """Epoch seconds (the log's timestamps); injected beside the policy's monotonic clock."""
         self.log: EventSink | None = open_decision_log(config)
         self.epoch_offset_ms = round(wall_clock() * 1000) - now_ms()
+        """Added to the policy's monotonic ms (``now_ms``) to stamp events in epoch ms (one wall-clock read)."""
         self._fair_logged: dict[str, float] = {}
         """Broker -> when its fair share's last "saturated" line was logged (at most one a minute)."""
-        """Added to the policy's monotonic ms (``now_ms``) to stamp events in epoch ms (one wall-clock read)."""
 
     def record(
         self,
@@ -64,6 +64,8 @@ class DecisionRecorder:
         """Count the decision (metrics) and ship it to the decision log."""
         throttle_ms = d.throttle_ms if d.throttle_ms >= d.paced_ms else d.paced_ms
         fair_ms = d.fair_ms
+        if d.fair_shadow:  # fair share in shadow mode: the wait it would have given
+            shadow = True
         if not d.rejected and throttle_ms <= 0 and fair_ms <= 0 and not shadow:  # the usual decision: a pass,
             self.stats.passes[d.noted].n += 1  # counted once for its set of kinds (Stats.passes)
             if self.log is None:

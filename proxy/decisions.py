@@ -75,6 +75,8 @@ class ConnState:
         "last_key",
         "last_out",
         "pid_memo",
+        "plain_key",
+        "plain_stamp",
         "produce_shape",
         "scope",
         "stamp",
@@ -96,6 +98,11 @@ class ConnState:
         path. A producer sends one API with one client id, request after request, and a consumer mostly Fetch, so
         the decision finds its handles here; a request of another API binds its plan again (a few lookups in the
         manager's tables), which clients do seconds apart (metadata, heartbeats, commits)."""
+        self.plain_key = -1
+        self.plain_stamp = -1
+        """The API key of the last request no quota charged, and the quotas' stamp then: the same API again under
+        the same quotas is not looked up in the plans (the path of every request with fair share on and no quota;
+        compiled, the plans' lookup boxes the key and costs ~250 instructions)."""
         self.pid_memo: PidMemo | None = None
         """The last producer id seen and until when the filters know it."""
         self.last_out: dict[int, int] = {}
@@ -140,6 +147,7 @@ class Decision:
         "fair",
         "fair_mark",
         "fair_ms",
+        "fair_shadow",
     )
 
     def __init__(
@@ -187,6 +195,9 @@ class Decision:
         """Where the tenant's fair-share bucket must have refilled to for this request to go (-1: it need not wait)."""
         self.fair_ms = 0
         """The wait or throttle fair share gave this request (the decision log's ``fair_share`` action)."""
+        self.fair_shadow = False
+        """Fair share in shadow mode (``quotas.fair_share.enforce: false``): :attr:`fair_ms` is the wait it would
+        have given; the decision is recorded as shadow."""
         self.pace_marks: list[tuple[Bound, float]] | None = None
         """Smooth enforcement, a paced request: per pacing bucket it owes, where that bucket's refill total stands
         once the request is paid (``QuotaManager.pace_mark``); ``proxy.pacing.paced`` asks again how long that is

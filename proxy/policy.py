@@ -74,6 +74,14 @@ log = logging.getLogger(__name__)
 _I32: Final = struct.Struct(">i")
 
 
+def _fair_wait(d: Decision, fair_ms: int) -> None:
+    """The wait fair share gave a request, or (negative: shadow mode) would have given it."""
+    if fair_ms < 0:
+        d.fair_ms, d.fair_shadow = -fair_ms, True
+    else:
+        d.fair_ms = fair_ms
+
+
 class Policy:
     def __init__(
         self,
@@ -229,10 +237,13 @@ class Policy:
         t, mark = fair.request(conn, st, header, frame, now_ms)
         if t is None:
             return self._decide(conn, header, frame, now, None, 0, st)
-        if mark >= 0 and self.fair_enforce:  # over its share of a limited broker: it waits, unread behind it
+        if mark >= 0:  # over its share of a limited broker: it waits, unread behind it
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
-                return self._fair_hold(conn, header, bytes(frame), t, mark, now_ms, wait_ms)
+                if self.fair_enforce:
+                    return self._fair_hold(conn, header, bytes(frame), t, mark, now_ms, wait_ms)
+                # Shadow mode: it goes now, recorded with the wait it would have had (a negative fair_ms).
+                return self._decide(conn, header, frame, now, t, -wait_ms, st)
         return self._decide(conn, header, frame, now, t, 0, st)
 
     def _fair_hold(
@@ -298,32 +309,42 @@ class Policy:
         st: ConnState | None = None,
     ) -> Verdict:
         """The quotas' decision on one request. ``ft``: its fair-share tenant (None while fair share is off);
-        ``fair_ms``: how long fair share held it (recorded with the decision); ``st``: the connection's policy state
+        ``fair_ms``: how long fair share held it (recorded with the decision; negative in shadow mode: how long it
+        would have, recorded as shadow); ``st``: the connection's policy state
         when the caller has read it (None: read here; compiled, ``conn.policy_state`` is a generic attribute read)."""
         key = header.api_key
         now_ms = ms(now)
         client_id = header.client_id or ""
         if st is None:
             st = conn.policy_state  # the one read of it a request: the rest is native
-        b: BoundPlan | None
-        if (
-            st is not None
-            and st.last_key == key
-            and st.stamp == self.quotas.stamp()
-            and st.last_client_id == client_id
-            and st.user == st.identity.principal
-        ):  # as the last request: its plan, bound (see ConnState.last)
-            b = st.last
-        else:
+        b: BoundPlan | None = None
+        memo = False
+        if st is not None:
+            # Read through a name of the native type: compiled, the Optional one's fields are compared as boxed
+            # objects (a generic compare each).
+            cs: ConnState = st
+            if (
+                cs.last_key == key
+                and cs.stamp == self.quotas.stamp()
+                and cs.last_client_id == client_id
+                and cs.user == cs.identity.principal
+            ):  # as the last request: its plan, bound (see ConnState.last)
+                b = cs.last
+                memo = True
+            elif cs.plain_key == key and cs.plain_stamp == self.quotas.stamp():
+                memo = True  # no quota charges this API, as for the last request: no plan to look up
+        if not memo:
             plan = self.plans.plan(key)
             if plan is None:  # no quota configured charges this API: the plain proxy's path, one dict lookup
                 b = None
+                if st is not None:
+                    st.plain_key, st.plain_stamp = key, self.quotas.stamp()
             else:
                 if st is None:
                     st = conn.policy_state = ConnState(conn.identity)
                 b = self._bind(conn, st, plan, key, client_id, now_ms)
         if b is None:
-            if ft is None or st is None or (fair_ms <= 0 and not (ft.paced and key in FETCH_APIS)):
+            if ft is None or st is None or (fair_ms == 0 and not (ft.paced and key in FETCH_APIS)):
                 return None
             return self._fair_only(st, client_id, header, frame, ft, fair_ms, now_ms)
         assert st is not None  # a bound plan is kept on the connection's state
@@ -354,7 +375,7 @@ class Policy:
         else:
             d.later, d.later_kinds = b.later, b.later_kinds
         if ft is not None:
-            d.fair_ms = fair_ms
+            _fair_wait(d, fair_ms)
             if ft.paced and key in FETCH_APIS:
                 d.fair = ft  # its answer is charged to the tenant's share, and throttled over it
         if self.smooth:
@@ -372,7 +393,7 @@ class Policy:
                 quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, header, frame, now_ms
             )
         if d.paced_ms > 0 and self.enforce:
-            return Defer(lambda: paced(conn, d, quotas, self.now_ms), wait_s=wait_slice_s(d.paced_ms))
+            return self._paced(conn, d)
         if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
@@ -381,6 +402,12 @@ class Policy:
         if not (d.noted or d.later or d.fair is not None or d.fair_ms > 0):
             return None
         return d
+
+    def _paced(self, conn: PolicyConnection, d: Decision) -> Defer[Verdict]:
+        """A method of its own (as :meth:`_hold`): compiled, a lambda in :meth:`_decide` made every local of it a
+        field of a closure allocated on every request."""
+        quotas = self.quotas
+        return Defer(lambda: paced(conn, d, quotas, self.now_ms), wait_s=wait_slice_s(d.paced_ms))
 
     def _fair_only(
         self,
@@ -397,7 +424,7 @@ class Policy:
         size = len(frame) - 4
         d = Decision(st, client_id, header, size, self.keep_values)
         d.charged_ms = now_ms
-        d.fair_ms = fair_ms
+        _fair_wait(d, fair_ms)
         if ft.paced and header.api_key in FETCH_APIS:
             d.fair = ft
             if self.fair is not None and self.fair_enforce:
@@ -439,6 +466,8 @@ class Policy:
                 ft.held_total += 1
                 if f > d.throttle_ms:
                     d.throttle_ms = f if f < MAX_THROTTLE_MS else MAX_THROTTLE_MS
+            elif f > 0:  # shadow mode: the throttle it would have had, recorded as shadow
+                d.fair_ms, d.fair_shadow = f, True
         upstream_ms: float | None = None  # the decision log's alone: boxed, it cost a float object a response
         if self._logging and pending.local is None:
             upstream_ms = (now - pending.sent_at) * 1000

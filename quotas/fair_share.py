@@ -12,8 +12,10 @@ The loop, per broker (docs/fair-share.md has the picture and the figures):
    tick, the broker's delay ``q`` is the median of its samples' delays.
 2. **Control law** on the work admitted to the broker per second, ``limit`` (bytes of requests and of Fetch
    answers, plus :data:`REQUEST_WORK` a request and :data:`MUTATION_WORK` a topic created or deleted): above the
-   target ``d`` it is cut multiplicatively (never below half at once), below ``d / 2`` it grows additively while
-   the admitted work actually uses it, in between it holds. Samples of requests sent before the last change are
+   target ``d`` it is cut multiplicatively (never below half at once); while the tick's delay is below ``d`` and
+   its average below :data:`GROW_BELOW` ``× d`` it grows while the admitted work actually uses it (additively,
+   :data:`GROW_MIN` a tick, or :data:`GROW_FRACTION` of a large limit; faster back towards where the last cut
+   started, :data:`RECOVER_FRACTION`), in between it holds. Samples of requests sent before the last change are
    ignored, so one standing queue is not cut for twice.
 3. **Max-min division** of the limit among the broker's active tenants by their measured demand (Doorman's
    FAIR_SHARE): one water level; a tenant below it is never delayed, a tenant above it is paced at it.
@@ -29,8 +31,8 @@ here answers each (docs/fair-share.md):
   controlled broker still gives;
 - probes that pin concurrency low until requests fail (envoy#8337): there are no probes; the baseline comes from
   the traffic itself;
-- an additive term that grows the limit forever near the target (concurrency-limits PR #134): growth only below
-  ``d / 2`` and only while the limit is used; a hold band in between;
+- an additive term that grows the limit forever near the target (concurrency-limits PR #134): growth only while
+  the averaged delay is below :data:`GROW_BELOW` ``× d`` and only while the limit is used; a hold band in between;
 - a dropped or coalesced answer reporting a near-zero round trip (concurrency-limits #176): a response read in the
   same read as the previous one has no service time of its own and is not a sample (the proxy skips it), and a
   class's baseline is used only after :data:`MIN_BASELINE_SAMPLES`;
@@ -83,11 +85,12 @@ GROW_BELOW: Final = 0.7
 ``d`` the limit holds (a band against the grow-forever drift of an additive term near the target, concurrency-limits
 PR #134)."""
 GROW_FRACTION: Final = 0.01
-"""Growth per tick at or above the limit the last cut started from, as a fraction of the limit (about +10 % a
-second): probing for more, slowly enough that the queue it builds is seen before it grows much."""
+"""Growth per tick from :data:`RECOVER_UNTIL` of the limit the last cut started from on, as a fraction of the
+limit (about +10 % a second; at least :data:`GROW_MIN`): probing for more, slowly enough that the queue it builds
+is seen before it grows much."""
 RECOVER_FRACTION: Final = 0.2
-"""Growth per tick below the limit the last cut started from: a fifth of the gap (CUBIC's concave part: back near
-the last good limit within a second after a cut, then probing slowly past it)."""
+"""Growth per tick below :data:`RECOVER_UNTIL` of the limit the last cut started from: a fifth of the gap
+(CUBIC's concave part: back near the last good limit within a second after a cut, then probing slowly past it)."""
 RECOVER_UNTIL: Final = 0.9
 """Below this fraction of the limit the last cut started from, growth is :data:`RECOVER_FRACTION` of the gap."""
 GROW_MIN: Final = 32 * 1024
@@ -143,9 +146,11 @@ REQUEST_WORK: Final = 1024
 """Work a request costs beyond its bytes: a broker's time per request is not free (a flood of tiny requests is
 work too). One KiB: a producer at 200 records/s a broker counts ~0.2 MiB/s, far below any share."""
 MUTATION_WORK: Final = 256 * 1024
-"""Work per topic in a CreateTopics, DeleteTopics or CreatePartitions request. Measured on the isolation bench: a
-create/delete loop of 2-partition topics at ~53 partition mutations a second cost the victim about what 4-8
-MiB/s of appends per broker did (docs/fair-share.md), ~0.25-0.5 MiB a mutation."""
+"""Work per topic in a CreateTopics, DeleteTopics or CreatePartitions request (per topic, not per partition: the
+request's topics are counted without decoding their partition counts). Measured on the isolation bench: a
+create/delete loop of 2-partition topics at ~53 partition mutations a second cost the victim about what 4-8 MiB/s
+of appends per broker did (docs/fair-share.md), ~0.25-0.5 MiB a partition mutation, so ~0.5-1 MiB a 2-partition
+topic over the cluster: 256 KiB a topic on each broker it reaches is the low end of that."""
 
 # ------------------------------------------------------------------------------------------ what is sampled
 SAMPLED_APIS: Final = {0: 0, 2: 2, 3: 3, 8: 4, 9: 4, 10: 4, 12: 4, 18: 4}
@@ -609,29 +614,22 @@ class BrokerLoad:
         light_sum = 0.0
         light = 0
         heavy = 0
-        if self.limit > 0:
-            self._classify(active, self.limit, now_ms)
-            for t in active:
-                if t.sparse:
-                    light += 1
-                    light_sum += t.demand
-                elif not t.held_tick and t.demand < small:
-                    told += t.demand
-                else:
-                    heavy += 1
+        limited = self.limit > 0
+        split = 0.0  # open: light is below half the equal split of what the active tenants use
+        if limited:
+            self._classify(active, self.limit, now_ms)  # limited: light is sparse
         else:
-            total = 0.0
             for t in active:
-                total += t.demand
-            split = total / len(active)
-            for t in active:
-                if not t.held_tick and t.demand < 0.5 * split:
-                    light += 1
-                    light_sum += t.demand
-                elif not t.held_tick and t.demand < small:
-                    told += t.demand
-                else:
-                    heavy += 1
+                split += t.demand
+            split /= len(active)
+        for t in active:
+            if t.sparse if limited else (not t.held_tick and t.demand < 0.5 * split):
+                light += 1
+                light_sum += t.demand
+            elif not t.held_tick and t.demand < small:
+                told += t.demand
+            else:
+                heavy += 1
         self.light_sum = light_sum + told
         if light == 0 and (remote <= 0 or heavy == 0):
             return 0.0
@@ -714,7 +712,9 @@ def _alpha(dt_ms: int, tau_ms: int) -> float:
 
 
 def _median(values: list[float]) -> float:
-    s = sorted(values)
+    """The median of ``values``, sorted in place (the tick clears them after: no copy)."""
+    s = values
+    s.sort()
     n = len(s)
     mid = n // 2
     return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])

@@ -297,3 +297,31 @@ def test_fair_share_turned_off_then_on_again_counts_a_live_connection_on_the_new
     assert [b[0] for b in seat.snapshot(10)[0]] == ["broker 1"]  # what the metrics show
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fair share turned")]
     assert [m.split(" (")[0] for m in said] == ["fair share turned off", "fair share turned on"]
+
+
+def test_fair_share_in_shadow_mode_lets_a_request_go_and_records_the_wait_it_would_have_had():
+    """``quotas.fair_share.enforce: false``: a request over its tenant's share of a limited broker is not held; its
+    decision carries the wait it would have had, recorded as shadow (the decision log's ``fair_share`` action)."""
+    from types import SimpleNamespace
+
+    from protocol.apis import Api
+    from protocol.headers import RequestHeader
+    from proxy.decisions import ConnState, Decision
+    from proxy.verdicts import Defer
+
+    conn = SimpleNamespace(label="broker 1", peer="127.0.0.1", upstream_addr=("127.0.0.1", 9))
+    header = RequestHeader(Api.PRODUCE, 9, 1, "flooder", 0)
+
+    def gate(enforce: bool) -> object:
+        proxy = Proxy(_config(**{"quotas.fair_share.enforce": enforce}))
+        st = ConnState(SimpleNamespace(principal="ANONYMOUS"))
+        t, _ = _fair(proxy).request(conn, st, header, b"\0" * 64, 0)  # type: ignore[arg-type]
+        assert t is not None
+        t.broker.limit = 64 * 1024.0  # the broker limited, this tenant paced at 64 KiB/s
+        t.pace(64 * 1024.0, 0.1, 0)
+        return proxy.policy._gate(conn, header, b"\0" * (256 * 1024), 0.0, st)  # type: ignore[arg-type]
+
+    assert isinstance(gate(True), Defer)  # enforced: it waits
+    shadow = gate(False)
+    assert isinstance(shadow, Decision) and shadow.fair_shadow
+    assert 3_000 < shadow.fair_ms < 5_000  # ~(256 KiB - its burst) at 64 KiB/s
