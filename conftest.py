@@ -7,6 +7,10 @@ import pytest
 
 from proxy.build_info import stale_modules
 
+# The checks the deployment tests share live outside the test modules; pytest explains a failed assert only in
+# modules it rewrites.
+pytest.register_assert_rewrite("tests.harness.kube_objects")
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     stale = stale_modules()

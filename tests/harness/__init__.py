@@ -6,6 +6,7 @@ tests and the benchmarks (``bench/``, which imports them from here, never the ot
 * ``process_tree``: the CPU and peak memory of a process tree;
 * ``connection_rig``: a real ``proxy.connection.Connection`` with stand-in sockets, and Produce frames for it;
 * ``request_bodies``: a valid body of every API the proxy decodes, for the fuzzers.
+* ``kube_objects``: the Kubernetes objects that run the proxy (the manifest, the Helm chart), checked alike.
 
 Exports are resolved lazily so ``python -m tests.harness.cluster`` does not
 import the module twice.
