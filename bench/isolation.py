@@ -63,6 +63,9 @@ then a wait, at most 60 s, until the kernel has written the flood's dirty pages 
   steady-nofair  the same, fair share off
   alone-proxy-again  victim alone, through the proxy, once more: how far the machine drifted meanwhile
 
+Even rounds run lone-nofair before lone-fair and steady-nofair before steady-fair (``round_order``), so neither
+side of a pair always comes second.
+
 Before the phases, unmeasured (``--warmup`` s each): victim + flood straight to the cluster (fresh brokers' JIT),
 then the victim alone through a proxy (the first phase after a flood read slow in every run without it).
 A flood leaves followers behind; the next phase starts only once they have caught up (a victim with acks=all
@@ -221,6 +224,23 @@ def parse_phases(text: str) -> list[str]:
     if unknown or not wanted:
         raise ValueError(f"unknown phase(s) {sorted(unknown)}; choose from {', '.join(PHASES)} or all")
     return [p for p in PHASES if p in wanted]
+
+
+# Phases compared as a pair (fair share on beside off, no victim): in canonical order one side would always run
+# second, after the other's flood and its disk write-back, and the first full run read lone-fair 0.76-0.84 of
+# lone-nofair with fair share never engaging. Even rounds swap each pair, so an order effect shows as a spread.
+SWAPPED_PAIRS = (("lone-fair", "lone-nofair"), ("steady-fair", "steady-nofair"))
+
+
+def round_order(phases: Sequence[str], rnd: int) -> list[str]:
+    """The phases of round ``rnd`` (from 1): the canonical order, with each of SWAPPED_PAIRS swapped in even rounds."""
+    order = list(phases)
+    if rnd % 2 == 0:
+        for a, b in SWAPPED_PAIRS:
+            if a in order and b in order:
+                i, j = order.index(a), order.index(b)
+                order[i], order[j] = b, a
+    return order
 
 
 # ------------------------------------------------------------------------------------------ the clients (own processes)
@@ -1298,7 +1318,7 @@ def main(argv: list[str] | None = None) -> int:
             backlog = "iso-backlog"
             _fill_topic(cluster, backlog, BACKLOG_FILL)
             print(f"consumer flooder's backlog filled: {BACKLOG_FILL // MIB} MiB", flush=True)
-        for rnd, phase in ((r, p) for r in range(1, args.rounds + 1) for p in phases):
+        for rnd, phase in ((r, p) for r in range(1, args.rounds + 1) for p in round_order(phases, r)):
             parts = flood_parts(phase, args.flood)
             hand = hand_quota(results, rnd, args.hand_rate) if phase == "flood-hand" else None
             cfg = proxy_config(phase, hand[:2] if hand else None)
