@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import ClassVar, Final
 
 from protocol.errors import ProtocolError
 
@@ -32,6 +32,8 @@ _SIZE_unpack: Final = _SIZE.unpack_from  # bound once: compiled, a method call b
 
 class FrameError(ProtocolError):
     """The stream cannot be split into frames any more; the connection must be closed."""
+
+    kind: ClassVar[str] = "bad_frame"
 
 
 def check_frame_size(size: int, max_frame_bytes: int) -> None:

@@ -45,7 +45,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import ClassVar, Final
 
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.sasl import (
@@ -70,6 +70,8 @@ OAUTHBEARER: Final = "OAUTHBEARER"
 
 class SaslTokenError(ProtocolError):
     """A SASL token or sequence the tracker cannot follow; the proxy closes the connection."""
+
+    kind: ClassVar[str] = "sasl"
 
 
 class SaslSequenceError(SaslTokenError):

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
-from protocol.errors import ProtocolViolation
+from protocol.errors import MalformedRequest
 from protocol.headers import (
     RequestHeader,
     encode_request_header,
@@ -209,7 +209,7 @@ class Session:
             if isinstance(exc, SaslTokenError):
                 raise
             api = "?" if header is None else f"{api_name(header.api_key)} v{header.api_version}"
-            raise ProtocolViolation(f"malformed request ({api}): {exc}") from None
+            raise MalformedRequest(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
         return request
@@ -403,14 +403,15 @@ class Session:
         request_read_timeout_ms: int,
         upstream_timeout_margin_ms: int,
         connections_max_idle_ms: int,
-    ) -> str | None:
-        """Whether the connection is to close on a timeout (checked about once a second): the WARNING reason, ``""``
-        for an idle connection (closed without one), or None. A request frame still incomplete after
-        ``request_read_timeout_ms`` of being read (``frame_since``, ``reading``: the time unread is not the
-        client's); the broker sitting on the oldest request past the wait the request asked for plus the margin;
-        no traffic for ``connections_max_idle_ms`` while nothing is in flight, arriving or streaming (``idle``)."""
+    ) -> tuple[str, str] | None:
+        """Whether the connection is to close on a timeout (checked about once a second): ``(kind, reason)``, the
+        metric label and the WARNING line (``("idle", "")`` for an idle connection: closed without either), or
+        None. A request frame still incomplete after ``request_read_timeout_ms`` of being read (``frame_since``,
+        ``reading``: the time unread is not the client's); the broker sitting on the oldest request past the wait
+        the request asked for plus the margin; no traffic for ``connections_max_idle_ms`` while nothing is in
+        flight, arriving or streaming (``idle``)."""
         if frame_since is not None and reading and now - frame_since > request_read_timeout_ms / 1000:
-            return (
+            return "request_timeout", (
                 f"request timeout: a request frame was still incomplete after {request_read_timeout_ms} "
                 f"ms ({held_bytes} bytes received)"
             )
@@ -423,13 +424,13 @@ class Session:
             host, port = broker or ("?", 0)
             header = head.header
             what = "raw SASL token" if header is RAW else f"{api_name(header.api_key)} v{header.api_version}"
-            return (
+            return "broker_timeout", (
                 f"broker timeout: broker {host}:{port} did not answer {what} within "
                 f"{head.wait_ms + upstream_timeout_margin_ms} ms (its own wait "
                 f"{head.wait_ms} ms + upstream_timeout_margin_ms)"
             )
         if now - last_active > connections_max_idle_ms / 1000 and idle and not self.inflight:
-            return ""
+            return "idle", ""
         return None
 
     def quiet(self, now: float, last_active: float) -> bool:

@@ -33,7 +33,7 @@ from protocol.headers import parse_request_header, response_body_offset
 from protocol.inflight import Pending
 from protocol.session import RAW, Pause, Request, read_request
 from protocol.text import printable
-from proxy.connection_life import ConnectionLife, Services, error_kind
+from proxy.connection_life import ConnectionLife, Services
 from proxy.policy import Decision, Verdict
 from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
 from proxy.stats import ApiCounters
@@ -41,7 +41,7 @@ from proxy.verdicts import Answer, Defer, Replace
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Connection", "Services", "error_kind"]
+__all__ = ["Connection", "Services"]
 
 _SIZE = struct.Struct(">i")
 
@@ -75,7 +75,7 @@ class Connection(ConnectionLife):
         try:
             frames = reader.feed(data)
         except FrameError as exc:
-            self.close(f"request stream: {exc}")
+            self.close(f"request stream: {exc}", exc.kind)
             return
         if reader.idle:
             self._frame_since = None
@@ -129,13 +129,13 @@ class Connection(ConnectionLife):
         except ProtocolError as exc:  # the client's bytes: one line, its connection only
             if out:
                 self.upstream.transport.writelines(out)
-            self.close(str(exc))
+            self.close(str(exc), exc.kind)
             return
         except Exception as exc:  # a bug or a body that breaks a decoder: this connection only, never the proxy
             if out:
                 self.upstream.transport.writelines(out)
             log.exception("%s via %s: cannot process a request", self.peer, self.label)
-            self.close(f"cannot process a request: {type(exc).__name__}: {exc}")
+            self.close(f"cannot process a request: {type(exc).__name__}: {exc}", "internal")
             return
         if out:
             self.upstream.transport.writelines(out)
@@ -212,7 +212,7 @@ class Connection(ConnectionLife):
         try:
             verdict = await defer.decide()
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
-            self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}")
+            self.close(f"cannot decide on a request: {type(exc).__name__}: {exc}", "decide_failed")
             return
         if self.closed:
             return
@@ -222,11 +222,11 @@ class Connection(ConnectionLife):
             request = read_request(header, frame)
             item = self._apply(verdict, request, monotonic())
         except ProtocolError as exc:  # the client's bytes: one line, its connection only (as _process_requests)
-            self.close(str(exc))
+            self.close(str(exc), exc.kind)
             return
         except Exception as exc:  # noqa: BLE001 - a bug: this connection only, never the proxy
             log.exception("%s via %s: cannot process a request", self.peer, self.label)
-            self.close(f"cannot process a request: {type(exc).__name__}: {exc}")
+            self.close(f"cannot process a request: {type(exc).__name__}: {exc}", "internal")
             return
         if type(item) is Defer:  # it waits again (a paced request whose rate moved): still deciding, in order
             self._start_decision(item, frame)
@@ -383,12 +383,12 @@ class Connection(ConnectionLife):
         except FrameError as exc:
             if out:
                 self.client.transport.writelines(out)
-            self.close(f"response stream from broker: {exc}")
+            self.close(f"response stream from broker: {exc}", "bad_response")
             return
         except Exception as exc:  # noqa: BLE001 - a bad response closes one connection, never the proxy
             if out:
                 self.client.transport.writelines(out)
-            self.close(f"cannot process response: {type(exc).__name__}: {exc}")
+            self.close(f"cannot process response: {type(exc).__name__}: {exc}", "bad_response")
             return
         if out:
             self.client.transport.writelines(out)
@@ -517,7 +517,7 @@ class Connection(ConnectionLife):
             await self.services.directory.learn(edit.endpoints)
             rendered = edit.render(self.services.directory)
         except Exception as exc:  # noqa: BLE001 - e.g. no free port left in the configured range
-            self.close(f"cannot rewrite broker addresses: {type(exc).__name__}: {exc}")
+            self.close(f"cannot rewrite broker addresses: {type(exc).__name__}: {exc}", "listener")
             return
         if self.closed:
             return

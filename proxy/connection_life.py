@@ -39,30 +39,6 @@ log = logging.getLogger("proxy.connection")  # one logger for the connection's l
 _SIZE = struct.Struct(">i")
 
 
-_ERROR_KINDS = (
-    ("request stream", "bad_frame"),
-    ("malformed", "malformed_request"),
-    ("SASL", "sasl"),
-    ("request timeout", "request_timeout"),
-    ("broker timeout", "broker_timeout"),
-    ("no broker reachable", "broker_unreachable"),
-    ("client certificate refused", "tls"),
-    ("response stream from broker", "bad_response"),
-    ("cannot process response", "bad_response"),
-    ("cannot rewrite broker addresses", "listener"),
-    ("cannot decide", "decide_failed"),
-    ("cannot process a request", "internal"),
-)
-
-
-def error_kind(reason: str) -> str:
-    """The ``reason`` label of ``ktp_connection_errors_total``: a fixed vocabulary, never client text."""
-    for prefix, kind in _ERROR_KINDS:
-        if reason.startswith(prefix):
-            return kind
-    return "protocol"
-
-
 @dataclass(slots=True)
 class Services:
     """What a connection uses of the proxy, and nothing more: settings, counters, the policy seat, the shared
@@ -195,7 +171,7 @@ class ConnectionLife(SideOwner):
                     transport.get_extra_info("ssl_object"), self.services.principal_mapper
                 )
             except (NoMatchingRule, CertificateError) as exc:  # Kafka fails the authentication
-                self.close(f"client certificate refused: {exc}")
+                self.close(f"client certificate refused: {exc}", "tls")
                 return
         # The broker connection is made when the client first sends something: a connection that never
         # speaks costs the proxy its socket only, and the cluster nothing.
@@ -224,7 +200,7 @@ class ConnectionLife(SideOwner):
                 self.requests_received(data)
             self.resume(self.client, Pause.CONNECTING)
             return
-        self.close(f"no broker reachable among {self._candidates_text()}")
+        self.close(f"no broker reachable among {self._candidates_text()}", "broker_unreachable")
 
     def _upstream_protocol(self) -> Any:
         """What the loop hands the broker's reads to: as chunks until the first Fetch (see _buffer_reads)."""
@@ -249,7 +225,7 @@ class ConnectionLife(SideOwner):
         if self.closed:
             return
         cfg = self.services.config
-        reason = self.session.expiry(
+        expired = self.session.expiry(
             now,
             self._frame_since,
             not self.client.pauses,
@@ -261,7 +237,8 @@ class ConnectionLife(SideOwner):
             cfg.upstream_timeout_margin_ms,
             cfg.connections_max_idle_ms,
         )
-        if reason is not None:
+        if expired is not None:
+            kind, reason = expired
             if not reason:
                 log.debug(
                     "%s via %s: idle for %d ms; closing (connections_max_idle_ms)",
@@ -269,7 +246,7 @@ class ConnectionLife(SideOwner):
                     self.label,
                     (now - self.last_active) * 1000,
                 )
-            self.close(reason or None)
+            self.close(reason, kind)
             return
         if self.session.quiet(now, self.last_active) and (
             self.client.transport is None or self.client.transport.get_write_buffer_size() == 0
@@ -283,12 +260,14 @@ class ConnectionLife(SideOwner):
         if not self.inflight and not self._responses.streaming:  # a streamed response is popped at its head
             self.close()
 
-    def close(self, reason: str | None = None) -> None:
+    def close(self, reason: str = "", kind: str = "") -> None:
+        """Close the connection; with a ``reason``, one WARNING line and ``kind`` counted as the ``reason`` label of
+        ``ktp_connection_errors_total`` (a fixed vocabulary named where the error is raised, never client text)."""
         if self.closed:
             return
         if reason:
             log.warning("%s via %s: %s; closing the connection", self.peer, self.label, printable(reason, 500))
-            self.services.stats.connection_errors[error_kind(reason)] += 1
+            self.services.stats.connection_errors[kind or "protocol"] += 1
         self.closed = True
         self.mute.cancel()
         if self._admitted:

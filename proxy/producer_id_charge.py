@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from mute import KeyedHolds
-from protocol.errors import ProtocolViolation
+from protocol.errors import MalformedRequest
 from protocol.headers import RequestHeader
 from protocol.record_batches import NO_PRODUCER_ID, RecordBatchError, producer_ids_and_shape, single_producer_id
 from proxy.decisions import Buffer, Decision, PidMemo
@@ -46,7 +46,7 @@ def charge_producer_ids(
         try:
             pids, st.produce_shape = producer_ids_and_shape(memoryview(frame)[4:], version, offset)
         except RecordBatchError as exc:
-            raise ProtocolViolation(f"malformed Produce v{version} record batch: {exc}") from None
+            raise MalformedRequest(f"malformed Produce v{version} record batch: {exc}") from None
         if len(pids) == 1:
             (pid,) = pids
         elif not pids:

@@ -239,7 +239,7 @@ class Proxy:
                         conn.check_timeouts(now)
                     except Exception:  # noqa: BLE001 - one connection's bug closes that connection only
                         log.exception("%s via %s: timeout check failed; closing", conn.peer, conn.label)
-                        conn.close("cannot process a request: timeout check failed")
+                        conn.close("cannot process a request: timeout check failed", "internal")
                 if loop.time() >= next_summary:
                     next_summary = loop.time() + summary_every
                     for conn in list(self.connections):

@@ -4,6 +4,7 @@ unescaped; malformed bodies raise the one protocol error family (a WARNING and a
 from __future__ import annotations
 
 import random
+import re
 import struct
 
 import pytest
@@ -12,12 +13,17 @@ from hypothesis import strategies as st
 
 from config.quota_sources import QuotaSources
 from protocol import apis, mutations, throttle_field
-from protocol.errors import ProtocolError
+from protocol.errors import MalformedRequest, ProtocolError
+from protocol.frames import FrameError
+from protocol.headers import HeaderError
+from protocol.sasl_identity import SaslSequenceError
 from protocol.text import printable
 from proxy import client_quota_api
-from proxy.connection import error_kind
 from quotas.entities import QuotaStore
 from tests.harness.request_bodies import BODIES
+from tests.support import REPO
+
+OPERATIONS = (REPO / "docs" / "operations.md").read_text()
 
 
 def test_caches_keyed_on_client_headers_stay_bounded():
@@ -34,16 +40,39 @@ def test_caches_keyed_on_client_headers_stay_bounded():
 
 def test_metric_labels_come_from_a_fixed_vocabulary():
     assert apis.api_label(0) == "Produce" and apis.api_label(12345) == "unknown" and apis.api_label(-1) == "unknown"
-    labels = {
-        error_kind(r)
-        for r in (
-            "SASL \nFORGED: cannot follow this mechanism",
-            "malformed request (Api999 v77): bad",
-            "request stream: frame of 5 bytes exceeds",
-            "whatever a client made up: x" * 10,
-        )
+
+
+# The ``reason`` vocabulary of ktp_connection_errors_total, as docs/operations.md lists it for operators.
+_DOCUMENTED = re.search(r"`ktp_connection_errors_total\{reason\}` \(a fixed vocabulary:\s*(.*?)\)", OPERATIONS, re.S)
+
+
+def _family(cls: type[ProtocolError]) -> list[type[ProtocolError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += _family(sub)
+    return out
+
+
+def test_a_closed_connection_is_counted_by_the_error_class_not_its_message():
+    """A message a client shaped (or a reworded one) cannot move a metric: the kind is the class's."""
+    assert FrameError("malformed request: SASL").kind == "bad_frame"
+    assert SaslSequenceError("request stream: malformed").kind == "sasl"
+    assert MalformedRequest("SASL request stream").kind == "malformed_request"
+    assert HeaderError("malformed request stream").kind == "protocol"
+
+
+def test_every_connection_error_kind_is_one_the_operations_page_lists():
+    assert _DOCUMENTED, "docs/operations.md no longer lists ktp_connection_errors_total's reasons"
+    documented = set(re.findall(r"`(\w+)`", _DOCUMENTED.group(1)))
+    raised = {cls.kind for cls in _family(ProtocolError)}
+    closed = {
+        kind
+        for source in ("connection.py", "connection_life.py", "server.py")
+        for kind in re.findall(r"\.close\(.*, \"(\w+)\"\)$", (REPO / "proxy" / source).read_text(), re.M)
     }
-    assert labels == {"sasl", "malformed_request", "bad_frame", "protocol"}
+    assert {"bad_frame", "sasl", "malformed_request", "protocol"} <= raised
+    assert {"internal", "bad_response", "tls", "broker_unreachable"} <= closed
+    assert raised | closed | {"request_timeout", "broker_timeout"} <= documented
 
 
 @given(st.text(max_size=400))

@@ -15,14 +15,16 @@ class _Conn:
     def __init__(self, fail: bool) -> None:
         self.fail, self.checks = fail, 0
         self.closed_with: str | None = None
+        self.closed_kind = ""
 
     def check_timeouts(self, now: float) -> None:
         self.checks += 1
         if self.fail:
             raise RuntimeError("a bug in one connection")
 
-    def close(self, reason: str | None = None) -> None:
+    def close(self, reason: str = "", kind: str = "") -> None:
         self.closed_with = reason
+        self.closed_kind = kind
 
 
 def test_upkeep_survives_a_failing_part_and_a_failing_connection(caplog):
@@ -54,5 +56,5 @@ def test_upkeep_survives_a_failing_part_and_a_failing_connection(caplog):
     n, bad, good = asyncio.run(main())
     assert n >= 3  # the first failure did not end the loop
     assert good.checks >= 2  # checked every second since, despite its failing neighbour
-    assert bad.closed_with is not None
+    assert bad.closed_with and bad.closed_kind == "internal"
     assert "upkeep failed" in caplog.text
