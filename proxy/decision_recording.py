@@ -72,7 +72,9 @@ class DecisionRecorder:
                 return
         if fair_ms > 0:
             self.stats.decisions[("fair_share", "held", shadow)] += 1
-        if fair_ms > throttle_ms:  # fair share held it longest: the log says so (its reason, its wait)
+        if fair_ms > 0 and fair_ms >= throttle_ms:  # fair share held it longest, or gave the throttle it carries
+            # (a paced tenant's Fetch answer: on_response raised throttle_ms to fair_ms): the log says so (its
+            # reason, its wait), never the static quotas it passed
             action, throttle_ms = "fair_share", fair_ms
         else:
             action = "reject" if d.rejected else "throttle" if throttle_ms > 0 else "pass"

@@ -356,6 +356,26 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     assert sum(counts.values()) == 2
 
 
+def test_a_throttle_fair_share_gave_is_counted_as_fair_shares_not_the_static_quotas_it_passed():
+    """A paced tenant's Fetch answer gets fair share's throttle (on_response raises throttle_ms to fair_ms): that is
+    fair share holding it, not its consumer_byte_rate or request_percentage throttling it (which a real-cluster
+    test read as a loose quota binding). A static throttle longer than fair share's stays the static quota's."""
+    clock = Clock()
+    policy = _policy(clock, consumer_byte_rate=10**9, request_percentage=10**6)
+    conn = FakeConn()
+    header, request = _fetch()
+    for static_ms, fair_ms in ((0, 400), (900, 400)):
+        d = policy.on_request(conn, header, request, clock())
+        assert keys_of(d.noted) == [REQUEST_PERCENTAGE]  # consumer_byte_rate is charged at the response
+        d.noted |= BIT[CONSUMER_BYTE_RATE]
+        d.fair_ms, d.throttle_ms = fair_ms, max(static_ms, fair_ms)
+        policy.recorder.record(conn, d, 100, None, int(clock() * 1000), False)  # type: ignore[arg-type]
+    counts = policy.stats.decision_counts()
+    assert counts[("fair_share", "held", False)] == 2
+    assert counts[(CONSUMER_BYTE_RATE, "fair_share", False)] == counts[(REQUEST_PERCENTAGE, "fair_share", False)] == 1
+    assert counts[(CONSUMER_BYTE_RATE, "throttle", False)] == counts[(REQUEST_PERCENTAGE, "throttle", False)] == 1
+
+
 @pytest.mark.parametrize("keep_values", [True, False])
 def test_a_pass_is_counted_once_for_each_kind_it_noted(keep_values):
     """Passes are counted per set of kinds (one dict entry a request); the export gives every kind its own count,
