@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from protocol.api_versions import unsupported_version_body
 from protocol.apis import Api, api_name
+from protocol.endpoint_apis import carries_endpoints_tail, may_carry_addresses
 from protocol.errors import MalformedRequest
 from protocol.headers import (
     RequestHeader,
@@ -52,6 +53,7 @@ from protocol.sasl_identity import (
     decode_handshake_response,
 )
 from protocol.throttle_field import needs_walk
+from protocol.topic_guard import LISTING_APIS
 from quotas.fair_share import sample_class
 
 RAW = RequestHeader(-1, 0, 0, None, None)
@@ -69,6 +71,20 @@ A megabyte is about a millisecond of the loop's work (copied, checked, written t
 larger than that still goes through whole, but nothing follows it in the same turn."""
 _SIZE: Final = struct.Struct(">i")
 _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
+
+
+def needs_whole_body(api_key: int, api_version: int) -> bool:
+    """Whether the proxy may rewrite the response to this request anywhere but in its closing endpoints tail
+    (``proxy.responses.inspect_response``: broker addresses, ApiVersions caps, the protected topics left out of a
+    listing), so it must be assembled before any of it is forwarded. Everything else (the bulk: Fetch, Produce
+    and ShareFetch) can be streamed through; its leading bytes are still seen first (``protocol.frames.HEAD_BYTES``),
+    and from Fetch v16 / Produce v10, and in every ShareFetch / ShareAcknowledge, its last bytes are held back and
+    rewritten by a ``StreamedTail``."""
+    if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
+        return True
+    if api_key in LISTING_APIS:  # the proxy's own topics are left out of it (protocol.topic_guard)
+        return True
+    return may_carry_addresses(api_key, api_version) and not carries_endpoints_tail(api_key, api_version)
 
 
 class Pause:
@@ -335,7 +351,8 @@ class Session:
     def may_stream(self, head: memoryview) -> bool:
         """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it arrives: only
         when it answers the oldest request, nothing is held before it, and nothing past its leading bytes is
-        ever rewritten (``needs_whole_body`` is the glue's address-rewrite rule, checked by the caller)."""
+        ever rewritten (:func:`needs_whole_body`: the proxy's own rewrites; ``pending.whole``: the policy's). The
+        one place this is decided; the glue carries it out."""
         if self.held_responses is not None:
             return False
         pending = self.inflight.head()
@@ -344,7 +361,7 @@ class Session:
         header = pending.header
         if header is RAW or pending.local is not None or pending.internal is not None:
             return False  # SASL tokens feed the identity tracker; proxy answers and own asks are small, whole
-        if header.api_key in _SASL_APIS or pending.whole:
+        if header.api_key in _SASL_APIS or pending.whole or needs_whole_body(header.api_key, header.api_version):
             return False
         if header.correlation_id != response_correlation_id(head, 4):
             return False  # assembled, then refused with the usual message

@@ -35,7 +35,7 @@ from protocol.session import RAW, Pause, Request, read_request
 from protocol.text import printable
 from proxy.connection_life import ConnectionLife, Services
 from proxy.policy import Decision, Verdict
-from proxy.responses import AddressEdit, StreamedTail, inspect_response, needs_whole_body
+from proxy.responses import AddressEdit, StreamedTail, inspect_response
 from proxy.stats import ApiCounters
 from proxy.verdicts import Answer, Defer, Replace
 
@@ -291,16 +291,14 @@ class Connection(ConnectionLife):
         return self._responses.get_buffer(reusable)
 
     def _may_stream(self, head: memoryview) -> bool:
-        """Whether a large response, of which ``head`` is the first bytes, can be forwarded as it arrives
-        (the session's ordering rules, and no broker address past its leading bytes). Called lazily by
+        """Whether a large response, of which ``head`` is the first bytes, is forwarded as it arrives: the
+        session decides (``Session.may_stream``); counted for the connection's closing line. Called lazily by
         FrameReceiver, after every earlier response was handled."""
-        if not self.session.may_stream(head):
-            return False
-        head_pending = self.inflight.head()
-        assert head_pending is not None  # may_stream: a request is waiting
-        header = head_pending.header
-        stream = not needs_whole_body(header.api_key, header.api_version)
-        self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
+        stream = self.session.may_stream(head)
+        pending = self.inflight.head()
+        if pending is not None:
+            header = pending.header
+            self._decided[(f"{api_name(header.api_key)} v{header.api_version}", stream)] += 1
         return stream
 
     def _buffer_reads(self) -> None:

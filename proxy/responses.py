@@ -21,13 +21,7 @@ from protocol.addresses import (
 )
 from protocol.api_versions import cap_api_versions
 from protocol.apis import Api
-from protocol.endpoint_apis import (
-    ResponseShape,
-    carries_endpoints_tail,
-    may_carry_addresses,
-    tagged_endpoints_since,
-    tags_endpoints,
-)
+from protocol.endpoint_apis import ResponseShape, may_carry_addresses, tagged_endpoints_since, tags_endpoints
 from protocol.headers import response_body_offset
 from protocol.inflight import Pending
 from protocol.tail_watch import TailWatch
@@ -60,19 +54,6 @@ class AddressEdit:
 
     def render(self, directory: BrokerDirectory) -> bytes:
         return self.header + self.decoded.encode(directory.map_endpoint)
-
-
-def needs_whole_body(api_key: int, api_version: int) -> bool:
-    """Whether ``inspect_response`` may rewrite the response to this request anywhere but in its
-    closing endpoints tail, so it must be assembled before any of it is forwarded. Everything else
-    (the bulk: Fetch, Produce and ShareFetch) can be streamed through; its leading bytes are still
-    seen first (``protocol.frames.HEAD_BYTES``), and from Fetch v16 / Produce v10, and in every
-    ShareFetch / ShareAcknowledge, its last bytes are held back and rewritten by a ``StreamedTail``."""
-    if api_key == Api.API_VERSIONS or (api_key == Api.SASL_HANDSHAKE and api_version == 0):
-        return True
-    if api_key in LISTING_APIS:  # the proxy's own topics are left out of it (protocol.topic_guard)
-        return True
-    return may_carry_addresses(api_key, api_version) and not carries_endpoints_tail(api_key, api_version)
 
 
 class StreamedTail:

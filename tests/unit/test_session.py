@@ -325,6 +325,19 @@ def test_may_stream_only_a_plain_response_at_the_head():
     assert not s.may_stream(head)  # the proxy's own answers are whole
 
 
+def test_may_stream_never_a_response_the_proxy_rewrites_past_its_head():
+    """Whole body or stream is decided here, once (issue 49): a Metadata answer names brokers anywhere in its body,
+    so it is assembled however large; the Fetch beside it streams."""
+    s = _session()
+    r = s.receive(metadata(1), 0.0)
+    s.forward(r, None, r.frame, 0.0)
+    assert not s.may_stream(response(1))
+    s.inflight.pop(1)
+    r = s.receive(fetch(2), 0.0)
+    s.forward(r, None, r.frame, 0.0)
+    assert s.may_stream(response(2))
+
+
 def test_streamed_head_pops_its_request():
     s = _session()
     r = s.receive(fetch(1), 0.0)

@@ -18,11 +18,12 @@ from protocol.addresses import decode_addressed, rewrite_endpoints_tail, tail_wa
 from protocol.api_versions import WITHDRAWN, cap_api_versions
 from protocol.apis import API_NAMES, Api, api_name, request_class, request_is_flexible, response_class
 from protocol.endpoint_apis import ADDRESS_APIS, carries_endpoints_tail, may_carry_addresses
+from protocol.session import needs_whole_body
 from protocol.skim import layout
 from protocol.tail_watch import TailWatch
 from protocol.throttle_field import raise_in_body, throttle_offset
 from proxy.brokers import BrokerDirectory
-from proxy.responses import StreamedTail, needs_whole_body
+from proxy.responses import StreamedTail
 from quotas.kinds import CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, charged_at
 
 GOLDEN = {

@@ -1,5 +1,5 @@
 """The proxy streams a big response only when nothing in it can be rewritten but its closing tagged
-section: whatever ``needs_whole_body`` lets through must be a response ``inspect_response`` leaves
+section: whatever ``protocol.session.needs_whole_body`` lets through must be a response ``inspect_response`` leaves
 alone, or one (Fetch v16+, Produce v10+) whose addresses all lie in that section."""
 
 import struct
@@ -12,8 +12,9 @@ from protocol.apis import REQUESTS, Api, response_header_is_flexible
 from protocol.endpoint_apis import carries_endpoints_tail
 from protocol.headers import RequestHeader
 from protocol.inflight import Pending
+from protocol.session import needs_whole_body
 from proxy.brokers import BrokerDirectory
-from proxy.responses import TopicIds, inspect_response, needs_whole_body
+from proxy.responses import TopicIds, inspect_response
 
 
 async def _no_listener(node_id: int, port: int) -> int:
