@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import random
 import statistics
@@ -46,6 +47,7 @@ import uuid
 
 from config.model import ProxyConfig
 from proxy.fleet_member import FleetSync
+from proxy.fleet_parts import fleet_parts
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
 from quotas.fleet_leases import LeaseHolder, LeaseRecord
 from quotas.fleet_reports import FleetLedger, Usage
@@ -149,10 +151,12 @@ def _now_ms() -> int:
 def _member(config: dict, name: str, entities: list[str], listen: bool) -> BenchSync:
     store = QuotaStore()
     store.set(QuotaEntity(None, DEFAULT), KEY, 1e12)  # every client id its own bucket, never throttled
-    qm = QuotaManager(store, max_trackers=max(20_000, 2 * len(entities)))
-    qm.ledger = BenchLedger(entities)
     cfg = ProxyConfig.model_validate({**config, "fleet": {**config["fleet"], "member": name}})
-    return BenchSync(cfg, qm, _now_ms, listen=listen, wall_ms=_now_ms)
+    made = fleet_parts(cfg, None, _now_ms)
+    assert made is not None
+    parts = dataclasses.replace(made, ledger=BenchLedger(entities))
+    qm = QuotaManager(parts.leased(store), max_trackers=max(20_000, 2 * len(entities)), ledger=parts.ledger)
+    return BenchSync(cfg, qm, parts, _now_ms, listen=listen)
 
 
 def _config(bootstrap: str, fleet: str, interval_ms: int) -> dict:

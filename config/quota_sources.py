@@ -49,14 +49,19 @@ def _name_from_json(name: str | None) -> EntityName:
 class QuotaSources:
     """Keeps the three layers and pushes their combination into ``store`` after every change."""
 
-    def __init__(self, store: QuotaStore, state_file: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        store: QuotaStore,
+        state_file: str | Path | None = None,
+        on_alter: Callable[[QuotaEntity, dict[str, float | None]], None] | None = None,
+    ) -> None:
         self.store = store
         self.state_file = Path(state_file) if state_file else None
         self.imported: Quotas = {}
         self.file: Quotas = {}
         self.api: ApiLayer = {}
         self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the state file as last read or written
-        self.on_alter: Callable[[QuotaEntity, dict[str, float | None]], None] | None = None
+        self.on_alter = on_alter
         """Told of every entity's new API layer after an alter here (the fleet publishes it to its members)."""
         if self.state_file is not None and self.state_file.exists():
             self.api = self._read_state(self.state_file)

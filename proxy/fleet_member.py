@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 import uuid
 from collections import deque
@@ -31,8 +29,8 @@ from typing import Any
 
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
-from protocol.topic_guard import RESERVED_PREFIX, ProtectedTopics
-from quotas.entities import QuotaEntity
+from protocol.topic_guard import ProtectedTopics
+from proxy.fleet_parts import FleetParts, topic_name
 from quotas.fair_share import FairShare
 from quotas.fleet_fair import MAGIC as LIGHT_MAGIC
 from quotas.fleet_fair import LightReport
@@ -41,7 +39,6 @@ from quotas.fleet_leases import (
     SKEW_MS,
     LeaseBook,
     LeasedStore,
-    LeaseHolder,
     LeaseRecord,
     lease_id,
 )
@@ -68,7 +65,6 @@ WARN_EVERY_S = 60.0
 #: An idle member still reports (empty) this often, so the others know it is there.
 HEARTBEAT_S = 2.0
 #: Quota alters kept for publishing while the topic is unreachable.
-MAX_PENDING_ALTERS = 10_000
 MAX_UNACKED = 8
 """Reports sent and not yet acknowledged, at most (two seconds of reports at the default interval)."""
 FAREWELL_WAIT_S = 2.0
@@ -92,18 +88,8 @@ HISTORY_MS = 2 * (LEASE_MS + SKEW_MS) + 1_000
 the skew) and the records those were taken with (as long again), so its book equals everybody else's."""
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _no_fair_share() -> FairShare | None:
     return None
-
-
-def topic_name(fleet: str) -> str:
-    """The fleet's usage topic; its quota topic adds ``_quotas``. In the proxy's namespace, so no client of any
-    member can name either (``protocol.topic_guard``)."""
-    return f"{RESERVED_PREFIX}fleet_{fleet}"
 
 
 class FleetSync:
@@ -111,16 +97,18 @@ class FleetSync:
         self,
         config: ProxyConfig,
         manager: QuotaManager,
+        parts: FleetParts,
         now_ms: Callable[[], int],
         sources: QuotaSources | None = None,
         guard: ProtectedTopics | None = None,
-        worker: int | None = None,
-        wall_ms: Callable[[], int] = _wall_ms,
         fair_share: Callable[[], FairShare | None] | None = None,
     ) -> None:
-        """``worker``: this process's index among the host's workers (None: a single process); workers of one host
-        are members of their own, so each needs its own id. ``fair_share``: the policy's fair share now (None while it
-        is off); a getter, since a reload turns it on or off."""
+        """``parts``: the member's lease holder, ledger and alter outbox (``proxy.fleet_parts``), which ``manager``
+        and ``sources`` were built with. ``fair_share``: the policy's fair share now (None while it is off); a
+        getter, since a reload turns it on or off."""
+        assert isinstance(manager.store, LeasedStore) and manager.store.holder is parts.holder, (
+            "the quota manager must be built with the member's leased store (FleetParts.leased)"
+        )
         fc = config.fleet
         assert fc.name is not None
         secret = fc.secret()
@@ -131,17 +119,11 @@ class FleetSync:
         self.topic = topic_name(fc.name)
         self.quota_topic = self.topic + "_quotas"
         self.sources = sources
-        self.alters: asyncio.Queue[tuple[QuotaEntity, dict[str, float | None]]] = asyncio.Queue(
-            maxsize=MAX_PENDING_ALTERS
-        )
+        self.outbox = parts.alters
+        self.alters = parts.alters.queue
+        """Quota alters made here (``QuotaSources.alter`` puts them, through ``parts.alters``), to publish."""
         self.alters_published = self.alters_taken_in = 0
-        if sources is not None:
-            sources.on_alter = self._altered_here
-        self.member = (
-            fc.member + (f"-w{worker}" if worker is not None else "")
-            if fc.member
-            else f"{socket.gethostname()}-{os.getpid()}"
-        )
+        self.member = parts.member
         self.interval_s = fc.sync_interval_ms / 1000
         self.servers = fc.bootstrap_servers or config.upstream.bootstrap_servers
         self.client = dict(fc.client)
@@ -155,15 +137,14 @@ class FleetSync:
         the sync delay
         (both clocks are wall clocks: a skew between hosts shows up here)."""
         self.heard: dict[str, float] = {}  # member -> monotonic time of its last report
-        self.wall_ms = wall_ms
+        self.wall_ms = parts.wall_ms
         """The lease records' clock: a wall clock, compared across hosts (within ``SKEW_MS``)."""
         self.book = LeaseBook(fc.sync_interval_ms)
         """The fleet's leases, as every member computes them from the topic (``quotas.fleet_leases``)."""
-        self.holder = LeaseHolder(self.member, interval_ms=fc.sync_interval_ms)
-        if config.quotas.enforcement == "kafka":  # the limit is the share's average over the rate window
-            self.holder.window_ms = manager.windows.rate.samples * manager.windows.rate.size_ms
-        self.inner_store = manager.store
-        manager.store = LeasedStore(self.inner_store, self.holder, wall_ms)  # the manager enforces the shares
+        self.holder = parts.holder
+        self.ledger = parts.ledger
+        self.inner_store = manager.store.inner
+        """The quotas themselves (the manager resolves through the member's shares of them)."""
         self.leases_taken = 0
         self._throttles_seen: dict[int, int] = {}
         """Lease id -> its tracker's throttle total when last looked at (a rise: throttled since)."""
@@ -246,7 +227,7 @@ class FleetSync:
             "ktp_fleet_errors": ("Fleet topic failures (publish, read, connect)", self.errors),
             "ktp_fleet_usage_dropped": (
                 "Own usage not published: reports the topic refused, bucket usages over the ledger's bound",
-                self.dropped + (self.manager.ledger.dropped if self.manager.ledger else 0),
+                self.dropped + self.ledger.dropped,
             ),
             "ktp_fleet_reports_refused": ("Reports on the fleet topic that were malformed", self.bad),
             "ktp_fleet_sync_delay_p99_ms": (
@@ -284,19 +265,6 @@ class FleetSync:
             return float("nan")
         ordered = sorted(self.delays)
         return float(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
-
-    def _altered_here(self, entity: QuotaEntity, layer: dict[str, float | None]) -> None:
-        """QuotaSources' hook, on the event loop: queue the entity's new layer for every member. Kept while the
-        topic is unreachable (a quota change must not be lost, unlike usage), up to a bound."""
-        try:
-            self.alters.put_nowait((entity, layer))
-        except asyncio.QueueFull:
-            log.warning(
-                "fleet %s: %d quota alters waiting for the topic; the alter of %s stays local to this member",
-                self.quota_topic,
-                self.alters.qsize(),
-                entity,
-            )
 
     def _warn(self, what: str, exc: BaseException) -> None:
         self.errors += 1
@@ -375,8 +343,7 @@ class FleetSync:
                     if client is not None:
                         with contextlib.suppress(Exception):  # closing a broken client
                             await client.stop()
-            if self.manager.ledger is not None:  # what piled up while disconnected is stale: drop it
-                self.manager.ledger.take()
+            self.ledger.take()  # what piled up while disconnected is stale: drop it
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -427,7 +394,7 @@ class FleetSync:
                     self.quota_topic, value, key=key, headers=self._mac(self.quota_topic, key, value)
                 )
             except Exception:
-                self._altered_here(entity, layer)  # again after the reconnect
+                self.outbox.altered(entity, layer)  # again after the reconnect
                 raise
             self.alters_published += 1
 
@@ -437,7 +404,7 @@ class FleetSync:
         its acknowledgement (a produce round trip, seconds on a loaded cluster, must not stretch the interval and so
         make every member's view later). At most :data:`MAX_UNACKED` reports in flight: past that usage is dropped
         and counted, as when the topic refuses it; a failed send ends the connection (reconnect, as before)."""
-        ledger = self.manager.ledger
+        ledger = self.ledger
         unacked: set[asyncio.Future[Any]] = set()
         failed: list[BaseException] = []
 
@@ -458,7 +425,7 @@ class FleetSync:
                 raise failed[0]
             now = self.wall_ms()
             self.holder.fallback = "floor"  # connected: its floor until a record is back (first, or late ones)
-            self._observe(ledger.take() if ledger is not None else [], now)
+            self._observe(ledger.take(), now)
             if not self.holder.due(now):
                 continue
             if len(unacked) >= MAX_UNACKED:

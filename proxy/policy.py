@@ -49,6 +49,7 @@ from proxy import client_quota_api
 from proxy.decision_recording import DecisionRecorder
 from proxy.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
 from proxy.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
+from proxy.fleet_parts import FleetParts
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
 from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
@@ -60,7 +61,6 @@ from proxy.verdicts import Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.entities import QuotaStore
 from quotas.fair_share import BrokerLoad, Tenant
-from quotas.fleet_reports import FleetLedger
 from quotas.kinds import amount_from, request_percent
 from quotas.manager import QuotaManager, Windows
 from quotas.plans import BoundPlan, Plan, Plans, bind
@@ -89,15 +89,22 @@ class Policy:
         stats: Stats,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        fleet: FleetParts | None = None,
     ) -> None:
+        """``fleet``: quota scope ``fleet``'s lease holder, ledger and alter outbox (``proxy.fleet_parts``), which
+        the quota manager and the quota sources are built with."""
         self.stats = stats
         self._clock = clock
         """Monotonic seconds; injected so a test can drive every time-dependent decision."""
         self.store = QuotaStore()
-        self.sources = QuotaSources(self.store, config.quotas.state_file)
+        self.sources = QuotaSources(
+            self.store, config.quotas.state_file, on_alter=fleet.alters.altered if fleet is not None else None
+        )
         self.ip_quotas = IpQuotas()
         """KIP-612 connection_creation_rate per ip: the file's limits.ip_connection_creation_rate, then the API's."""
-        self.quotas = QuotaManager(self.store)
+        # A fleet member enforces its share of each quota, and notes its charges for the others.
+        leased = fleet.leased(self.store) if fleet is not None else self.store
+        self.quotas = QuotaManager(leased, ledger=fleet.ledger if fleet is not None else None)
         self.plans = Plans(self.store, self.quotas)
         self.producer_ids: ProducerIdTracker  # set by reload()
         self.recorder = DecisionRecorder(config, stats, self.now_ms, wall_clock)
@@ -113,8 +120,6 @@ class Policy:
         none on the cluster, so a request pays one attribute read for it. Fixed at start, like the topics it
         protects (``decision_log`` and ``fleet`` are restart-only: config.reload)."""
         self.guard_answers = GuardAnswers(stats, clock)
-        if config.quotas.scope == "fleet":  # in or out of fleet is restart-only too: the fleet's sync starts once
-            self.quotas.ledger = FleetLedger()
         self.recent_topics = RecentTopics()
         """Partition counts the cluster answered this proxy's mutations with, newer than brokers' metadata."""
         self.partition_counts = PartitionCounts(self.recent_topics, self.now_ms)

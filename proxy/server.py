@@ -26,6 +26,7 @@ from proxy.connection import Connection, Services
 from proxy.connection_life import ConnectionLife
 from proxy.discovery import discover_brokers
 from proxy.fleet_member import FleetSync
+from proxy.fleet_parts import fleet_parts
 from proxy.loop_lag import LoopLag
 from proxy.policy import Policy
 from proxy.quota_import import fetch_cluster_quotas
@@ -96,7 +97,8 @@ class Proxy:
         self.topic_ids = TopicIds()
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
-        self.policy = Policy(config, self.stats)
+        self.fleet_parts = fleet_parts(config, worker)
+        self.policy = Policy(config, self.stats, fleet=self.fleet_parts)
         # While the proxy keeps topics of its own on the cluster, every API that can name a topic is decoded to
         # refuse them (protocol.topic_guard): clients must not negotiate past kafka-python's schemas for those.
         decoded = DECODED_APIS | (GUARDED_APIS if self.policy.guard is not None else frozenset())
@@ -179,14 +181,14 @@ class Proxy:
         self._tasks.append(loop.create_task(self._fair_ticks()))
         if self.config.metrics.port is not None or self.loop_lag.timeline is not None:
             self.loop_lag.start(loop)  # nobody could read it otherwise: no wake-ups for nothing
-        if self.config.quotas.scope == "fleet":
+        if self.fleet_parts is not None:
             self.fleet = FleetSync(
                 self.config,
                 self.policy.quotas,
+                self.fleet_parts,
                 self.policy.now_ms,
                 self.policy.sources,
                 self.policy.guard,
-                self.worker,
                 fair_share=self._fair_share,
             )
             self.fleet.start()

@@ -469,6 +469,7 @@ class LeaseHolder:
         floor_fraction: float = FLOOR_FRACTION,
         fallback: str = "split",
         interval_ms: int = 250,
+        window_ms: int = 0,
     ) -> None:
         self.member = member
         self.interval_ms = interval_ms
@@ -505,7 +506,7 @@ class LeaseHolder:
         """Lease id -> the share it lowered itself to since its last grant (what its records since state)."""
         self.lowered = False
         """Set when a record lowered a share (the caller binds its connections again), cleared by the caller."""
-        self.window_ms = 0
+        self.window_ms = window_ms
         """Kafka's enforcement: the rate window (ms) the enforced limit averages the share over (0: the share)."""
         self._history: dict[int, list[tuple[int, float]]] = {}
         """Lease id -> the shares it held (from, share) over the last :attr:`window_ms`."""

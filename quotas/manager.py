@@ -204,6 +204,7 @@ class QuotaManager:
         windows: Windows = DEFAULT_WINDOWS,
         idle_ms: int = 3_600_000,
         max_trackers: int = 20_000,
+        ledger: FleetLedger | None = None,
     ) -> None:
         self.store = store
         self._epoch = 0
@@ -216,8 +217,8 @@ class QuotaManager:
         self.evicted = 0
         """Trackers dropped because the cap was reached (not idle expiry)."""
         self._trackers: dict[tuple[str, str, BucketKey], Tracker] = {}
-        self.ledger: FleetLedger | None = None
-        """Set for quota scope ``fleet``: every local charge is also noted here, for the other members."""
+        self.ledger = ledger
+        """Quota scope ``fleet``: every local charge is also noted here, for the other members."""
         self.pace_s: float | None = None
         """Smooth enforcement: byte rates and the request quota are paced by a bucket of this many seconds of
         quota (None: Kafka's windowed throttles)."""

@@ -8,6 +8,7 @@ import pytest
 
 from config.model import ProxyConfig
 from proxy.fleet_member import FleetSync
+from proxy.fleet_parts import fleet_parts, wall_ms
 from quotas.entities import QuotaStore
 from quotas.manager import QuotaManager
 
@@ -24,12 +25,23 @@ def fleet_config(monkeypatch, member: str) -> ProxyConfig:
     )
 
 
+def fleet_sync(
+    config: ProxyConfig, store: QuotaStore | None = None, now_ms=lambda: 0, wall=wall_ms, worker=None, fair_share=None
+) -> FleetSync:
+    """A member as the proxy composes it at start (``proxy.server``): its parts first, the quota manager built with
+    them, then the sync."""
+    parts = fleet_parts(config, worker, wall)
+    assert parts is not None
+    manager = QuotaManager(parts.leased(store if store is not None else QuotaStore()), ledger=parts.ledger)
+    return FleetSync(config, manager, parts, now_ms, fair_share=fair_share)
+
+
 @pytest.mark.parametrize("worker, member", [(None, "me"), (0, "me-w0"), (3, "me-w3")])
 def test_each_worker_of_a_host_is_a_member_of_its_own(monkeypatch, worker, member):
     config = fleet_config(monkeypatch, "me")
 
     async def build() -> FleetSync:  # (it makes an asyncio queue: inside a loop)
-        return FleetSync(config, QuotaManager(QuotaStore()), lambda: 0, worker=worker)
+        return fleet_sync(config, worker=worker)
 
     assert asyncio.run(build()).member == member
 
@@ -38,7 +50,7 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
     """Two members over one (simulated) topic: each takes every record in the same order; each manager then
     enforces its member's share of the quota (both hungry: half each), not the quota."""
     from quotas.entities import QuotaEntity
-    from quotas.fleet_reports import FleetLedger, record_mac
+    from quotas.fleet_reports import record_mac
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
     quota = 1_000_000.0
@@ -48,9 +60,7 @@ def test_members_enforce_the_shares_their_own_records_read_back_give_them(monkey
         config = fleet_config(monkeypatch, name)
         store = QuotaStore()
         store.set(QuotaEntity(None, "hot"), "producer_byte_rate", quota)
-        qm = QuotaManager(store)
-        qm.ledger = FleetLedger()
-        return FleetSync(config, qm, lambda: clock[0], wall_ms=lambda: clock[0])
+        return fleet_sync(config, store, lambda: clock[0], lambda: clock[0])
 
     async def build() -> list[FleetSync]:
         return [member("a"), member("b")]
@@ -90,19 +100,17 @@ def test_a_bucket_throttled_without_usage_still_asks_for_more(monkeypatch):
     """KIP-599 rejects a request over its bucket: nothing is recorded, only a throttle. The member still counts
     its clients as held back (demand: the whole quota), or its share would fall to its floor and stay there."""
     from quotas.entities import QuotaEntity
-    from quotas.fleet_reports import FleetLedger
 
     config = fleet_config(monkeypatch, "a")
     store = QuotaStore()
     store.set(QuotaEntity(None, "c"), "controller_mutation_rate", 4.0)
-    qm = QuotaManager(store)
-    qm.ledger = FleetLedger()
     clock = [1_000_000]
 
     async def build() -> FleetSync:
-        return FleetSync(config, qm, lambda: clock[0], wall_ms=lambda: clock[0])
+        return fleet_sync(config, store, lambda: clock[0], lambda: clock[0])
 
     a = asyncio.run(build())
+    qm = a.manager
     first = qm.charge_mutations("", "c", "", [100], clock[0], strict=True)
     assert first is not None and first.mutations == 100  # admitted: the bucket is deep in debt now
     a._observe(qm.ledger.take(), clock[0])
@@ -143,7 +151,7 @@ def test_a_stopping_member_writes_a_farewell_record_and_does_not_wait_on_a_silen
     monkeypatch.setattr(fleet_member, "FAREWELL_WAIT_S", 0.2)
 
     async def stop(producer: _Producer) -> tuple[FleetSync, float]:
-        sync = FleetSync(config, QuotaManager(QuotaStore()), lambda: 0, wall_ms=lambda: 5_000)
+        sync = fleet_sync(config, wall=lambda: 5_000)
         sync._producer, sync.connected = producer, True
         began = time.monotonic()
         await sync.stop()
@@ -173,12 +181,8 @@ def _light_fleet(monkeypatch, clock: list[int]):
     shares = {name: FairShare(FairShareSettings()) for name in ("a", "b")}
 
     def member(name: str) -> FleetSync:
-        return FleetSync(
-            fleet_config(monkeypatch, name),
-            QuotaManager(QuotaStore()),
-            lambda: clock[0],
-            wall_ms=lambda: clock[0],
-            fair_share=lambda: shares[name],
+        return fleet_sync(
+            fleet_config(monkeypatch, name), None, lambda: clock[0], lambda: clock[0], fair_share=lambda: shares[name]
         )
 
     async def build() -> tuple[FleetSync, FleetSync]:  # (it makes an asyncio queue: inside a loop)

@@ -32,9 +32,7 @@ def _member(limit: float = 500.0) -> QuotaManager:
     store = QuotaStore()
     store.set(QuotaEntity(user="alice"), "producer_byte_rate", limit)
     store.set(QuotaEntity(user="alice"), "controller_mutation_rate", 10)
-    qm = QuotaManager(store)
-    qm.ledger = FleetLedger()
-    return qm
+    return QuotaManager(store, ledger=FleetLedger())
 
 
 _folds: dict[int, FleetFold] = {}  # per receiving manager: the names it learnt stay with it, as on a member
@@ -95,8 +93,7 @@ def test_drained_reports_carry_exactly_what_was_charged(charges):
     store = QuotaStore()
     for user in ("alice", "bob", "carol"):
         store.set(QuotaEntity(user=user), "producer_byte_rate", 1e6)
-    qm = QuotaManager(store)
-    qm.ledger = FleetLedger()
+    qm = QuotaManager(store, ledger=FleetLedger())
     for i, (user, cid, amount) in enumerate(charges):
         qm.charge_rate("producer_byte_rate", user, cid, "", amount, i)
     reports = qm.ledger.drain("m", 100)
@@ -272,8 +269,10 @@ def test_a_member_takes_in_another_members_alter(tmp_path):
     from config.quota_sources import QuotaSources
 
     published = []
-    a, b = QuotaSources(QuotaStore(), tmp_path / "a.json"), QuotaSources(QuotaStore())
-    a.on_alter = lambda entity, layer: published.append((entity, layer))
+    a = QuotaSources(
+        QuotaStore(), tmp_path / "a.json", on_alter=lambda entity, layer: published.append((entity, layer))
+    )
+    b = QuotaSources(QuotaStore())
     alice = QuotaEntity(user="alice")
     a.alter(alice, {"producer_byte_rate": 2e6})
     assert published == [(alice, {"producer_byte_rate": 2e6})]
@@ -299,14 +298,15 @@ def test_a_member_refuses_usage_reports_it_enforces_leases(monkeypatch):
     refused and counted, and changes nothing here."""
     import asyncio
 
-    from proxy.fleet_member import FleetSync
-    from tests.unit.test_fleet_member import fleet_config
+    from tests.unit.test_fleet_member import fleet_config, fleet_sync
 
     config = fleet_config(monkeypatch, "me")
-    qm = _member()
+    store = QuotaStore()
+    store.set(QuotaEntity(user="alice"), "producer_byte_rate", 500.0)
 
     async def run():
-        sync = FleetSync(config, qm, lambda: 1000)
+        sync = fleet_sync(config, store, lambda: 1000)
+        qm = sync.manager
         value = _report([Usage("producer_byte_rate", "alice", "c", 300.0)], member="other", ts=900)
         sync.take(sync.topic, None, value, sync._mac(sync.topic, None, value))
         assert sync.bad == 1 and sync.received == 0

@@ -173,3 +173,37 @@ def test_the_test_and_bench_checks_see_what_they_forbid():
         "b.py imports tests.support._private: a private name",
         "b.py imports tests.harness._inner: a private module",
     ]
+
+
+WIRED_AT_START = frozenset({"store", "on_alter", "ledger"})
+"""Attributes that wire the fleet into the quota path: given to their owner's constructor (``proxy.fleet_parts``),
+never set on another object after it is built (issue 49)."""
+
+
+def _foreign_wiring(tree: ast.AST) -> list[str]:
+    """``x.store = …`` and the like where ``x`` is not ``self``: one object patching another's wiring."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in WIRED_AT_START:
+                if not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    found.append(f"{ast.unparse(t)} (line {t.lineno})")
+    return found
+
+
+def test_nothing_in_the_proxy_wires_another_objects_store_ledger_or_alter_hook():
+    bad = {
+        name: hits
+        for name, path in _modules().items()
+        if (hits := _foreign_wiring(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert bad == {}
+
+
+def test_the_wiring_check_sees_a_patch():
+    assert _foreign_wiring(ast.parse("manager.store = LeasedStore(s, h, c)\nself.store = s")) == [
+        "manager.store (line 1)"
+    ]

@@ -485,6 +485,7 @@ def test_only_records_with_a_members_mac_are_authentic():
 
 def test_the_fleet_ignores_and_counts_a_forged_quota_record(monkeypatch):
     from proxy.fleet_member import FleetSync
+    from proxy.fleet_parts import fleet_parts
     from quotas.fleet_reports import encode_quota_record
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)
@@ -495,10 +496,12 @@ def test_the_fleet_ignores_and_counts_a_forged_quota_record(monkeypatch):
             "quotas": {"scope": "fleet"},
         }
     )
-    policy = Policy(config, Stats())
+    parts = fleet_parts(config)
+    assert parts is not None
+    policy = Policy(config, Stats(), fleet=parts)
 
     async def run():
-        sync = FleetSync(config, policy.quotas, policy.now_ms, policy.sources, policy.guard)
+        sync = FleetSync(config, policy.quotas, parts, policy.now_ms, policy.sources, policy.guard)
         from quotas.entities import QuotaEntity
 
         key, value = encode_quota_record(QuotaEntity(None, "mallory"), {"producer_byte_rate": 1e12})
