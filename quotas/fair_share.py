@@ -114,6 +114,9 @@ GRACE_MS: Final = 2_000
 """A new tenant on a limited broker is paced at no less than half the sparse share for this long: its demand is not
 known yet (its average starts at zero), and a new steady producer must not be held at the flood's level before it is
 seen to be light. A new flooder's demand passes the sparse share within this time and it is heavy from then on."""
+GRACE_SHARE: Final = 0.5 * SPARSE_SHARE
+"""What a new sparse tenant is paced at no less than, as a share of the limit (:data:`GRACE_MS`). It counts at that
+against :data:`SPARSE_TOTAL` while it is new: at most four new tenants at once are sparse by grace alone."""
 LIGHT_HEADROOM: Final = 2.0
 """A light tenant is paced at no less than this many times its own demand (:meth:`BrokerLoad._divide`): its bursts
 (a batch after a pause, a rebalance's commits) fit with room to spare, however low the heavy tenants' level."""
@@ -135,7 +138,8 @@ HELD_MS: Final = 300
 """A tenant held back within this long counts as held (wanting more than it gets): a held request asks again at
 least every 250 ms (``proxy.pacing.PACE_RECHECK_MS``), so one still waiting is seen in every tick."""
 ACTIVE_MS: Final = 2_000
-"""A tenant counts as active on a broker while it sent work there within this long."""
+"""A tenant counts as active on a broker while it sent work there within this long, or is held back there (a request
+paced at a low share may wait longer than this, and is the tenant the limit exists for)."""
 IDLE_MS: Final = 60_000
 """A tenant's state on a broker is dropped after this long without a request (bounded state)."""
 MAX_TENANTS: Final = 1_000
@@ -479,7 +483,9 @@ class BrokerLoad:
             if t.held_tick or now_ms - t.held_ms < HELD_MS:
                 t.held_tick = True  # read by _floor and _divide below, cleared by _divide
                 held = True
-            if now_ms - t.last_ms < ACTIVE_MS:
+            if now_ms - t.last_ms < ACTIVE_MS or t.held_tick:
+                # held counts as active: a flooder's 1-MB request paced at a low share waits longer than ACTIVE_MS,
+                # and counted idle, it would leave the victim alone on the broker, which would be released into it
                 active.append(t)
             elif now_ms - t.last_ms >= IDLE_MS and now_ms - t.held_ms >= IDLE_MS:
                 dead.append(key)
@@ -633,7 +639,10 @@ class BrokerLoad:
         self.light_sum = light_sum + told
         if light == 0 and (remote <= 0 or heavy == 0):
             return 0.0
-        return light_sum + self.settings.min_limit / self.members
+        floor = light_sum + self.settings.min_limit / self.members
+        # and never so low that the light tenants overflow the sparse room (SPARSE_TOTAL of the limit): cut below
+        # that, they would be classed heavy, nobody would be left to protect, and the broker would flap open.
+        return floor if floor * SPARSE_TOTAL >= light_sum else light_sum / SPARSE_TOTAL
 
     def _classify(self, active: list[Tenant], limit: float, now_ms: int) -> None:
         """Which active tenants are sparse on a broker limited to ``limit`` (:data:`SPARSE_SHARE`): held back, or
@@ -647,12 +656,19 @@ class BrokerLoad:
                     t.sparse = False
             elif now_ms - t.held_ms >= SPARSE_AFTER_MS and t.demand < 0.5 * share:
                 t.sparse = True
-        sparse = sorted((t for t in active if t.sparse), key=lambda t: t.demand)
+        # A new tenant counts at its grace (what _divide gives it), not at a demand not yet known: twenty client ids
+        # that start at once are not twenty graces on top of the limit, and those past the room are heavy.
+        grace = GRACE_SHARE * limit
+        counted = sorted(
+            (grace if now_ms - t.born_ms < GRACE_MS and grace > t.demand else t.demand, i)
+            for i, t in enumerate(active)
+            if t.sparse
+        )
         room = SPARSE_TOTAL * limit
-        for t in sparse:
-            room -= t.demand
-            if room < 0:
-                t.sparse = False
+        for k, (amount, i) in enumerate(counted):
+            room -= amount
+            if room < 0 and k > 0:  # the lightest stays: somebody is left to protect (no flap open)
+                active[i].sparse = False
 
     def _divide(self, active: list[Tenant], now_ms: int, was_open: bool = False) -> None:
         """Max-min division of the limit (:func:`water_level`) among the heavy tenants, after the sparse ones'
@@ -672,7 +688,7 @@ class BrokerLoad:
         level = water_level(demands, [t.weight for t in active], limit)
         self.level = level
         burst = self.settings.burst_seconds
-        grace = 0.5 * SPARSE_SHARE * limit
+        grace = GRACE_SHARE * limit
         for t in self.tenants.values():
             rate = level * t.weight
             if t.sparse:

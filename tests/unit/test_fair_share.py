@@ -439,3 +439,53 @@ def test_in_a_fleet_two_members_whose_lone_tenants_are_both_small_limit_neither(
     assert b.q_avg > settings_.target_delay_ms  # saturated
     assert b.remote_light and all(limit == 0 for _t, limit, _s in trace) and b.cuts == 0
     assert set(fs.light()) == {"broker 1"}  # and still tells the other it has somebody small here
+
+
+@pytest.mark.parametrize(("victim_kib_s", "flood_ids"), [(800, 1), (400, 20)])
+def test_a_victim_near_the_floor_never_lets_the_broker_flap_open(victim_kib_s, flood_ids):
+    """A limit cut to its floor must leave the light tenants in the sparse room (SPARSE_TOTAL of the limit): the floor
+    was their demand plus ``min_limit``, under which a victim using more than ``min_limit`` overflowed the room, was
+    classed heavy, left nobody to protect, and the broker was released into the flood, again and again (27 releases
+    and a settled median of 108 ms for the first case before the fix)."""
+    victim = SimTenant("victim", victim_kib_s * KIB, KIB)
+    floods = [SimTenant(f"flood-{i}", 40 * MIB / flood_ids, 64 * KIB) for i in range(flood_ids)]
+    fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=64 * KIB))
+    _fs, _b, trace = run([victim, *floods], SimBroker(20 * MIB), 30, fs=fs)
+    first = next(i for i, (_t, limit, _s) in enumerate(trace) if limit > 0)
+    pairs = zip(trace[first:-1], trace[first + 1 :], strict=True)
+    released = [t for (t, before, _s), (_t2, after, _s2) in pairs if before > 0 and after == 0]
+    assert released == []
+    assert victim.held_requests == 0
+    assert statistics.median(victim.delays_ms[len(victim.delays_ms) // 2 :]) < 0.5 + 2.0 * 3
+
+
+def test_twenty_new_client_ids_are_not_twenty_graces():
+    """Tenants new on a limited broker are paced at no less than a grace share until their demand is known, but they
+    count at it against the sparse room: twenty client ids that start at once make at most a few of them sparse; the
+    others are heavy, paced at the level."""
+    fs = FairShare(FairShareSettings(min_limit=64 * KIB))
+    b = fs.broker("b", 0)
+    victim = fs.tenant(b, "victim", 0)
+    b.limit = b.peak = 10 * MIB
+    b.level = 1 * MIB
+    victim.demand = 100 * KIB
+    new = [fs.tenant(b, f"flood-{i}", 60_000) for i in range(20)]
+    for t in [victim, *new]:
+        t.last_ms = 60_000
+    b._classify([victim, *new], b.limit, 60_000)
+    assert victim.sparse
+    sparse_new = [t for t in new if t.sparse]
+    assert 1 <= len(sparse_new) <= 4  # SPARSE_TOTAL / GRACE_SHARE, less what the victim uses
+
+
+def test_a_tenant_held_longer_than_the_active_window_still_counts():
+    """Twenty client ids of 1-MB requests paced at a low share each wait longer than ACTIVE_MS for their next request:
+    counted idle, they left the victim alone on the broker, which was released into them (four releases in 30 s
+    before the fix, the victim's settled p99 near 300 ms)."""
+    victim = SimTenant("victim", 200 * KIB, KIB)
+    floods = [SimTenant(f"flood-{i}", 3 * MIB, 1_000_000) for i in range(20)]
+    fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=1 * MIB))
+    _fs, _b, trace = run([victim, *floods], SimBroker(60 * MIB), 30, fs=fs)
+    first = next(i for i, (_t, limit, _s) in enumerate(trace) if limit > 0)
+    assert all(limit > 0 for _t, limit, _s in trace[first:])
+    assert victim.held_requests == 0

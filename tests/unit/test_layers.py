@@ -188,9 +188,9 @@ def _foreign_wiring(tree: ast.AST) -> list[str]:
             node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         )
         for t in targets:
-            if isinstance(t, ast.Attribute) and t.attr in WIRED_AT_START:
-                if not (isinstance(t.value, ast.Name) and t.value.id == "self"):
-                    found.append(f"{ast.unparse(t)} (line {t.lineno})")
+            own = isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            if isinstance(t, ast.Attribute) and t.attr in WIRED_AT_START and not own:
+                found.append(f"{ast.unparse(t)} (line {t.lineno})")
     return found
 
 
