@@ -9,8 +9,16 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from protocol.apis import API_NAMES, api_name
 from protocol.principal import PrincipalMapper
 from quotas.entities import DEFAULT, EntityName, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
+from quotas.kinds import (
+    DEFAULT_THREAD_COST_MS,
+    FETCH_HEAD_MS_PER_KIB,
+    PRODUCE_ACKS_ALL_MS,
+    THREAD_COST_MS,
+    RequestCosts,
+)
 
 
 class _Strict(BaseModel):
@@ -245,10 +253,75 @@ class FairShareConfig(_Strict):
         return out
 
 
+class ApiCost(_Strict):
+    """One API's row of the request-cost table: the broker thread time a request of it costs."""
+
+    base_ms: float = Field(ge=0, le=1000)
+    """Per request, in milliseconds of a broker thread."""
+    request_ms_per_kib: float = Field(default=0.0, ge=0, le=1000)
+    """Per KiB of the request."""
+    response_ms_per_kib: float = Field(default=0.0, ge=0, le=1000)
+    """Per KiB of the response (charged at the connection's next request of that API)."""
+
+    def row(self) -> tuple[float, float, float]:
+        return (self.base_ms, self.request_ms_per_kib, self.response_ms_per_kib)
+
+
+class RequestCostsConfig(_Strict):
+    """What each request costs the brokers' threads, for ``request_percentage`` (KIP-124): the cluster's own figures,
+    measured against its brokers' enforcement (docs/quotas.md, "The cluster's own costs"). APIs it does not name keep
+    the built-in row, times :attr:`other_apis_scale`. Reloadable: connections charge by the new figures from their
+    next request."""
+
+    source: str = Field(default="configured", max_length=200)
+    """Where the figures come from (when, against which cluster): ``check-config`` prints it."""
+    apis: dict[str, ApiCost] = {}
+    """API name as Kafka spells it (``Produce``, ``Fetch``, ``ListOffsets``, ``Metadata``, ...) -> its row."""
+    other_apis_scale: float = Field(default=1.0, gt=0, le=1000)
+    """The built-in rows of the APIs :attr:`apis` does not name, times this (the calibration's median ratio of
+    measured to built-in: a cluster whose brokers charge half charges half for the APIs it did not probe too)."""
+    produce_replicated_ms: float | None = Field(default=None, ge=0, le=1000)
+    """Added to a Produce whose acks wait for the followers (acks=-1); unset: the built-in figure, scaled."""
+    fetch_head_ms_per_kib: float | None = Field(default=None, ge=0, le=1000)
+    """Fetch's steep first KiB of response; unset: the built-in figure, scaled."""
+
+    @field_validator("apis")
+    @classmethod
+    def _known_apis(cls, apis: dict[str, ApiCost]) -> dict[str, ApiCost]:
+        known = api_keys_by_name()
+        for name in apis:
+            if name not in known:
+                raise ValueError(f"{name!r} is not an API name (one of {', '.join(sorted(known))})")
+        return apis
+
+    def costs(self) -> RequestCosts:
+        scale = self.other_apis_scale
+        by_api = {key: (b * scale, i * scale, o * scale) for key, (b, i, o) in THREAD_COST_MS.items()}
+        known = api_keys_by_name()
+        for name, cost in self.apis.items():
+            by_api[known[name]] = cost.row()
+        d = DEFAULT_THREAD_COST_MS
+        return RequestCosts(
+            by_api,
+            (d[0] * scale, d[1] * scale, d[2] * scale),
+            FETCH_HEAD_MS_PER_KIB * scale if self.fetch_head_ms_per_kib is None else self.fetch_head_ms_per_kib,
+            PRODUCE_ACKS_ALL_MS * scale if self.produce_replicated_ms is None else self.produce_replicated_ms,
+            self.source,
+        )
+
+
+def api_keys_by_name() -> dict[str, int]:
+    """Kafka's API names (``Produce``, ``ListOffsets``) -> key: what ``quotas.request_costs.apis`` is keyed by."""
+    return {api_name(key): key for key in API_NAMES}
+
+
 class QuotaConfig(_Strict):
     """How quotas are enforced, and the quotas the operator writes in this file."""
 
     fair_share: FairShareConfig = FairShareConfig()
+    request_costs: RequestCostsConfig | None = None
+    """The cluster's own request costs for ``request_percentage``; unset: the built-in table (``check-config`` says
+    which is in force)."""
 
     enforce: bool = True
     """False is shadow mode: every decision is made, logged and counted, nothing is throttled or rejected."""

@@ -61,7 +61,7 @@ from proxy.verdicts import Defer, PolicyConnection, Replace
 from quotas.connections import IpQuotas
 from quotas.entities import QuotaStore
 from quotas.fair_share import BrokerLoad, Tenant
-from quotas.kinds import amount_from, request_percent
+from quotas.kinds import BUILTIN_COSTS, RequestCosts, amount_from
 from quotas.manager import QuotaManager, Windows
 from quotas.plans import BoundPlan, Plan, Plans, bind
 from quotas.producer_ids import ProducerIdQuotaConfig, ProducerIdTracker
@@ -124,6 +124,9 @@ class Policy:
         """Partition counts the cluster answered this proxy's mutations with, newer than brokers' metadata."""
         self.partition_counts = PartitionCounts(self.recent_topics, self.now_ms)
         self.mutations = MutationQuota(self.quotas, self.partition_counts, self.now_ms)
+        self.costs: RequestCosts = BUILTIN_COSTS
+        """What each request costs the brokers' threads (``request_percentage``): ``quotas.request_costs``, else the
+        built-in table."""
         self.fair: FairSeat | None = None
         """Capacity-aware fair share (``proxy.fair_seat``); None while ``quotas.fair_share.enabled`` is false."""
         self.fair_enforce = True
@@ -158,6 +161,8 @@ class Policy:
         if getattr(self, "producer_ids", None) is None or self.producer_ids.config != pid_config:
             self.producer_ids = ProducerIdTracker(pid_config)
         self.smooth = qc.enforcement == "smooth"
+        # New costs take effect at each connection's next bind: quotas.configure below moves the stamp.
+        self.costs = qc.request_costs.costs() if qc.request_costs is not None else BUILTIN_COSTS
         fc = qc.fair_share
         if not fc.enabled:
             if self.fair is not None:
@@ -298,7 +303,7 @@ class Policy:
         user = st.identity.principal
         if st.stamp != q.stamp() or st.user != user:
             st.user, st.scope = user, self._scope(conn)
-        b = bind(q, plan, key, user, client_id, st.scope, now_ms)
+        b = bind(q, plan, key, user, client_id, st.scope, now_ms, self.costs)
         st.stamp = q.stamp()  # binding may have dropped trackers (the cap): what is bound now is current
         st.last_key, st.last_client_id, st.last = key, client_id, b
         return b
@@ -366,12 +371,12 @@ class Policy:
                 a = float(size)
             elif how == "thread_time":  # request_percentage, decided here: a broker reads nothing behind a throttled
                 # request. The response-size term: the last answer of this API on this connection (one charge); a
-                # Produce with acks=-1 costs its followers' delayed Fetch completions (the frame was read whole and
-                # its acks already parsed once by the session, so this read cannot fail).
-                acks_all = key == Api.PRODUCE and produce_acks(frame, header, 4) == -1
-                a = request_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0, acks_all)
+                # Produce with acks=-1 costs its followers' delayed Fetch completions, one with acks=0 nothing (the
+                # frame was read whole and its acks already parsed once by the session, so this read cannot fail).
+                acks = produce_acks(frame, header, 4) if key == Api.PRODUCE else 1
+                a = self.costs.request_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0, acks)
             else:
-                a = amount_from(how, request_bytes=size, api_key=key)
+                a = amount_from(how, size, 0, key, self.costs)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
         d.out_term = b.out_term
@@ -457,7 +462,11 @@ class Policy:
         if d.later:
             quotas = self.quotas
             for kind, h, how in d.later:
-                a: float = float(size) if how == "response_bytes" else amount_from(how, d.bytes_in, size, d.api_key)
+                a: float = (
+                    float(size)
+                    if how == "response_bytes"
+                    else amount_from(how, d.bytes_in, size, d.api_key, self.costs)
+                )
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
             d.noted |= d.later_kinds
         ft = d.fair
@@ -528,12 +537,13 @@ class Policy:
                 self.recorder.fair_share_change(b, state, not self.fair_enforce)
 
     def on_unanswered(self, conn: PolicyConnection, d: Decision) -> None:
-        """Produce acks=0: no response will come, so the mute starts now. A broker spends thread time on it all
-        the same: ``request_percentage`` is charged for it here, with no response bytes."""
+        """Produce acks=0: no response will come, so the mute starts now; what is charged at a response is charged
+        here, with no response bytes. (``request_percentage`` charged it nothing at its arrival: a broker records an
+        acks=0 Produce exempt from the request quota.)"""
         if d.later:
             quotas = self.quotas
             for kind, h, how in d.later:
-                a = 0.0 if how == "response_bytes" else amount_from(how, d.bytes_in, 0, d.api_key)
+                a = 0.0 if how == "response_bytes" else amount_from(how, d.bytes_in, 0, d.api_key, self.costs)
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, d.charged_ms))
             d.noted |= d.later_kinds
         if d.holds:

@@ -190,59 +190,129 @@ DEFAULT_THREAD_COST_MS: tuple[float, float, float] = (0.030, 0.002, 0.005)
 ``_DEFAULT_PERCENT``: mypyc left a Final tuple of floats unset ("value for final name was not set")."""
 
 
-def _percent_per_byte(c: tuple[float, float, float]) -> tuple[float, float, float]:
+Cost = tuple[float, float, float]
+"""(base ms, ms per KiB of request, ms per KiB of response): one API's row of the cost table."""
+
+
+def _percent_per_byte(c: Cost) -> Cost:
     return (request_time_to_percent(c[0]), request_time_to_percent(c[1] / 1024), request_time_to_percent(c[2] / 1024))
 
 
-_DEFAULT_PERCENT: tuple[float, float, float] = _percent_per_byte(DEFAULT_THREAD_COST_MS)
-_PERCENT_BY_API: Final[list[tuple[float, float, float]]] = [
-    _percent_per_byte(THREAD_COST_MS.get(key, DEFAULT_THREAD_COST_MS)) for key in range(max(THREAD_COST_MS) + 1)
-]
-""":data:`THREAD_COST_MS` as percent-seconds (the unit the request quota records) per request and per byte,
-indexed by api key: the per-response path reads a list slot, not a dict with a default."""
+class RequestCosts:
+    """What each request costs a broker's threads (KIP-124's ``request_percentage`` charge): the built-in table
+    (:data:`BUILTIN_COSTS`, fitted to one host's brokers), or the cluster's own, measured against its brokers'
+    enforcement (docs/quotas.md) and written in the configuration (``quotas.request_costs``). Why a table an
+    operator can replace: a broker's charge is its threads' time, which depends on its hardware, load, version and
+    configuration; on another host of the same kind the brokers charged about half what this table says (issue 50).
+
+    The figures are kept both in ms (what an operator reads and writes) and in percent-seconds per request and per
+    byte (what the charge path adds up, a list slot by api key: no dict, no default, per request)."""
+
+    __slots__ = ("by_api", "default", "fetch_head_ms_per_kib", "replicated_ms", "source", "_percent", "_default",
+                 "_fetch_head", "_replicated")  # fmt: skip
+
+    def __init__(
+        self,
+        by_api: dict[int, Cost],
+        default: Cost,
+        fetch_head_ms_per_kib: float,
+        replicated_ms: float,
+        source: str,
+    ) -> None:
+        self.by_api = dict(by_api)
+        self.default = default
+        """Any API :attr:`by_api` does not name."""
+        self.fetch_head_ms_per_kib = fetch_head_ms_per_kib
+        """Fetch's steep first :data:`FETCH_HEAD_BYTES` of response (:data:`FETCH_HEAD_MS_PER_KIB`)."""
+        self.replicated_ms = replicated_ms
+        """Added to a Produce whose acks wait for the followers (acks=-1: :data:`PRODUCE_ACKS_ALL_MS`)."""
+        self.source = source
+        """Where the figures come from (``built-in``, or what the configuration says): ``check-config`` prints it."""
+        self._default = _percent_per_byte(default)
+        top = max(self.by_api) + 1 if self.by_api else 0
+        self._percent = [_percent_per_byte(self.by_api.get(key, default)) for key in range(top)]
+        self._fetch_head = request_time_to_percent(fetch_head_ms_per_kib / 1024)
+        self._replicated = request_time_to_percent(replicated_ms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestCosts) and (
+            self.by_api,
+            self.default,
+            self.fetch_head_ms_per_kib,
+            self.replicated_ms,
+        ) == (other.by_api, other.default, other.fetch_head_ms_per_kib, other.replicated_ms)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.by_api.items())), self.default, self.fetch_head_ms_per_kib, self.replicated_ms))
+
+    def cost(self, api_key: int) -> Cost:
+        return self.by_api.get(api_key, self.default)
+
+    def thread_ms(self, api_key: int, request_bytes: int, response_bytes: int) -> float:
+        """Estimated broker thread time (ms) one request of API ``api_key`` costs: a fixed cost per API plus terms
+        per KiB of request and of response. O(1) from figures the proxy has at the response; no clock read, so a
+        wait (acks=all, max_wait, a rebalance) is never charged and the log replays it exactly."""
+        c = self.cost(api_key)
+        ms = c[0] + (c[1] * request_bytes + c[2] * response_bytes) / 1024
+        if api_key == FETCH:
+            ms += self.fetch_head_ms_per_kib * min(response_bytes, FETCH_HEAD_BYTES) / 1024
+        return ms
+
+    def thread_percent(self, api_key: int, request_bytes: int, response_bytes: int) -> float:
+        """:meth:`thread_ms` in percent-seconds of one thread (:func:`quotas.rate.request_time_to_percent`): what
+        ``request_percentage`` records for one request."""
+        pct = self._percent
+        c = pct[api_key] if 0 <= api_key < len(pct) else self._default
+        a = c[0] + c[1] * request_bytes + c[2] * response_bytes
+        if api_key == FETCH:
+            a += self._fetch_head * (response_bytes if response_bytes < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
+        return a
+
+    def request_percent(self, api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1) -> float:
+        """What ``request_percentage`` records for one request when it arrives (percent-seconds of one thread):
+        :meth:`thread_percent` of its size and of the last response of that API on the connection. A Produce's
+        ``acks`` (the policy reads it through the session; quotas/ reads no wire): -1 adds :attr:`replicated_ms`,
+        0 charges nothing, as a broker records an acks=0 Produce exempt from the request quota
+        (``KafkaApis.handleProduceRequest``: ``sendNoOpResponseExemptThrottle``)."""
+        if api_key == PRODUCE:
+            if acks == 0:
+                return 0.0
+            if acks == -1:
+                return self.thread_percent(api_key, request_bytes, last_response_bytes) + self._replicated
+        return self.thread_percent(api_key, request_bytes, last_response_bytes)
+
+    def has_response_term(self, api_key: int) -> bool:
+        """Whether :meth:`thread_percent` of this API grows with the response (Produce's does not: its response is
+        a few bytes an acknowledged partition, so nothing is charged at its response)."""
+        pct = self._percent
+        c = pct[api_key] if 0 <= api_key < len(pct) else self._default
+        return c[2] > 0 or (api_key == FETCH and self._fetch_head > 0)
+
+
+BUILTIN_COSTS: Final = RequestCosts(
+    THREAD_COST_MS, DEFAULT_THREAD_COST_MS, FETCH_HEAD_MS_PER_KIB, PRODUCE_ACKS_ALL_MS, "built-in"
+)
+"""The table above: the default until ``quotas.request_costs`` gives the cluster's own."""
 
 
 def thread_ms(api_key: int, request_bytes: int, response_bytes: int) -> float:
-    """Estimated broker thread time (ms) one request of API ``api_key`` costs: a fixed cost per API plus terms
-    per KiB of request and of response. O(1) from figures the proxy has at the response; no clock read, so a
-    wait (acks=all, max_wait, a rebalance) is never charged and the log replays it exactly."""
-    c = THREAD_COST_MS.get(api_key, DEFAULT_THREAD_COST_MS)
-    ms = c[0] + (c[1] * request_bytes + c[2] * response_bytes) / 1024
-    if api_key == FETCH:
-        ms += FETCH_HEAD_MS_PER_KIB * min(response_bytes, FETCH_HEAD_BYTES) / 1024
-    return ms
+    """:meth:`RequestCosts.thread_ms` of the built-in table."""
+    return BUILTIN_COSTS.thread_ms(api_key, request_bytes, response_bytes)
 
 
 def thread_percent(api_key: int, request_bytes: int, response_bytes: int) -> float:
-    """:func:`thread_ms` in percent-seconds of one thread (:func:`quotas.rate.request_time_to_percent`): what
-    ``request_percentage`` records for one request. The policy calls it once a response."""
-    c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
-    a = c[0] + c[1] * request_bytes + c[2] * response_bytes
-    if api_key == FETCH:
-        a += _FETCH_HEAD_PERCENT * (response_bytes if response_bytes < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
-    return a
+    """:meth:`RequestCosts.thread_percent` of the built-in table."""
+    return BUILTIN_COSTS.thread_percent(api_key, request_bytes, response_bytes)
 
 
-_FETCH_HEAD_PERCENT: Final = request_time_to_percent(FETCH_HEAD_MS_PER_KIB / 1024)
-_ACKS_ALL_PERCENT: Final = request_time_to_percent(PRODUCE_ACKS_ALL_MS)
-
-
-def request_percent(api_key: int, request_bytes: int, last_response_bytes: int, acks_all: bool = False) -> float:
-    """What ``request_percentage`` records for one request when it arrives (percent-seconds of one thread):
-    :func:`thread_percent` of its size and of the last response of that API on the connection, plus
-    :data:`PRODUCE_ACKS_ALL_MS` for a Produce with acks=-1 (``acks_all``: the policy reads acks through
-    ``protocol.inflight.produce_acks``; quotas/ reads no wire). The one function the policy calls for this kind."""
-    a = thread_percent(api_key, request_bytes, last_response_bytes)
-    if acks_all:
-        a += _ACKS_ALL_PERCENT
-    return a
+def request_percent(api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1) -> float:
+    """:meth:`RequestCosts.request_percent` of the built-in table."""
+    return BUILTIN_COSTS.request_percent(api_key, request_bytes, last_response_bytes, acks)
 
 
 def has_response_term(api_key: int) -> bool:
-    """Whether :func:`thread_percent` of this API grows with the response (Produce's does not: its response is a
-    few bytes an acknowledged partition, so nothing is charged at its response)."""
-    c = _PERCENT_BY_API[api_key] if 0 <= api_key < len(_PERCENT_BY_API) else _DEFAULT_PERCENT
-    return c[2] > 0
+    """:meth:`RequestCosts.has_response_term` of the built-in table."""
+    return BUILTIN_COSTS.has_response_term(api_key)
 
 
 REPLICA_APIS: Final = frozenset({FETCH})
@@ -297,12 +367,14 @@ def amount(kind: QuotaKind, api_key: int, request_bytes: int = 0, response_bytes
     return amount_from(basis(kind, api_key), request_bytes, response_bytes, api_key)
 
 
-def amount_from(b: Basis, request_bytes: int = 0, response_bytes: int = 0, api_key: int = -1) -> float:
-    """:func:`amount` for a :func:`basis` already worked out."""
+def amount_from(
+    b: Basis, request_bytes: int = 0, response_bytes: int = 0, api_key: int = -1, costs: RequestCosts = BUILTIN_COSTS
+) -> float:
+    """:func:`amount` for a :func:`basis` already worked out (``costs``: the request-cost table in force)."""
     if b == "request_bytes":
         return request_bytes
     if b == "response_bytes":
         return response_bytes
     if b == "requests":
         return 1
-    return thread_percent(api_key, request_bytes, response_bytes)
+    return costs.thread_percent(api_key, request_bytes, response_bytes)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from quotas.entities import QuotaStore
 from quotas.kinds import (
     BIT,
+    BUILTIN_COSTS,
     CONTROLLER_MUTATION_RATE,
     MUTATION_APIS,
     NEVER_CHARGED_APIS,
@@ -20,9 +21,9 @@ from quotas.kinds import (
     PRODUCER_IDS_RATE,
     Basis,
     QuotaKind,
+    RequestCosts,
     basis,
     charged_at,
-    has_response_term,
 )
 from quotas.manager import Bound, QuotaManager
 
@@ -135,8 +136,18 @@ class Plans:
         return plan
 
 
-def bind(q: QuotaManager, plan: Plan, key: int, user: str, client_id: str, scope: str, now_ms: int) -> BoundPlan | None:
-    """API ``key``'s plan bound to ``user``, ``client_id`` and ``scope``; None: no quota applies to this client."""
+def bind(
+    q: QuotaManager,
+    plan: Plan,
+    key: int,
+    user: str,
+    client_id: str,
+    scope: str,
+    now_ms: int,
+    costs: RequestCosts = BUILTIN_COSTS,
+) -> BoundPlan | None:
+    """API ``key``'s plan bound to ``user``, ``client_id`` and ``scope``; None: no quota applies to this client.
+    ``costs``: the request-cost table in force (whether this API's request_percentage grows with its response)."""
     at_request = tuple(
         (k, h, basis(k, key))
         for k in plan.at_request
@@ -151,5 +162,5 @@ def bind(q: QuotaManager, plan: Plan, key: int, user: str, client_id: str, scope
     if not (at_request or later or pids is not None or plan.mutation):
         return None
     b = BoundPlan(plan, at_request, later, pids)
-    b.out_term = has_response_term(key) and any(how == "thread_time" for _k, _h, how in at_request)
+    b.out_term = costs.has_response_term(key) and any(how == "thread_time" for _k, _h, how in at_request)
     return b

@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "check-config":
         print("configuration is valid")
+        costs = config.quotas.request_costs
+        # Which request-cost table request_percentage charges by: a calibrated one, or the built-in guess (issue 50).
+        print(f"request costs: {'built-in table' if costs is None else f'quotas.request_costs ({costs.source})'}")
         return 0
     worker = supervisor.worker_index()
     tag = "" if worker is None else f"[w{worker}] "

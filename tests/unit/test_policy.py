@@ -123,7 +123,7 @@ def _request(req, corr: int = 1):
     return parse_request_header(frame, 4), frame
 
 
-def _produce(n_bytes: int = 2000, pid: int = -1):
+def _produce(n_bytes: int = 2000, pid: int = -1, acks: int = -1):
     b = MemoryRecordsBuilder(
         2, 0, 1 << 20, producer_id=pid, producer_epoch=0 if pid >= 0 else -1, base_sequence=0 if pid >= 0 else -1
     )
@@ -133,7 +133,7 @@ def _produce(n_bytes: int = 2000, pid: int = -1):
     return _request(
         ProduceRequest(
             transactional_id=None,
-            acks=-1,
+            acks=acks,
             timeout_ms=1000,
             version=7,
             topic_data=[TD(name="t", partition_data=[TD.PartitionProduceData(index=0, records=b.buffer())])],
@@ -225,8 +225,8 @@ def _expected(header, request, body: bytes | None) -> float:
     """quotas.kinds.request_percent for that round trip, in percent-seconds of one thread: ``body`` is the previous
     answer of that API on the connection (None: the first), whose size the estimate's response term takes."""
     response = len(_response_frame(header, body)) - 4 if body is not None else 0
-    acks_all = header.api_key == Api.PRODUCE and produce_acks(request, header, 4) == -1
-    return request_percent(header.api_key, len(request) - 4, response, acks_all)
+    acks = produce_acks(request, header, 4) if header.api_key == Api.PRODUCE else 1
+    return request_percent(header.api_key, len(request) - 4, response, acks)
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.2, 5.0])
@@ -287,14 +287,20 @@ def test_thread_time_per_api_base_and_byte_terms():
         assert 0.035 < thread_ms(key, 200, 100) < 0.065
 
 
-def test_acks_0_produce_is_charged_thread_time_with_no_response():
+def test_acks_0_produce_is_charged_no_thread_time():
+    """A broker records an acks=0 Produce exempt from the request quota (``KafkaApis``:
+    ``sendNoOpResponseExemptThrottle``), so the proxy charges it nothing; its bytes still count (issue 50)."""
     clock = Clock()
     policy = _policy(clock, request_percentage=1000)
     conn = FakeConn()
-    header, request = _produce(10)
+    header, request = _produce(10, acks=0)
     d = policy.on_request(conn, header, request, clock())
     policy.on_unanswered(conn, d)
-    assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(_expected(header, request, None))
+    assert d.values[REQUEST_PERCENTAGE][0] == 0.0
+    header, request = _produce(10, acks=1)
+    d = policy.on_request(conn, header, request, clock())
+    charged = d.values[REQUEST_PERCENTAGE][0]
+    assert charged > 0 and charged == pytest.approx(_expected(header, request, None))
 
 
 def test_request_percentage_binds_at_the_rate_its_estimate_allows():

@@ -54,8 +54,8 @@ def _produce(acks: int, version: int = 7, transactional_id: str | None = None, v
 
 def _ms(header, frame, last_response: int = 0) -> float:
     """The charge as the policy makes it: acks read by the protocol layer, the estimate from quotas/."""
-    acks_all = header.api_key == PRODUCE and produce_acks(frame, header, 4) == -1
-    a = request_percent(header.api_key, len(frame) - 4, last_response, acks_all)
+    acks = produce_acks(frame, header, 4) if header.api_key == PRODUCE else 1
+    a = request_percent(header.api_key, len(frame) - 4, last_response, acks)
     return a * 10  # percent-seconds of a thread -> ms
 
 
@@ -64,10 +64,11 @@ def _ms(header, frame, last_response: int = 0) -> float:
 @pytest.mark.parametrize("acks", [-1, 0, 1])
 def test_acks_all_is_charged_whatever_the_transactional_id(version, transactional_id, acks):
     """Legacy and compact transactional ids alike (a 200-byte id takes a two-byte varint): only acks=-1 adds
-    the term."""
+    the term, and acks=0 is charged nothing (a broker records it exempt from the request quota)."""
     header, frame = _produce(acks, version, transactional_id)
     plain = thread_ms(PRODUCE, len(frame) - 4, 0)
-    assert _ms(header, frame) == pytest.approx(plain + (PRODUCE_ACKS_ALL_MS if acks == -1 else 0))
+    want = 0.0 if acks == 0 else plain + (PRODUCE_ACKS_ALL_MS if acks == -1 else 0)
+    assert _ms(header, frame) == pytest.approx(want)
 
 
 def test_produce_small_flood_is_charged_what_the_brokers_did():
@@ -83,13 +84,14 @@ def test_produce_small_flood_is_charged_what_the_brokers_did():
 def test_produce_acks_all_adds_the_followers_delayed_fetch(version):
     """acks=-1 adds PRODUCE_ACKS_ALL_MS (the completion of each follower's delayed Fetch runs on the producer's
     request thread): ~0.4 ms in all, within a factor 1.3 of the brokers' ~0.45 ms an RF-2 acks=all Produce in
-    run 8 (load 2-3); acks 0 and 1 do not get it. The replication wait itself is never charged: no term depends
-    on time."""
+    run 8 (load 2-3); acks 1 does not get it, and acks 0 is charged nothing at all (``KafkaApis`` answers it with
+    ``sendNoOpResponseExemptThrottle``: recorded exempt, never against the quota). The replication wait itself is
+    never charged: no term depends on time."""
     h1, f1 = _produce(1, version)
     hall, fall = _produce(-1, version)
     h0, f0 = _produce(0, version)
     assert _ms(hall, fall) - _ms(h1, f1) == pytest.approx(PRODUCE_ACKS_ALL_MS)
-    assert _ms(h0, f0) == pytest.approx(_ms(h1, f1))
+    assert _ms(h0, f0) == 0.0
     assert 0.45 / 1.3 < _ms(hall, fall) < 0.45 * 1.3
 
 
@@ -143,12 +145,65 @@ def test_list_offsets_is_charged_what_the_brokers_did():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(-1, 100), st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.booleans())
-def test_any_request_is_charged_a_positive_bounded_amount(api_key, size, last, acks_all):
+@given(st.integers(-1, 100), st.integers(0, 1 << 20), st.integers(0, 1 << 20), st.sampled_from([-1, 0, 1]))
+def test_any_request_is_charged_a_positive_bounded_amount(api_key, size, last, acks):
     """Any API key a client sends (unknown ones too) and any sizes: the size-based estimate, plus the acks=all
-    term when asked, positive."""
-    a = request_percent(api_key, size, last, acks_all)
+    term for a Produce asking it, positive; only a Produce with acks=0 is free."""
+    a = request_percent(api_key, size, last, acks)
+    if api_key == PRODUCE and acks == 0:
+        assert a == 0.0
+        return
     base = thread_ms(api_key, size, last) / 10
-    assert a == pytest.approx(base + (PRODUCE_ACKS_ALL_MS / 10 if acks_all else 0)) and a > 0
+    assert a == pytest.approx(base + (PRODUCE_ACKS_ALL_MS / 10 if api_key == PRODUCE and acks == -1 else 0)) and a > 0
     if api_key == FETCH:
         assert a >= thread_ms(FETCH, 0, 0) / 10
+
+
+# ------------------------------------------------------------------------------------------ the cluster's own costs
+
+
+def _config(costs: dict):
+    from config.model import ProxyConfig
+
+    return ProxyConfig.model_validate(
+        {"upstream": {"bootstrap_servers": ["k:9092"]}, "quotas": {"request_costs": costs}}
+    )
+
+
+def test_configured_costs_replace_the_rows_they_name_and_scale_the_others():
+    """What ``calibrate`` prints is what is charged: a named API's row as given, every other API's built-in row (and
+    the acks=all and Fetch-head terms) times ``other_apis_scale``."""
+    cfg = _config({"source": "calibrated", "apis": {"Produce": {"base_ms": 0.024, "request_ms_per_kib": 0.001}},
+                   "other_apis_scale": 0.5})  # fmt: skip
+    costs = cfg.quotas.request_costs.costs()
+    assert costs.source == "calibrated"
+    assert costs.thread_ms(PRODUCE, 2048, 0) == pytest.approx(0.024 + 0.002)
+    assert costs.request_percent(PRODUCE, 2048, 0, -1) * 10 == pytest.approx(0.026 + PRODUCE_ACKS_ALL_MS * 0.5)
+    assert costs.request_percent(PRODUCE, 2048, 0, 0) == 0.0
+    assert costs.thread_ms(FETCH, 0, 0) == pytest.approx(thread_ms(FETCH, 0, 0) * 0.5)
+    assert costs.thread_ms(LIST_OFFSETS, 100, 100) == pytest.approx(thread_ms(LIST_OFFSETS, 100, 100) * 0.5)
+    assert costs.thread_ms(9999, 10, 10) == pytest.approx(thread_ms(9999, 10, 10) * 0.5)  # an API nobody names
+
+
+def test_costs_that_name_no_api_or_a_negative_figure_are_refused_naming_the_field():
+    from pydantic import ValidationError
+
+
+    with pytest.raises(ValidationError, match="'Produse' is not an API name"):
+        _config({"apis": {"Produse": {"base_ms": 0.02}}})
+    with pytest.raises(ValidationError, match=r"request_costs\.apis\.Fetch\.base_ms"):
+        _config({"apis": {"Fetch": {"base_ms": -1}}})
+
+
+def test_the_policy_charges_by_the_configured_costs_and_a_reload_moves_them():
+    """``quotas.request_costs`` is reloadable: the policy's table follows the configuration."""
+    from config.model import ProxyConfig
+    from proxy.policy import Policy
+    from proxy.stats import Stats
+    from quotas.kinds import BUILTIN_COSTS
+
+    plain = ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["k:9092"]}})
+    policy = Policy(plain, Stats())
+    assert policy.costs is BUILTIN_COSTS
+    policy.reload(_config({"source": "lab", "apis": {"Metadata": {"base_ms": 1.0}}}))
+    assert policy.costs.source == "lab" and policy.costs.thread_ms(3, 0, 0) == 1.0
