@@ -404,6 +404,26 @@ class LoadProbe:
         return out
 
 
+def calibrate(bootstrap: str) -> tuple[dict, str]:
+    """``kafka-throttle-proxy calibrate`` against the cluster: the proxy config's ``quotas.request_costs`` (as a
+    dotted extra for ProxyProcess) and the section it printed, comments and all."""
+    import yaml
+
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "calibrate", "--bootstrap-server", bootstrap.split(",")[0]],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"calibrate failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    print(done.stdout, f"(calibrate took {time.monotonic() - t0:.0f} s)", sep="", flush=True)
+    return {"quotas.request_costs": yaml.safe_load(done.stdout)["quotas"]["request_costs"]}, done.stdout
+
+
 def _proxy_latency(port: int) -> dict[str, tuple[float, float]]:
     """api -> (seconds summed, responses) of the proxy's ``ktp_request_latency_seconds``."""
     import urllib.request
@@ -482,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
         "--burn", type=int, default=0, help="busy-loop processes run through the rounds of --burn-rounds (load)"
     )
     ap.add_argument("--burn-rounds", default="", help="1-based rounds (both phases) that run beside --burn")
+    ap.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="run kafka-throttle-proxy calibrate against the fresh cluster first and give its quotas.request_costs "
+        "to every proxy that enforces P (issue 50: the costs measured on the cluster itself, not the built-in table)",
+    )
     args = ap.parse_args(argv)
     fixed = {k: float(v) for k, v in (x.split("=") for x in args.p)}
     names = [n for n in args.workloads.split(",") if n]
@@ -501,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with KafkaCluster(args.brokers, workdir=workdir / "kafka") as cluster:
         kafka_bin = json.dumps(cluster.tool_cmd("producer_perf", jvm_opts=("-Xmx512m",)))
+        costs_extra: dict = {}
+        calibration = ""
+        if args.calibrate:
+            costs_extra, calibration = calibrate(cluster.bootstrap)
         free = ProxyProcess(workdir, cluster.bootstrap, name="proxy-free").start()
         try:
             for name in names:
@@ -525,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                     elif phase == "proxy-p":
                         ents = [{"entity": {"client-id": client_id}, "quotas": {"request_percentage": p}}]
                         metrics_port = _free_port()
-                        extra = {"quotas.entities": ents, "metrics.port": metrics_port}
+                        extra = {"quotas.entities": ents, "metrics.port": metrics_port, **costs_extra}
                         proxy = ProxyProcess(workdir, cluster.bootstrap, extra, name=f"proxy-{name}-{i}").start()
                         bootstrap = proxy.bootstrap
                     bootstrap = worker_bootstrap(name, bootstrap, cluster.bootstrap, topic)
@@ -577,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
         *table,
         "",
     ]
+    if calibration:
+        doc += ["The proxy's request costs, as `kafka-throttle-proxy calibrate` printed them for this cluster:", ""]
+        doc += ["```yaml", *calibration.rstrip().splitlines(), "```", ""]
     Path(args.output).write_text("\n".join(doc))
     print(f"wrote {args.output}")
     return 0

@@ -9,7 +9,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from protocol.apis import API_NAMES, api_name
+from protocol.apis import API_NAMES, REQUESTS, api_name
 from protocol.principal import PrincipalMapper
 from quotas.entities import DEFAULT, EntityName, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
 from quotas.kinds import (
@@ -269,9 +269,9 @@ class ApiCost(_Strict):
 
 class RequestCostsConfig(_Strict):
     """What each request costs the brokers' threads, for ``request_percentage`` (KIP-124): the cluster's own figures,
-    measured against its brokers' enforcement (docs/quotas.md, "The cluster's own costs"). APIs it does not name keep
-    the built-in row, times :attr:`other_apis_scale`. Reloadable: connections charge by the new figures from their
-    next request."""
+    as ``kafka-throttle-proxy calibrate`` prints them (docs/quotas.md, "The cluster's own costs"). APIs it does not
+    name keep the built-in row, times :attr:`other_apis_scale`. Reloadable: connections charge by the new figures
+    from their next request."""
 
     source: str = Field(default="configured", max_length=200)
     """Where the figures come from (when, against which cluster): ``check-config`` prints it."""
@@ -312,7 +312,7 @@ class RequestCostsConfig(_Strict):
 
 def api_keys_by_name() -> dict[str, int]:
     """Kafka's API names (``Produce``, ``ListOffsets``) -> key: what ``quotas.request_costs.apis`` is keyed by."""
-    return {api_name(key): key for key in API_NAMES}
+    return {api_name(key): key for key in sorted(set(API_NAMES) | set(REQUESTS))}
 
 
 class QuotaConfig(_Strict):

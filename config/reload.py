@@ -65,6 +65,7 @@ RELOADABLE: Final[tuple[str, ...]] = (
     "quotas.entity_idle_seconds",
     "quotas.entities",
     "quotas.fair_share",
+    "quotas.request_costs",
 )
 """Settings a reload puts in force at once. ``quotas.scope`` is reloadable between ``broker`` and ``cluster``
 only: a change into or out of ``fleet`` starts or ends the fleet's sync, so it waits for a restart."""

@@ -1,4 +1,4 @@
-"""kafka-throttle-proxy run|check-config|quotas: a Kafka proxy that holds every client to its quotas."""
+"""kafka-throttle-proxy run|check-config|quotas|calibrate: a Kafka proxy that holds every client to its quotas."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from config.load import ConfigError, load_config
 from config.model import ProxyConfig
 from proxy import build_info
-from proxy.cli import quota_admin, supervisor
+from proxy.cli import calibrate, quota_admin, supervisor
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
         s.add_argument("--workers", type=int, help="proxy processes sharing the listener ports (SO_REUSEPORT)")
     quota_admin.add_parser(sub)
+    calibrate.add_parser(sub)
     return p
 
 
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "quotas":
         return quota_admin.run(args)
+    if args.command == "calibrate":
+        return calibrate.run(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:

@@ -89,7 +89,9 @@ class _EntitySpec(argparse.Action):
         namespace.entity_spec = spec
 
 
-def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+def _connection_options(
+    p: argparse.ArgumentParser, suppress: bool, target: str = "the proxy's bootstrap listener"
+) -> None:
     """The options that say where and as whom to connect: accepted before the verb and after it (``suppress``:
     the verb's copies leave the namespace alone unless given, so they do not undo the ones before the verb)."""
     d: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}  # add_argument keywords
@@ -98,7 +100,7 @@ def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--bootstrap-servers",
         dest="bootstrap_server",
         metavar="HOST:PORT",
-        help="the proxy's bootstrap listener",
+        help=target,
         **d,
     )
     p.add_argument(
@@ -127,7 +129,7 @@ def _connection_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--ssl-cafile",
         metavar="PEM",
-        help="CA certificate(s) to verify the proxy's certificate with (default: the system's)",
+        help="CA certificate(s) to verify the server's certificate with (default: the system's)",
         **d,
     )
     p.add_argument(
@@ -460,14 +462,27 @@ def ssl_context(sec: Security) -> ssl.SSLContext:
 # ---- one connection to the proxy ------------------------------------------------------------------------------
 
 
-class _Connection:
-    """One connection to the proxy's listener: TLS and SASL as ``Security`` says, then requests in turn."""
+class Connection:
+    """One connection (to the proxy's listener, or for ``calibrate`` to a broker): TLS and SASL as ``Security`` says,
+    then requests in turn, each answered within ``timeout_s``."""
 
-    def __init__(self, host: str, port: int, sec: Security) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        sec: Security,
+        client_id: str = "kafka-throttle-proxy-quotas",
+        timeout_s: float = 35.0,
+    ) -> None:
         self.host, self.port, self.sec = host, port, sec
+        self.client_id = client_id
+        self.timeout_s = timeout_s
         self._correlation = 0
+        self.last_request_bytes = 0
+        """The last request's size, as a broker's quotas count it (header and body, no size prefix)."""
+        self.last_response_bytes = 0
 
-    async def __aenter__(self) -> _Connection:
+    async def __aenter__(self) -> Connection:
         ctx = ssl_context(self.sec) if self.sec.tls else None
         self.reader, self.writer = await asyncio.open_connection(
             self.host, self.port, ssl=ctx, server_hostname=self.host if ctx else None
@@ -491,10 +506,16 @@ class _Connection:
         """Send one request and return its decoded response (frames bounded like every frame the proxy reads)."""
         self._correlation += 1
         request.API_VERSION = version
-        request.with_header(correlation_id=self._correlation, client_id="kafka-throttle-proxy-quotas")
-        self.writer.write(request.encode(header=True, framed=True))
+        request.with_header(correlation_id=self._correlation, client_id=self.client_id)
+        frame = request.encode(header=True, framed=True)
+        self.last_request_bytes = len(frame) - 4
+        self.writer.write(frame)
+        return await asyncio.wait_for(self._answer(response_cls, version), self.timeout_s)
+
+    async def _answer(self, response_cls: Any, version: int) -> Any:
         await self.writer.drain()
         size = frame_size(await self.reader.readexactly(4), _MAX_FRAME)
+        self.last_response_bytes = size
         return response_cls.decode(await self.reader.readexactly(size), version=version, header=True)
 
     async def _authenticate(self) -> None:
@@ -550,7 +571,7 @@ def _error(code: int, message: str | None) -> str:
     return f"{name} ({code}): {message}" if message else f"{name} ({code})"
 
 
-async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None]]) -> Any:
+async def _describe_entries(conn: Connection, named: list[tuple[str, str | None]]) -> Any:
     C = DescribeClientQuotasRequest.ComponentData
     # No entity named: no filter component and not strict, which matches every entity.
     components = [C(entity_type=t, match_type=_MATCH_DEFAULT if n is None else _MATCH_EXACT, match=n) for t, n in named]
@@ -561,7 +582,7 @@ async def _describe_entries(conn: _Connection, named: list[tuple[str, str | None
     return resp.entries or []
 
 
-async def _describe(conn: _Connection, args: argparse.Namespace) -> int:
+async def _describe(conn: Connection, args: argparse.Namespace) -> int:
     named = _entity(args)
     entries = await _describe_entries(conn, named)
     for entry in entries:
@@ -576,7 +597,7 @@ def _keys(text: str) -> list[str]:
     return [k.strip() for k in text.split(",") if k.strip()]
 
 
-async def _send_alter(conn: _Connection, entity: list[tuple[str, str | None]], ops: list[Any]) -> int:
+async def _send_alter(conn: Connection, entity: list[tuple[str, str | None]], ops: list[Any]) -> int:
     E = AlterClientQuotasRequest.EntryData
     req = AlterClientQuotasRequest(
         entries=[E(entity=[E.EntityData(entity_type=t, entity_name=n) for t, n in entity], ops=ops)],
@@ -619,11 +640,11 @@ def _alter_ops(args: argparse.Namespace) -> list[Any]:
     return ops
 
 
-async def _alter(conn: _Connection, args: argparse.Namespace) -> int:
+async def _alter(conn: Connection, args: argparse.Namespace) -> int:
     return await _send_alter(conn, _named_entity(args), _alter_ops(args))
 
 
-async def _delete(conn: _Connection, args: argparse.Namespace) -> int:
+async def _delete(conn: Connection, args: argparse.Namespace) -> int:
     """Kafka's ``--alter --delete-config``, and without keys every quota the entity has (read first, so the
     operator need not list them)."""
     entity = _named_entity(args)
@@ -641,9 +662,9 @@ async def _delete(conn: _Connection, args: argparse.Namespace) -> int:
 _VERBS = {"describe": _describe, "alter": _alter, "delete": _delete}
 
 
-def _address(bootstrap: str | None) -> tuple[str, int]:
+def _address(bootstrap: str | None, what: str = "the proxy's bootstrap listener") -> tuple[str, int]:
     if not bootstrap:
-        raise UsageError("--bootstrap-server HOST:PORT is required (the proxy's bootstrap listener)")
+        raise UsageError(f"--bootstrap-server HOST:PORT is required ({what})")
     first = bootstrap.split(",")[0].strip()  # kafka-configs takes a list; the proxy's bootstrap is one address
     host, _, port = first.rpartition(":")
     if not host or not port.isdigit():
@@ -652,7 +673,7 @@ def _address(bootstrap: str | None) -> tuple[str, int]:
 
 
 async def _run(host: str, port: int, sec: Security, args: argparse.Namespace) -> int:
-    async with _Connection(host, port, sec) as conn:
+    async with Connection(host, port, sec) as conn:
         return await _VERBS[args.action](conn, args)
 
 

@@ -52,6 +52,14 @@ def test_check_config_cli(tmp_path):
     run = [sys.executable, "-m", "proxy.cli", "check-config", "-c"]
     ok = subprocess.run([*run, str(good)], capture_output=True, text=True, cwd=REPO)
     assert ok.returncode == 0 and "valid" in ok.stdout
+    assert "request costs: built-in table" in ok.stdout  # which table request_percentage charges by (issue 50)
+    costs = tmp_path / "costs.yaml"
+    costs.write_text(
+        "upstream: {bootstrap_servers: ['k:9092']}\n"
+        "quotas: {request_costs: {source: 'lab, 2026-12-06', apis: {Produce: {base_ms: 0.024}}}}\n"
+    )
+    calibrated = subprocess.run([*run, str(costs)], capture_output=True, text=True, cwd=REPO)
+    assert calibrated.returncode == 0 and "request costs: quotas.request_costs (lab, 2026-12-06)" in calibrated.stdout
     ko = subprocess.run([*run, str(bad)], capture_output=True, text=True, cwd=REPO)
     assert ko.returncode == 2
     assert "listen.broker_ports" in ko.stderr

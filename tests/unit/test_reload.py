@@ -107,6 +107,11 @@ RELOADS: dict[str, tuple[Any, Probe, Any]] = {
         lambda p: _fair(p).state.weights,
         {"\x1fbatch": 0.5},
     ),
+    "quotas.request_costs": (
+        {"source": "lab", "apis": {"Produce": {"base_ms": 0.5}}},
+        lambda p: (p.policy.costs.source, p.policy.costs.thread_ms(0, 0, 0)),
+        ("lab", 0.5),
+    ),
 }
 
 

@@ -188,7 +188,6 @@ def test_configured_costs_replace_the_rows_they_name_and_scale_the_others():
 def test_costs_that_name_no_api_or_a_negative_figure_are_refused_naming_the_field():
     from pydantic import ValidationError
 
-
     with pytest.raises(ValidationError, match="'Produse' is not an API name"):
         _config({"apis": {"Produse": {"base_ms": 0.02}}})
     with pytest.raises(ValidationError, match=r"request_costs\.apis\.Fetch\.base_ms"):

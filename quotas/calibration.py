@@ -1,0 +1,184 @@
+"""From what the brokers allowed to what each request costs them: the arithmetic of ``kafka-throttle-proxy calibrate``.
+
+Pure, no I/O (the command in ``proxy.cli.calibrate`` measures; this reads the measurements). How a cost is inferred:
+a broker enforcing ``request_percentage = P`` on a client lets it have P % of one thread, P × 10 ms of thread time a
+second; a client that always has a request waiting (the probe does) is held at the rate R where R × cost = P × 10
+ms/s, so each of its requests cost the broker ``P × 10 / R`` ms (:func:`cost_ms`). The rate is averaged over many
+quota windows: a broker holds a flooder in cycles about one window long (a burst, then the throttle cap), so a
+short measurement catches a burst or two and reads high (docs/quotas.md).
+
+What the probes measure, and what the table gets from each (:func:`proposal`):
+
+- ``Produce`` acks=1 to a partition of replication factor 1, one small batch a request: Produce's base (its
+  per-KiB term kept from the built-in table, scaled; the probe's request is a few hundred bytes);
+- ``Produce`` acks=-1 to a partition of the cluster's default replication factor: less the acks=1 cost, the term a
+  Produce whose acks wait for the followers adds (``produce_replicated_ms``; 0 when the default factor is 1);
+- ``Fetch`` of an empty partition with ``max_wait_ms`` 0: Fetch's base;
+- ``ListOffsets`` and ``Metadata`` of one partition, one topic: their bases.
+
+Every API not probed keeps its built-in row times the median of measured ÷ built-in over the probes
+(``other_apis_scale``): a cluster whose brokers charge half the table for what was probed most likely does for the
+rest too.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quotas.kinds import BUILTIN_COSTS, FETCH, PRODUCE, RequestCosts
+
+LIST_OFFSETS = 2
+METADATA = 3
+API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata"}
+
+
+def cost_ms(percent: float, rate_per_s: float) -> float:
+    """The broker thread time (ms) one request cost, from the quota ``percent`` (% of one thread) it was held to and
+    the rate (requests a second) it was held at. ``inf`` for a rate of 0 (nothing got through)."""
+    if percent <= 0:
+        raise ValueError(f"request_percentage {percent}: must be positive")
+    if rate_per_s <= 0:
+        return float("inf")
+    return percent * 10.0 / rate_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One probe's measurement: requests of ``api_key`` (``acks`` for a Produce) of about ``request_bytes`` each,
+    answered at ``rates`` (requests a second, one a slice of the measured time, in order) under ``percent``."""
+
+    name: str
+    api_key: int
+    percent: float
+    request_bytes: int
+    response_bytes: int
+    rates: tuple[float, ...]
+    acks: int = 1
+    replication_factor: int = 1
+    throttled: int = 0
+    """Answers that carried a ``throttle_time_ms``: 0 means the probe never reached the quota, and its rate says
+    what the client could do, not what the brokers allowed (:attr:`held`)."""
+
+    @property
+    def rate(self) -> float:
+        return statistics.fmean(self.rates) if self.rates else 0.0
+
+    @property
+    def held(self) -> bool:
+        return self.throttled > 0
+
+    @property
+    def cost_ms(self) -> float:
+        return cost_ms(self.percent, self.rate)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lowest and highest per-slice cost: how steady the brokers' hold was."""
+        costs = [cost_ms(self.percent, r) for r in self.rates if r > 0]
+        return (min(costs), max(costs)) if costs else (float("inf"), float("inf"))
+
+    def builtin_ms(self) -> float:
+        """What the built-in table charges such a request (with its answer's size as the previous answer's)."""
+        return BUILTIN_COSTS.request_percent(self.api_key, self.request_bytes, self.response_bytes, self.acks) * 10.0
+
+    def size_terms_ms(self) -> float:
+        """The built-in table's terms for this request's bytes and its answer's, its base left out: what the probe's
+        cost holds beyond the base (scaled with everything not measured)."""
+        return (
+            BUILTIN_COSTS.thread_ms(self.api_key, self.request_bytes, self.response_bytes)
+            - BUILTIN_COSTS.cost(self.api_key)[0]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """The ``quotas.request_costs`` section the probes give: per API its base, the replicated-Produce term, the
+    scale of everything not probed, and what each was inferred from."""
+
+    bases: dict[int, float]
+    replicated_ms: float | None
+    scale: float
+    probes: tuple[Probe, ...]
+
+    def costs(self, source: str) -> RequestCosts:
+        """The table the proxy would charge by (what the section parses to)."""
+        by_api = {k: (b * self.scale, i * self.scale, o * self.scale) for k, (b, i, o) in BUILTIN_COSTS.by_api.items()}
+        for key, base in self.bases.items():
+            _b, per_in, per_out = BUILTIN_COSTS.cost(key)
+            by_api[key] = (base, per_in * self.scale, per_out * self.scale)
+        d = BUILTIN_COSTS.default
+        replicated = BUILTIN_COSTS.replicated_ms * self.scale if self.replicated_ms is None else self.replicated_ms
+        return RequestCosts(
+            by_api,
+            (d[0] * self.scale, d[1] * self.scale, d[2] * self.scale),
+            BUILTIN_COSTS.fetch_head_ms_per_kib * self.scale,
+            replicated,
+            source,
+        )
+
+
+class CalibrationError(Exception):
+    """The probes do not support a table (a probe the brokers never held, or one that got nothing through)."""
+
+
+def proposal(probes: Sequence[Probe]) -> Proposal:
+    """The table the probes support. Raises :class:`CalibrationError` naming a probe the brokers never held (its
+    rate is the client's, not the quota's: lower ``--percent``) or that got nothing through."""
+    for p in probes:
+        if not p.held:
+            raise CalibrationError(
+                f"probe {p.name}: the brokers never throttled it ({p.rate:.0f} requests/s under {p.percent} %), so its "
+                "rate is the client's, not what the quota allows: lower --percent"
+            )
+        if p.rate <= 0:
+            raise CalibrationError(f"probe {p.name}: no answer in the measured time")
+    ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0]
+    scale = statistics.median(ratios) if ratios else 1.0
+    bases: dict[int, float] = {}
+    plain: Probe | None = None
+    replicated: Probe | None = None
+    for p in probes:
+        if p.api_key == PRODUCE and p.acks == -1:
+            replicated = p
+            continue
+        if p.api_key == PRODUCE:
+            plain = p
+        bases[p.api_key] = max(p.cost_ms - p.size_terms_ms() * scale, 0.0)
+    replicated_ms: float | None = None
+    if replicated is not None and plain is not None:
+        replicated_ms = (
+            max(replicated.cost_ms - plain.cost_ms, 0.0) if replicated.replication_factor > 1 else 0.0
+        )  # acks=-1 to RF 1 waits for nobody: the brokers charge it as acks=1, and so does the table then
+    return Proposal(bases, replicated_ms, scale, tuple(probes))
+
+
+def render(p: Proposal, source: str, header: Sequence[str]) -> str:
+    """The YAML section to merge into the proxy's configuration, with ``header`` and each probe's figures as
+    comments."""
+    lines = [f"# {h}" for h in header]
+    lines.append("# probe: requests/s the brokers allowed -> ms a request (spread over the slices; built-in table)")
+    for probe in p.probes:
+        lo, hi = probe.spread
+        lines.append(
+            f"#   {probe.name}: {probe.rate:,.0f}/s -> {probe.cost_ms:.4f} ms ({lo:.4f}-{hi:.4f}; "
+            f"built-in {probe.builtin_ms():.4f}, x{probe.cost_ms / probe.builtin_ms():.2f})"
+        )
+    lines += ["quotas:", "  request_costs:", f"    source: {_quoted(source)}", "    apis:"]
+    costs = p.costs(source)
+    for key in sorted(p.bases):
+        base, per_in, per_out = costs.cost(key)
+        lines.append(
+            f"      {API_NAMES[key]}: {{base_ms: {base:.5f}, request_ms_per_kib: {per_in:.5f}, "
+            f"response_ms_per_kib: {per_out:.5f}}}"
+        )
+    lines.append(f"    other_apis_scale: {p.scale:.3f}")
+    if p.replicated_ms is not None:
+        lines.append(f"    produce_replicated_ms: {p.replicated_ms:.4f}")
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    """A YAML double-quoted scalar of ``text``."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

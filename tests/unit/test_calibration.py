@@ -1,0 +1,122 @@
+"""quotas.calibration: from the rates the brokers allowed under request_percentage to the costs the proxy charges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from config.model import ProxyConfig
+from quotas.calibration import (
+    LIST_OFFSETS,
+    METADATA,
+    CalibrationError,
+    Probe,
+    cost_ms,
+    proposal,
+    render,
+)
+from quotas.kinds import BUILTIN_COSTS, FETCH, PRODUCE, RequestCosts
+
+P = 1.0  # % of one thread
+
+
+def test_cost_is_the_quota_over_the_rate_it_allowed():
+    """1 % of a thread is 10 ms a second: held at 400 requests a second, each cost 0.025 ms."""
+    assert cost_ms(1.0, 400) == pytest.approx(0.025)
+    assert cost_ms(8.6, 3_576) == pytest.approx(0.024, rel=0.01)  # issue 50's librdkafka producer, run 1
+    assert math.isinf(cost_ms(1.0, 0))
+    with pytest.raises(ValueError, match="request_percentage 0"):
+        cost_ms(0, 100)
+
+
+def _cluster(scale: float, replicated_ms: float) -> RequestCosts:
+    """Brokers that charge the built-in table times ``scale``, and ``replicated_ms`` for an acks=-1 Produce."""
+    rows = {k: (b * scale, i * scale, o * scale) for k, (b, i, o) in BUILTIN_COSTS.by_api.items()}
+    d = BUILTIN_COSTS.default
+    return RequestCosts(
+        rows,
+        (d[0] * scale, d[1] * scale, d[2] * scale),
+        BUILTIN_COSTS.fetch_head_ms_per_kib * scale,
+        replicated_ms,
+        "x",
+    )
+
+
+def _probes(cluster: RequestCosts, rf: int = 3) -> list[Probe]:
+    """What the probes would measure against ``cluster``: each held at P × 10 / its cost, in four slices."""
+    shapes = [
+        ("Produce acks=1 RF 1", PRODUCE, 180, 60, 1, 1),
+        (f"Produce acks=-1 RF {rf}", PRODUCE, 180, 60, -1, rf),
+        ("Fetch empty", FETCH, 90, 80, 1, 1),
+        ("ListOffsets", LIST_OFFSETS, 70, 50, 1, 1),
+        ("Metadata", METADATA, 40, 300, 1, 1),
+    ]
+    out = []
+    for name, key, req, resp, acks, factor in shapes:
+        ms = cluster.request_percent(key, req, resp, acks if factor > 1 or acks != -1 else 1) * 10
+        rate = P * 10 / ms
+        out.append(Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, throttled=50))
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.0, 1.7])
+def test_the_proposed_table_charges_what_the_brokers_charged(scale):
+    """Brokers charging the table times ``scale``: the proposal charges every probed request what they did, and
+    scales the APIs it did not probe by the same factor."""
+    cluster = _cluster(scale, 0.2)
+    probes = _probes(cluster)
+    prop = proposal(probes)
+    assert prop.scale == pytest.approx(scale, rel=0.05)
+    costs = prop.costs("test")
+    for p in probes:
+        charged = costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks) * 10
+        assert charged == pytest.approx(p.cost_ms, rel=0.02), p.name
+    assert prop.replicated_ms == pytest.approx(0.2, rel=0.02)
+    assert costs.thread_ms(9, 100, 100) == pytest.approx(_cluster(scale, 0).thread_ms(9, 100, 100), rel=0.05)
+
+
+def test_acks_all_to_an_unreplicated_cluster_adds_nothing():
+    """Where the default replication factor is 1, acks=-1 waits for nobody: the term is 0, not noise."""
+    probes = _probes(_cluster(0.5, 0.0), rf=1)
+    assert proposal(probes).replicated_ms == 0.0
+
+
+def test_a_probe_the_brokers_never_held_is_refused_by_name():
+    probes = _probes(_cluster(0.5, 0.2))
+    probes[3] = Probe("ListOffsets", LIST_OFFSETS, P, 70, 50, (900.0,), throttled=0)
+    with pytest.raises(CalibrationError, match="probe ListOffsets: the brokers never throttled it.*lower --percent"):
+        proposal(probes)
+
+
+def test_the_printed_section_is_a_configuration_the_proxy_accepts_and_charges_by():
+    """What ``calibrate`` prints merges into the proxy's configuration as it stands and gives the same table."""
+    prop = proposal(_probes(_cluster(0.5, 0.2)))
+    text = render(prop, 'calibrate 2026-12-06 against "k:9092"', ["kafka-throttle-proxy calibrate", "P 1 %"])
+    assert text.startswith("# kafka-throttle-proxy calibrate\n# P 1 %\n")
+    doc = yaml.safe_load(text)
+    cfg = ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["k:9092"]}, **doc})
+    loaded = cfg.quotas.request_costs.costs()
+    assert loaded.source == 'calibrate 2026-12-06 against "k:9092"'
+    want = prop.costs("x")
+    for key in (PRODUCE, FETCH, LIST_OFFSETS, METADATA, 9, 500):
+        for size in (0, 100, 10_000):
+            assert loaded.thread_ms(key, size, size) == pytest.approx(
+                want.thread_ms(key, size, size), rel=1e-3, abs=1e-5
+            )
+    assert loaded.replicated_ms == pytest.approx(0.2, rel=1e-3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.1, 10), st.floats(0, 2))
+def test_any_cluster_scale_is_recovered(scale, replicated):
+    cluster = _cluster(scale, replicated)
+    prop = proposal(_probes(cluster))
+    costs = prop.costs("h")
+    for p in _probes(cluster):
+        assert costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks) * 10 == pytest.approx(
+            p.cost_ms, rel=0.02, abs=1e-6
+        )
