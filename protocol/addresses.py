@@ -76,6 +76,16 @@ class AddressedResponse:
             if t.name is not None and t.topic_id is not None and t.topic_id.int != 0
         }
 
+    def replication(self) -> dict[str, int]:
+        """Topic name -> its partitions' largest replica count, from a Metadata answer (empty for other APIs)."""
+        if self.api_key != Api.METADATA:
+            return {}
+        out: dict[str, int] = {}
+        for t in self.message.topics:
+            if t.name and not t.error_code and t.partitions:
+                out[t.name] = max(len(p.replica_nodes or ()) for p in t.partitions)
+        return out
+
     def encode(self, mapping: Callable[[BrokerEndpoint], tuple[str, int]]) -> bytes:
         """The body with every broker address replaced by ``mapping(endpoint)``."""
         for node_id, host, port, rack, setter in _entries(self.api_key, self.message):

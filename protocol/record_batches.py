@@ -29,6 +29,7 @@ else escapes (no ``IndexError``/``struct.error``).
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -160,8 +161,11 @@ def _str_end(buf: memoryview, pos: int, flexible: bool) -> int:
 # --- walking ----------------------------------------------------------------------------------------------
 
 
-def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int, int]]:
-    """``(start, end)`` in ``buf`` of every non-null ``records`` field, in request order."""
+def _record_spans(
+    buf: memoryview, version: int, offset: int, topics: list[str | uuid.UUID] | None = None
+) -> list[tuple[int, int]]:
+    """``(start, end)`` in ``buf`` of every non-null ``records`` field, in request order; with ``topics``, each topic's
+    name (v0-12) or id (v13+) appended to it on the way (a null name as ``""``)."""
     plan = _plan(version)
     flexible = plan.flexible
     end = len(buf)
@@ -179,10 +183,18 @@ def _record_spans(buf: memoryview, version: int, offset: int) -> list[tuple[int,
         for topic in range(ntopics):  # noqa: B007 - read by _where() in the error message
             part = -1
             if topic_pre_str:
+                start = pos
                 pos = _str_end(buf, pos, flexible)
                 if pos > end:
                     raise RecordBatchError(f"the topic name runs past the end of the body ({end} bytes)")
+                if topics is not None:
+                    n, at = read_length(buf, start, flexible, 2)
+                    topics.append(str(buf[at : at + n], "utf-8", "replace") if n > 0 else "")
             else:
+                if topics is not None:  # v13+: the topic id leads the topic's fields
+                    if pos + 16 > end:
+                        raise RecordBatchError(f"the topic id runs past the end of the body ({end} bytes)")
+                    topics.append(uuid.UUID(bytes=bytes(buf[pos : pos + 16])))
                 pos = (
                     pos + plan.topic_pre_fixed
                     if plan.topic_pre_fixed is not None
@@ -303,6 +315,14 @@ def record_spans(body: bytes | bytearray | memoryview, version: int, offset: int
     """``(start, end)`` in ``body`` of every non-null ``records`` field of a Produce request: what lies outside
     them is the request's skeleton (topic names and ids included)."""
     return _record_spans(memoryview(body), version, offset)
+
+
+def produce_topics(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> list[str | uuid.UUID]:
+    """The topics a Produce request writes to, in request order: names (v0-12) or ids (v13+). Read by the request
+    quota's cost estimate only (its replicated-Produce term, ``quotas.kinds.RequestCosts``)."""
+    topics: list[str | uuid.UUID] = []
+    _record_spans(memoryview(body), version, offset, topics)
+    return topics
 
 
 def batch_producer_ids(records: bytes | bytearray | memoryview) -> list[int]:

@@ -41,8 +41,10 @@ from config.quota_sources import QuotaSources
 from mute import KeyedHolds
 from protocol import throttle_field
 from protocol.apis import Api
+from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.inflight import Pending, produce_acks
+from protocol.record_batches import produce_topics
 from protocol.request_fields import is_replica_fetch
 from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
@@ -55,6 +57,7 @@ from proxy.mutation_quota import MutationQuota
 from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
 from proxy.partition_counts import PartitionCounts
 from proxy.producer_id_charge import charge_producer_ids
+from proxy.responses import TopicIds
 from proxy.stats import Stats
 from proxy.topic_counts import RecentTopics
 from proxy.verdicts import Defer, PolicyConnection, Replace
@@ -90,10 +93,13 @@ class Policy:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         fleet: FleetParts | None = None,
+        topics: TopicIds | None = None,
     ) -> None:
         """``fleet``: quota scope ``fleet``'s lease holder, ledger and alter outbox (``proxy.fleet_parts``), which
-        the quota manager and the quota sources are built with."""
+        the quota manager and the quota sources are built with. ``topics``: what the proxy learnt of the cluster's
+        topics from the Metadata it passed on (a Produce's replication factor, for the request quota)."""
         self.stats = stats
+        self.topics = topics
         self._clock = clock
         """Monotonic seconds; injected so a test can drive every time-dependent decision."""
         self.store = QuotaStore()
@@ -373,8 +379,15 @@ class Policy:
                 # request. The response-size term: the last answer of this API on this connection (one charge); a
                 # Produce with acks=-1 costs its followers' delayed Fetch completions, one with acks=0 nothing (the
                 # frame was read whole and its acks already parsed once by the session, so this read cannot fail).
-                acks = produce_acks(frame, header, 4) if key == Api.PRODUCE else 1
-                a = self.costs.request_percent(key, size, st.last_out.get(key, 0) if b.out_term else 0, acks)
+                acks = 1
+                replication = -1
+                if key == Api.PRODUCE:
+                    acks = produce_acks(frame, header, 4)
+                    if acks != 0:
+                        replication = self._replication(frame, header)
+                a = self.costs.request_percent(
+                    key, size, st.last_out.get(key, 0) if b.out_term else 0, acks, replication
+                )
             else:
                 a = amount_from(how, size, 0, key, self.costs)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
@@ -526,6 +539,18 @@ class Policy:
         """Fair share's metrics (``proxy.fair_seat.FairSeat.snapshot``); empty while it is off."""
         fair = self.fair
         return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
+
+    def _replication(self, frame: Buffer, header: RequestHeader) -> int:
+        """The largest replication factor of the topics a Produce writes to, as the cluster's Metadata answers to
+        this proxy's clients gave them; -1 when not known (the request quota then goes by its acks). A frame that
+        does not parse is -1 too: the broker answers it with its own error."""
+        topics = self.topics
+        if topics is None or header.body_offset is None:
+            return -1
+        try:
+            return topics.replication_of(produce_topics(frame, header.api_version, 4 + header.body_offset))
+        except ProtocolError:
+            return -1
 
     def fair_tick(self) -> None:
         """Fair share's control step when no request has run it lately, and its state changes to the log (the server

@@ -8,7 +8,7 @@ response names a broker the proxy has no listener for yet: then the caller must 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,17 +28,42 @@ from protocol.tail_watch import TailWatch
 from protocol.topic_guard import LISTING_APIS, ProtectedTopics, drop_listed, filter_listing
 from proxy.brokers import BrokerDirectory
 
+MAX_REPLICATION_TOPICS = 100_000
+"""Topics whose replication factor is kept at most (past it the table starts afresh: a cluster this large is learnt
+again from the Metadata its clients ask for)."""
+
 
 class TopicIds:
-    """Topic id ↔ name, learned from Metadata; Produce v13 and Fetch v13+ name topics by id only."""
+    """Topic id ↔ name, and each topic's replication factor, learned from Metadata; Produce v13 and Fetch v13+ name
+    topics by id only."""
 
-    __slots__ = ("by_id",)
+    __slots__ = ("by_id", "replication")
 
     def __init__(self) -> None:
         self.by_id: dict[uuid.UUID, str] = {}
+        self.replication: dict[str, int] = {}
+        """Topic name -> its partitions' largest replica count: whether a Produce to it makes its broker complete
+        followers' fetches (the request quota's replicated-Produce term, ``quotas.kinds.RequestCosts``)."""
 
     def update(self, pairs: Mapping[uuid.UUID, str]) -> None:
         self.by_id.update(pairs)
+
+    def learn_replication(self, factors: Mapping[str, int]) -> None:
+        if len(self.replication) + len(factors) > MAX_REPLICATION_TOPICS:
+            self.replication.clear()
+        self.replication.update(factors)
+
+    def replication_of(self, topics: Sequence[str | uuid.UUID]) -> int:
+        """The largest replication factor among ``topics`` (names, or ids as Produce v13 sends them); -1 when one
+        of them is not known (nobody asked this proxy for its metadata yet)."""
+        top = -1
+        for t in topics:
+            name = self.by_id.get(t) if isinstance(t, uuid.UUID) else t
+            rf = self.replication.get(name, -1) if name is not None else -1
+            if rf < 0:
+                return -1
+            top = max(top, rf)
+        return top
 
     def name(self, topic_id: uuid.UUID) -> str | None:
         return self.by_id.get(topic_id)
@@ -152,6 +177,7 @@ def inspect_response(
         return None
     endpoints = decoded.endpoints()
     topics.update(decoded.topic_ids())
+    topics.learn_replication(decoded.replication())
     if guard is not None and key == Api.METADATA:
         drop_listed(guard, decoded.message)  # re-encoded below in any case (its addresses)
     edit = AddressEdit(bytes(frame[:offset]), decoded, endpoints)

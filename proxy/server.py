@@ -98,7 +98,7 @@ class Proxy:
         self.stats = Stats()
         self.request_pool = RequestBytesPool(config.queued_max_request_bytes)
         self.fleet_parts = fleet_parts(config, worker)
-        self.policy = Policy(config, self.stats, fleet=self.fleet_parts)
+        self.policy = Policy(config, self.stats, fleet=self.fleet_parts, topics=self.topic_ids)
         # While the proxy keeps topics of its own on the cluster, every API that can name a topic is decoded to
         # refuse them (protocol.topic_guard): clients must not negotiate past kafka-python's schemas for those.
         decoded = DECODED_APIS | (GUARDED_APIS if self.policy.guard is not None else frozenset())

@@ -81,7 +81,12 @@ class Probe:
 
     def builtin_ms(self) -> float:
         """What the built-in table charges such a request (with its answer's size as the previous answer's)."""
-        return BUILTIN_COSTS.request_percent(self.api_key, self.request_bytes, self.response_bytes, self.acks) * 10.0
+        return (
+            BUILTIN_COSTS.request_percent(
+                self.api_key, self.request_bytes, self.response_bytes, self.acks, self.replication_factor
+            )
+            * 10.0
+        )
 
     def size_terms_ms(self) -> float:
         """The built-in table's terms for this request's bytes and its answer's, its base left out: what the probe's

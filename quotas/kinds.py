@@ -268,16 +268,21 @@ class RequestCosts:
             a += self._fetch_head * (response_bytes if response_bytes < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
         return a
 
-    def request_percent(self, api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1) -> float:
+    def request_percent(
+        self, api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1, replication: int = -1
+    ) -> float:
         """What ``request_percentage`` records for one request when it arrives (percent-seconds of one thread):
         :meth:`thread_percent` of its size and of the last response of that API on the connection. A Produce's
-        ``acks`` (the policy reads it through the session; quotas/ reads no wire): -1 adds :attr:`replicated_ms`,
-        0 charges nothing, as a broker records an acks=0 Produce exempt from the request quota
-        (``KafkaApis.handleProduceRequest``: ``sendNoOpResponseExemptThrottle``)."""
+        ``acks`` (the policy reads it through the session; quotas/ reads no wire): 0 charges nothing, as a broker
+        records an acks=0 Produce exempt from the request quota (``KafkaApis.handleProduceRequest``:
+        ``sendNoOpResponseExemptThrottle``). Its ``replication``, the largest replication factor of the topics it
+        writes to (-1: not known), says whether it adds :attr:`replicated_ms`: a broker completes, on the producer's
+        thread, the fetches of the followers the append unblocked, with acks 1 and -1 alike; not known, only an
+        acks=-1 Produce is taken to have followers."""
         if api_key == PRODUCE:
             if acks == 0:
                 return 0.0
-            if acks == -1:
+            if replication >= 2 or (replication < 0 and acks == -1):
                 return self.thread_percent(api_key, request_bytes, last_response_bytes) + self._replicated
         return self.thread_percent(api_key, request_bytes, last_response_bytes)
 
@@ -305,9 +310,11 @@ def thread_percent(api_key: int, request_bytes: int, response_bytes: int) -> flo
     return BUILTIN_COSTS.thread_percent(api_key, request_bytes, response_bytes)
 
 
-def request_percent(api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1) -> float:
+def request_percent(
+    api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1, replication: int = -1
+) -> float:
     """:meth:`RequestCosts.request_percent` of the built-in table."""
-    return BUILTIN_COSTS.request_percent(api_key, request_bytes, last_response_bytes, acks)
+    return BUILTIN_COSTS.request_percent(api_key, request_bytes, last_response_bytes, acks, replication)
 
 
 def has_response_term(api_key: int) -> bool:

@@ -57,7 +57,7 @@ def _probes(cluster: RequestCosts, rf: int = 3) -> list[Probe]:
     ]
     out = []
     for name, key, req, resp, acks, factor in shapes:
-        ms = cluster.request_percent(key, req, resp, acks if factor > 1 or acks != -1 else 1) * 10
+        ms = cluster.request_percent(key, req, resp, acks, factor) * 10
         rate = P * 10 / ms
         out.append(Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, throttled=50))
     return out
@@ -73,7 +73,7 @@ def test_the_proposed_table_charges_what_the_brokers_charged(scale):
     assert prop.scale == pytest.approx(scale, rel=0.05)
     costs = prop.costs("test")
     for p in probes:
-        charged = costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks) * 10
+        charged = costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor) * 10
         assert charged == pytest.approx(p.cost_ms, rel=0.02), p.name
     assert prop.replicated_ms == pytest.approx(0.2, rel=0.02)
     assert costs.thread_ms(9, 100, 100) == pytest.approx(_cluster(scale, 0).thread_ms(9, 100, 100), rel=0.05)
@@ -117,6 +117,6 @@ def test_any_cluster_scale_is_recovered(scale, replicated):
     prop = proposal(_probes(cluster))
     costs = prop.costs("h")
     for p in _probes(cluster):
-        assert costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks) * 10 == pytest.approx(
-            p.cost_ms, rel=0.02, abs=1e-6
-        )
+        assert costs.request_percent(
+            p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor
+        ) * 10 == pytest.approx(p.cost_ms, rel=0.02, abs=1e-6)

@@ -38,6 +38,7 @@ from quotas.kinds import (
     KINDS,
     LIST_OFFSETS,
     PRODUCE,
+    PRODUCE_ACKS_ALL_MS,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     THREAD_COST_MS,
@@ -945,3 +946,29 @@ def test_thread_estimate_splits_exactly_into_arrival_and_response_parts(api_key,
     response_term = whole - thread_percent(api_key, request_bytes, 0)
     assert has_response_term(api_key) == (thread_percent(api_key, 0, 1024) > thread_percent(api_key, 0, 0))
     assert response_term >= -1e-12
+
+
+def test_a_produce_is_charged_the_replicated_term_by_its_topics_replication_factor():
+    """Issue 50: with the topic's replication factor known from the Metadata the proxy passed on, an acks=1 Produce
+    to a replicated topic is charged the followers' work and an acks=-1 one to an unreplicated topic is not; a topic
+    the proxy knows nothing of goes by its acks."""
+    from proxy.responses import TopicIds
+
+    clock = Clock()
+    policy = _policy(clock, request_percentage=1000)
+    topics = TopicIds()
+    policy.topics = topics  # (the server composes it at start; here the test's own table)
+    conn = FakeConn()
+
+    def charged(acks: int) -> float:
+        header, request = _produce(10, acks=acks)
+        d = policy.on_request(conn, header, request, clock())
+        return d.values[REQUEST_PERCENTAGE][0] * 10
+
+    plain = thread_ms(PRODUCE, len(_produce(10, acks=1)[1]) - 4, 0)
+    assert charged(-1) == pytest.approx(plain + PRODUCE_ACKS_ALL_MS)  # not known: by its acks
+    assert charged(1) == pytest.approx(plain)
+    topics.learn_replication({"t": 1})
+    assert charged(-1) == pytest.approx(plain)
+    topics.learn_replication({"t": 3})
+    assert charged(1) == pytest.approx(plain + PRODUCE_ACKS_ALL_MS)

@@ -292,3 +292,24 @@ def test_the_memo_declines_a_request_that_differs_only_after_the_records():
         body2 = bytes(_produce(version, [[_records(5)], [_records(6)]]).encode())
         assert single_producer_id(body2, 0, version, 0, shape) is None
         assert producer_ids(body2, version) == {5, 6}
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 12, 13])
+def test_produce_topics_are_read_in_request_order(version):
+    """Names up to v12, ids from v13 (what the request quota looks a replication factor up by)."""
+    from protocol.record_batches import produce_topics
+
+    b = MemoryRecordsBuilder(2, 0, 1 << 20, producer_id=-1, producer_epoch=-1, base_sequence=-1)
+    b.append(0, None, b"v")
+    b.close()
+    td = ProduceRequest.TopicProduceData
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    keys = ids if version >= 13 else ["alpha", "beta"]
+    data = [
+        td(**({"topic_id": k} if version >= 13 else {"name": k}),
+           partition_data=[td.PartitionProduceData(index=0, records=b.buffer())])
+        for k in keys
+    ]  # fmt: skip
+    body = ProduceRequest(transactional_id=None, acks=1, timeout_ms=1, topic_data=data).encode(version=version)
+    assert produce_topics(body, version) == keys
+    assert produce_topics(b"\x00\x00" + body, version, 2) == keys  # at an offset, as in a whole frame

@@ -206,3 +206,19 @@ def test_the_policy_charges_by_the_configured_costs_and_a_reload_moves_them():
     assert policy.costs is BUILTIN_COSTS
     policy.reload(_config({"source": "lab", "apis": {"Metadata": {"base_ms": 1.0}}}))
     assert policy.costs.source == "lab" and policy.costs.thread_ms(3, 0, 0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("acks", "replication", "term"),
+    [(1, 3, True), (-1, 3, True), (-1, 1, False), (1, 1, False), (-1, -1, True), (1, -1, False), (0, 3, False)],
+)
+def test_the_replicated_term_follows_the_topics_replication_factor_where_known(acks, replication, term):
+    """A broker completes the followers' fetches an append unblocked on the producer's thread, whatever its acks:
+    a Produce to a replicated topic costs that, one to an unreplicated topic does not; where the factor is not known
+    the acks say (acks=-1: followers); acks=0 is free whatever the topic."""
+    plain = thread_ms(PRODUCE, 200, 0)
+    charged = request_percent(PRODUCE, 200, 0, acks, replication) * 10
+    if acks == 0:
+        assert charged == 0.0
+    else:
+        assert charged == pytest.approx(plain + (PRODUCE_ACKS_ALL_MS if term else 0.0))

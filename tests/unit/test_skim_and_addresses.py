@@ -236,3 +236,32 @@ def test_api_versions_capped():
         error_code=0, api_keys=[K(api_key=12, min_version=0, max_version=4)], throttle_time_ms=0, version=3
     )
     assert cap_api_versions(unchanged.encode(), 3, {3: 13}) is None
+
+
+@pytest.mark.parametrize("version", [0, 7, 10, 12, 13])
+def test_metadata_tells_each_topics_replication_factor(version):
+    """The request quota's replicated-Produce term reads it (issue 50): a topic's largest replica count; a topic in
+    error or with no partitions is not known."""
+    T = MetadataResponse.MetadataResponseTopic
+    P = T.MetadataResponsePartition
+
+    def part(i: int, replicas: list[int]):
+        return P(error_code=0, partition_index=i, leader_id=1, leader_epoch=0, replica_nodes=replicas, isr_nodes=[1],
+                 offline_replicas=[])  # fmt: skip
+
+    msg = MetadataResponse(
+        throttle_time_ms=0,
+        brokers=[MetadataResponse.MetadataResponseBroker(node_id=1, host="b1", port=9092, rack=None)],
+        cluster_id="c",
+        controller_id=1,
+        topics=[
+            T(error_code=0, name="three", topic_id=uuid.uuid4(), is_internal=False,
+              partitions=[part(0, [1, 2]), part(1, [1, 2, 3])]),
+            T(error_code=0, name="one", topic_id=uuid.uuid4(), is_internal=False, partitions=[part(0, [1])]),
+            T(error_code=3, name="gone", topic_id=None, is_internal=False, partitions=[]),
+        ],
+        error_code=0,
+        version=version,
+    )  # fmt: skip
+    decoded = decode_addressed(3, version, msg.encode())
+    assert decoded.replication() == {"three": 3, "one": 1}
