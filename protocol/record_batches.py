@@ -320,9 +320,38 @@ def record_spans(body: bytes | bytearray | memoryview, version: int, offset: int
 def produce_topics(body: bytes | bytearray | memoryview, version: int, offset: int = 0) -> list[str | uuid.UUID]:
     """The topics a Produce request writes to, in request order: names (v0-12) or ids (v13+). Read by the request
     quota's cost estimate only (its replicated-Produce term, ``quotas.kinds.RequestCosts``)."""
+    return produce_topics_head(body, version, offset)[0]
+
+
+def produce_topics_head(
+    body: bytes | bytearray | memoryview, version: int, offset: int = 0
+) -> tuple[list[str | uuid.UUID], int]:
+    """:func:`produce_topics`, and for a request that writes to one topic where its key ends in ``body`` (-1 for
+    more topics): the bytes from ``offset`` to there (transactional id, acks, timeout, one topic, its key) are equal
+    in every request of a producer to that topic, so a caller may keep them and know the next such request's topic
+    without reading it again (``proxy.policy``)."""
+    buf = memoryview(body)
+    plan = _plan(version)
+    if plan.top_pre_after_str is not None and (plan.topic_pre_str or plan.topic_pre_fixed == 16):
+        # The usual request writes to one topic: its key is read where it starts, with no walk over the partitions
+        # and their records.
+        try:
+            pos = _str_end(buf, offset, plan.flexible) + plan.top_pre_after_str
+            ntopics, pos = read_length(buf, pos, plan.flexible)
+            if ntopics == 1:
+                if not plan.topic_pre_str:
+                    if pos + 16 > len(buf):
+                        raise RecordBatchError(f"the topic id runs past the end of the body ({len(buf)} bytes)")
+                    return [uuid.UUID(bytes=bytes(buf[pos : pos + 16]))], pos + 16
+                n, at = read_length(buf, pos, plan.flexible, 2)
+                if at + n > len(buf):
+                    raise RecordBatchError(f"the topic name runs past the end of the body ({len(buf)} bytes)")
+                return [str(buf[at : at + n], "utf-8", "replace") if n > 0 else ""], at + max(n, 0)
+        except (IndexError, TruncatedError) as exc:
+            raise RecordBatchError(f"Produce v{version} too short to name its topics ({exc})") from None
     topics: list[str | uuid.UUID] = []
-    _record_spans(memoryview(body), version, offset, topics)
-    return topics
+    _record_spans(buf, version, offset, topics)
+    return topics, -1
 
 
 def batch_producer_ids(records: bytes | bytearray | memoryview) -> list[int]:

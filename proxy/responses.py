@@ -37,21 +37,32 @@ class TopicIds:
     """Topic id ↔ name, and each topic's replication factor, learned from Metadata; Produce v13 and Fetch v13+ name
     topics by id only."""
 
-    __slots__ = ("by_id", "replication")
+    __slots__ = ("by_id", "replication", "stamp")
 
     def __init__(self) -> None:
         self.by_id: dict[uuid.UUID, str] = {}
+        self.stamp = 0
+        """Moves when a replication factor (or a topic id) is learnt or changes: a kept lookup may be stale."""
         self.replication: dict[str, int] = {}
         """Topic name -> its partitions' largest replica count: whether a Produce to it makes its broker complete
         followers' fetches (the request quota's replicated-Produce term, ``quotas.kinds.RequestCosts``)."""
 
     def update(self, pairs: Mapping[uuid.UUID, str]) -> None:
-        self.by_id.update(pairs)
+        by_id = self.by_id
+        for k, v in pairs.items():
+            if by_id.get(k) != v:
+                by_id[k] = v
+                self.stamp += 1
 
     def learn_replication(self, factors: Mapping[str, int]) -> None:
-        if len(self.replication) + len(factors) > MAX_REPLICATION_TOPICS:
-            self.replication.clear()
-        self.replication.update(factors)
+        replication = self.replication
+        if len(replication) + len(factors) > MAX_REPLICATION_TOPICS:
+            replication.clear()
+            self.stamp += 1
+        for name, rf in factors.items():
+            if replication.get(name) != rf:
+                replication[name] = rf
+                self.stamp += 1
 
     def replication_of(self, topics: Sequence[str | uuid.UUID]) -> int:
         """The largest replication factor among ``topics`` (names, or ids as Produce v13 sends them); -1 when one

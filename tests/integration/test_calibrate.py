@@ -62,7 +62,8 @@ def test_calibrate_prints_costs_the_proxy_accepts_and_leaves_nothing(cluster):
     assert "probe 5/5" in done.stderr and "removed the probe topics and quotas" in done.stderr, done.stderr
     probe_lines = [line for line in done.stdout.splitlines() if line.startswith("#   ")]
     assert len(probe_lines) == 5, done.stdout  # Produce acks=1, acks=-1, Fetch, ListOffsets, Metadata
-    assert any("Produce acks=-1 RF 3" in line for line in probe_lines), done.stdout  # the cluster's default RF
+    rf = done.stdout.split("(default replication factor ")[1].split(")")[0]  # the cluster's, read back
+    assert any(f"Produce acks=-1 RF {rf}:" in line for line in probe_lines), done.stdout
     doc = yaml.safe_load(done.stdout)
     cfg = ProxyConfig.model_validate({"upstream": {"bootstrap_servers": [cluster.bootstrap]}, **doc})
     costs = cfg.quotas.request_costs
