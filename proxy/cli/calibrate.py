@@ -8,8 +8,10 @@ credentials (the same options as ``kafka-throttle-proxy quotas``), it:
 1. creates three one-partition probe topics in the proxy's namespace (``__ktp_calibrate_<run>-…``: one of
    replication factor 1, one of the cluster's default, one left empty) and sets ``request_percentage`` on one client
    id per probe (``ktp-calibrate-<run>-<n>``), on the brokers, as kafka-configs would;
-2. runs each probe on its own connection to its partition's leader, one request at a time as fast as the broker
-   answers (a broker reads one request of a connection at a time, and after a throttled answer nothing until the
+2. runs each probe's request unthrottled first (``--broker-warmup``: a cold broker's JIT charges many times what a
+   warm one does), then each probe on its own connection to its partition's leader, one request at a time as fast
+   as the broker answers (a broker reads one request of a connection at a time, and after a throttled answer nothing
+   until the
    throttle is served, KIP-219): Produce acks=1 to RF 1, Produce acks=-1 to the default RF, an empty Fetch with
    ``max_wait_ms`` 0, ListOffsets, Metadata. After a warm-up it counts the answers over many quota windows (the
    brokers hold a flooder in cycles about one window long, so a short count reads high);
@@ -100,6 +102,12 @@ def add_parser(sub: Any) -> None:
     )
     _connection_options(c, suppress=False, target="the cluster's bootstrap address (straight to the brokers)")
     c.add_argument("--percent", type=float, default=1.0, help="request_percentage set on the probes (default 1)")
+    c.add_argument(
+        "--broker-warmup",
+        type=float,
+        default=8.0,
+        help="seconds each probe's request runs unthrottled first, so the brokers' JIT is warm (default 8)",
+    )
     c.add_argument("--warmup", type=float, default=12.0, help="seconds of each probe not counted (default 12)")
     c.add_argument(
         "--seconds", type=float, default=48.0, help="seconds of each probe counted (default 48: four quota windows)"
@@ -209,7 +217,7 @@ async def _drive(
     req, resp_cls, version = _request(spec, topic)
     start = time.monotonic()
     counted_from, end = start + warmup, start + warmup + seconds
-    slice_s = seconds / SLICES
+    slice_s = seconds / SLICES if seconds > 0 else 1.0
     counts = [0] * SLICES
     throttled = 0
     shown = start
@@ -275,6 +283,15 @@ async def calibrate(
             if refused:
                 raise Refused(f"cannot set request_percentage: {'; '.join(refused)}")
             leaders, rf = await _leaders(admin, list(topics.values()))
+            if args.broker_warmup > 0:
+                # A cold broker charges many times what a warm one does (its JIT has not compiled the request
+                # path yet): the first calibration on a fresh cluster read 3-10 x the costs of a warm one. Every
+                # probe's request runs first as fast as the broker answers, under a client id without a quota.
+                for spec in PROBES:
+                    lhost, lport = leaders[topics[spec.topic]]
+                    progress(f"warming the brokers: {spec.name.format(rf=rf)}, {args.broker_warmup:.0f} s unthrottled")
+                    async with Connection(lhost, lport, sec, f"{CLIENT_PREFIX}{run}-warm") as conn:
+                        await _drive(conn, spec, topics[spec.topic], args.broker_warmup, 0.0, lambda _line: None)
             probes: list[Probe] = []
             for i, spec in enumerate(PROBES):
                 name = spec.name.format(rf=rf)
@@ -357,8 +374,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not 0 < args.percent <= 100:
             raise UsageError(f"--percent {args.percent}: expected a share of one thread in (0, 100]")
-        if args.warmup < 0 or args.seconds <= 0:
-            raise UsageError("--warmup must be >= 0 and --seconds > 0")
+        if args.warmup < 0 or args.seconds <= 0 or args.broker_warmup < 0:
+            raise UsageError("--warmup and --broker-warmup must be >= 0, --seconds > 0")
         host, port = _address(getattr(args, "bootstrap_server", None), "the cluster's bootstrap address")
         sec = security_from(args)
         if sec.tls:
