@@ -504,12 +504,20 @@ class Connection:
 
     async def ask(self, request: Any, response_cls: Any, version: int) -> Any:
         """Send one request and return its decoded response (frames bounded like every frame the proxy reads)."""
+        self.send(request, version)
+        return await self.receive(response_cls, version)
+
+    def send(self, request: Any, version: int) -> None:
+        """Write one request; its answer comes from :meth:`receive`, in order (a pipelining caller sends several)."""
         self._correlation += 1
         request.API_VERSION = version
         request.with_header(correlation_id=self._correlation, client_id=self.client_id)
         frame = request.encode(header=True, framed=True)
         self.last_request_bytes = len(frame) - 4
         self.writer.write(frame)
+
+    async def receive(self, response_cls: Any, version: int) -> Any:
+        """The oldest unanswered request's decoded answer, within ``timeout_s``."""
         return await asyncio.wait_for(self._answer(response_cls, version), self.timeout_s)
 
     async def _answer(self, response_cls: Any, version: int) -> Any:
