@@ -51,7 +51,7 @@ def _left_behind(cluster) -> list[str]:
 
 def test_calibrate_prints_costs_the_proxy_accepts_and_leaves_nothing(cluster):
     done = subprocess.run(
-        _cmd(cluster, "--percent", "0.5", "--warmup", "2", "--seconds", "6"),
+        _cmd(cluster, "--percent", "0.5", "--broker-warmup", "1", "--warmup", "2", "--seconds", "6"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -60,6 +60,7 @@ def test_calibrate_prints_costs_the_proxy_accepts_and_leaves_nothing(cluster):
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "probe 5/5" in done.stderr and "removed the probe topics and quotas" in done.stderr, done.stderr
+    assert done.stderr.count("warming the brokers") == 5, done.stderr  # each probe's request, unthrottled first
     probe_lines = [line for line in done.stdout.splitlines() if line.startswith("#   ")]
     assert len(probe_lines) == 5, done.stdout  # Produce acks=1, acks=-1, Fetch, ListOffsets, Metadata
     rf = done.stdout.split("(default replication factor ")[1].split(")")[0]  # the cluster's, read back
@@ -78,7 +79,7 @@ def test_a_probe_the_brokers_never_hold_is_refused_and_nothing_is_left(cluster):
     """At 100 % of a thread one connection is never throttled: its rate would be the client's, not the quota's.
     One line says so, exit 1, and the topics and quotas are gone."""
     done = subprocess.run(
-        _cmd(cluster, "--percent", "100", "--warmup", "0", "--seconds", "1"),
+        _cmd(cluster, "--percent", "100", "--broker-warmup", "0", "--warmup", "0", "--seconds", "1"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -94,7 +95,7 @@ def test_a_probe_the_brokers_never_hold_is_refused_and_nothing_is_left(cluster):
 
 def test_interrupted_it_still_removes_what_it_made(cluster):
     proc = subprocess.Popen(
-        _cmd(cluster, "--percent", "0.5", "--warmup", "30", "--seconds", "30"),
+        _cmd(cluster, "--percent", "0.5", "--broker-warmup", "0", "--warmup", "30", "--seconds", "30"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
