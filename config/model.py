@@ -12,13 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from protocol.apis import API_NAMES, REQUESTS, api_name
 from protocol.principal import PrincipalMapper
 from quotas.entities import DEFAULT, EntityName, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
-from quotas.kinds import (
-    DEFAULT_THREAD_COST_MS,
-    FETCH_HEAD_MS_PER_KIB,
-    PRODUCE_ACKS_ALL_MS,
-    THREAD_COST_MS,
-    RequestCosts,
-)
+from quotas.kinds import BUILTIN_COSTS, RequestCosts
 
 
 class _Strict(BaseModel):
@@ -295,17 +289,12 @@ class RequestCostsConfig(_Strict):
         return apis
 
     def costs(self) -> RequestCosts:
-        scale = self.other_apis_scale
-        by_api = {key: (b * scale, i * scale, o * scale) for key, (b, i, o) in THREAD_COST_MS.items()}
         known = api_keys_by_name()
-        for name, cost in self.apis.items():
-            by_api[known[name]] = cost.row()
-        d = DEFAULT_THREAD_COST_MS
-        return RequestCosts(
-            by_api,
-            (d[0] * scale, d[1] * scale, d[2] * scale),
-            FETCH_HEAD_MS_PER_KIB * scale if self.fetch_head_ms_per_kib is None else self.fetch_head_ms_per_kib,
-            PRODUCE_ACKS_ALL_MS * scale if self.produce_replicated_ms is None else self.produce_replicated_ms,
+        return BUILTIN_COSTS.scaled(
+            self.other_apis_scale,
+            {known[name]: cost.row() for name, cost in self.apis.items()},
+            self.produce_replicated_ms,
+            self.fetch_head_ms_per_kib,
             self.source,
         )
 

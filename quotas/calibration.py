@@ -27,10 +27,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quotas.kinds import BUILTIN_COSTS, FETCH, PRODUCE, RequestCosts
+from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts
 
-LIST_OFFSETS = 2
-METADATA = 3
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata"}
 
 
@@ -108,20 +106,13 @@ class Proposal:
     probes: tuple[Probe, ...]
 
     def costs(self, source: str) -> RequestCosts:
-        """The table the proxy would charge by (what the section parses to)."""
-        by_api = {k: (b * self.scale, i * self.scale, o * self.scale) for k, (b, i, o) in BUILTIN_COSTS.by_api.items()}
+        """The table the proxy would charge by (what the section parses to): each probed base with the built-in
+        size terms scaled, everything else scaled."""
+        rows = {}
         for key, base in self.bases.items():
             _b, per_in, per_out = BUILTIN_COSTS.cost(key)
-            by_api[key] = (base, per_in * self.scale, per_out * self.scale)
-        d = BUILTIN_COSTS.default
-        replicated = BUILTIN_COSTS.replicated_ms * self.scale if self.replicated_ms is None else self.replicated_ms
-        return RequestCosts(
-            by_api,
-            (d[0] * self.scale, d[1] * self.scale, d[2] * self.scale),
-            BUILTIN_COSTS.fetch_head_ms_per_kib * self.scale,
-            replicated,
-            source,
-        )
+            rows[key] = (base, per_in * self.scale, per_out * self.scale)
+        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, None, source)
 
 
 class CalibrationError(Exception):

@@ -234,16 +234,26 @@ class RequestCosts:
         self._fetch_head = request_time_to_percent(fetch_head_ms_per_kib / 1024)
         self._replicated = request_time_to_percent(replicated_ms)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RequestCosts) and (
-            self.by_api,
-            self.default,
-            self.fetch_head_ms_per_kib,
-            self.replicated_ms,
-        ) == (other.by_api, other.default, other.fetch_head_ms_per_kib, other.replicated_ms)
-
-    def __hash__(self) -> int:
-        return hash((tuple(sorted(self.by_api.items())), self.default, self.fetch_head_ms_per_kib, self.replicated_ms))
+    def scaled(
+        self,
+        scale: float,
+        rows: dict[int, Cost],
+        replicated_ms: float | None,
+        fetch_head_ms_per_kib: float | None,
+        source: str,
+    ) -> RequestCosts:
+        """This table with every row and term times ``scale``, then ``rows`` (api key -> row) in place of theirs and
+        the two terms where given: what ``quotas.request_costs`` and a calibration both make of the built-in table."""
+        by_api = {k: (b * scale, i * scale, o * scale) for k, (b, i, o) in self.by_api.items()}
+        by_api.update(rows)
+        d = self.default
+        return RequestCosts(
+            by_api,
+            (d[0] * scale, d[1] * scale, d[2] * scale),
+            self.fetch_head_ms_per_kib * scale if fetch_head_ms_per_kib is None else fetch_head_ms_per_kib,
+            self.replicated_ms * scale if replicated_ms is None else replicated_ms,
+            source,
+        )
 
     def cost(self, api_key: int) -> Cost:
         return self.by_api.get(api_key, self.default)

@@ -59,8 +59,8 @@ from proxy.cli.quota_admin import (
     security_from,
     ssl_context,
 )
-from quotas.calibration import LIST_OFFSETS, METADATA, CalibrationError, Probe, proposal, render
-from quotas.kinds import FETCH, PRODUCE
+from quotas.calibration import CalibrationError, Probe, proposal, render
+from quotas.kinds import FETCH, LIST_OFFSETS, METADATA, PRODUCE
 
 TOPIC_PREFIX = "__ktp_calibrate_"
 """In the proxy's namespace (``protocol.topic_guard.RESERVED_PREFIX``): no tenant behind a proxy can name them."""

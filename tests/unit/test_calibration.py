@@ -11,15 +11,13 @@ from hypothesis import strategies as st
 
 from config.model import ProxyConfig
 from quotas.calibration import (
-    LIST_OFFSETS,
-    METADATA,
     CalibrationError,
     Probe,
     cost_ms,
     proposal,
     render,
 )
-from quotas.kinds import BUILTIN_COSTS, FETCH, PRODUCE, RequestCosts
+from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts
 
 P = 1.0  # % of one thread
 
