@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,27 @@ def _warm(bootstrap: str, topic: str) -> None:
     assert p.flush(60) == 0
 
 
+SETTLED_P99_S = 0.1
+"""The victim's own shape alone is quick on a warm cluster (p99 5-50 ms); a freshly started one answered it in
+0.5-1.9 s for its first 10 s, straight to the brokers as through the proxy (2026-12-06, three runs), and the test
+read that as the flood's doing."""
+
+
+def _settle(bootstrap: str, topic: str, workdir: Path) -> str:
+    """Run the victim's shape alone until its last seconds are quick: brokers warm up under sustained acks=all load
+    (their JIT, the replicas' fetch sessions), not under a hundred records. Returns what each try measured."""
+    tries = []
+    for k in range(6):
+        out = workdir / f"settle-{k}.json"
+        assert _spawn("victim", bootstrap, topic, "6", str(out)).wait(240) == 0
+        v = json.loads(out.read_text())
+        late = [lat for sent, lat in v["rows"] if sent >= v["start"] + 3]
+        tries.append(f"{percentile(late, 99) * 1000:.0f}")
+        if late and percentile(late, 99) < SETTLED_P99_S:
+            break
+    return " ".join(tries)
+
+
 def _spawn(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.harness.flood", *args], cwd=REPO)
 
@@ -76,6 +98,7 @@ def test_a_flood_with_no_quota_does_not_take_a_neighbours_latency(cluster, fresh
     victim_topic, flood_topic = _topic(cluster), _topic(cluster)
     for topic in (victim_topic, flood_topic):  # leaders elected, metadata and connections warm before the clock
         _warm(proxy.bootstrap, topic)
+    settle = _settle(proxy.bootstrap, victim_topic, tmp_path)
     victim_out, flood_out = tmp_path / "victim.json", tmp_path / "flood.json"
     victim = _spawn("victim", proxy.bootstrap, victim_topic, str(ALONE_S + FLOOD_S + 2), str(victim_out))
     time.sleep(ALONE_S)
@@ -102,7 +125,7 @@ def test_a_flood_with_no_quota_does_not_take_a_neighbours_latency(cluster, fresh
         seconds.setdefault(int(sent - flood_start), []).append(lat)
     per_second = " ".join(f"{k}:{percentile(x, 99) * 1000:.0f}" for k, x in sorted(seconds.items()))
     summary = (
-        f"victim alone p99 {percentile(alone, 99) * 1000:.1f} ms; beside the flood p50 "
+        f"warm-up p99s (ms) {settle}; victim alone p99 {percentile(alone, 99) * 1000:.1f} ms; beside the flood p50 "
         f"{percentile(flooded, 50) * 1000:.1f} p99 {percentile(flooded, 99) * 1000:.1f} max "
         f"{max(flooded) * 1000:.1f} ms ({len(flooded)} records); flood {flood_mib_s:.1f} MiB/s acknowledged; "
         f"victim errors {v['error_count']}, undelivered {v['undelivered']}; the victim's p99 (ms) per second from "
