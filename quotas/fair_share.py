@@ -612,6 +612,20 @@ class BrokerLoad:
         small = FLEET_LIGHT * self.settings.min_limit / self.members if self.members > 1 else 0.0
         told = 0.0
         if len(active) < (1 if remote > 0 else 2):
+            if (
+                self.limit > 0
+                and remote <= 0
+                and active
+                and active[0].sparse
+                and not active[0].held_tick
+                and now_ms - self.held_ms < RELEASE_MS
+            ):
+                # Only a light tenant is left, and somebody was held back lately: the heavy ones paused (a
+                # producer whose queue is full of another broker's batches sends nothing here for seconds), they
+                # have not left. Released, the broker would meet their return unlimited; the limit holds instead,
+                # until nobody has been held for RELEASE_MS.
+                self.light_sum = active[0].demand
+                return self.limit
             for t in active:
                 if not t.held_tick and t.demand < small:
                     told += t.demand

@@ -489,3 +489,30 @@ def test_a_tenant_held_longer_than_the_active_window_still_counts():
     first = next(i for i, (_t, limit, _s) in enumerate(trace) if limit > 0)
     assert all(limit > 0 for _t, limit, _s in trace[first:])
     assert victim.held_requests == 0
+
+
+def test_a_flooder_that_pauses_is_not_met_unlimited_when_it_returns():
+    """A librdkafka producer whose queue is full of another broker's batches sends nothing to this one for seconds:
+    only the victim is active then. Releasing the broker there let the flood back in unlimited (the real runs logged
+    "released 3-12x" a 40-s flood; here the victim's p99 in the 5 s after the flood resumed was 243 ms before the
+    fix). The limit holds while somebody was held lately; a victim that leaves still releases the flooder at once
+    (test_when_the_victim_leaves_the_flooder_is_released)."""
+    victim = SimTenant("victim", 200 * KIB, KIB)
+    flood = SimTenant("flooder", 60 * MIB, 256 * KIB)
+    marks: dict[str, int] = {}
+
+    def schedule(now, tenants, broker):
+        if now == 15_000:
+            flood.demand = 0.0
+        elif now == 18_000:
+            flood.demand = 60 * MIB
+            marks["resume"] = len(victim.delays_ms)
+        elif now == 23_000:
+            marks["end"] = len(victim.delays_ms)
+
+    fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=1 * MIB))
+    _fs, _b, trace = run([victim, flood], SimBroker(20 * MIB), 25, fs=fs, schedule=schedule)
+    assert all(limit > 0 for t, limit, _s in trace if 5_000 <= t <= 25_000)
+    after = sorted(victim.delays_ms[marks["resume"] : marks["end"]])
+    assert after[int(0.99 * (len(after) - 1))] < 0.5 + 2.0 * 10
+    assert victim.held_requests == 0
