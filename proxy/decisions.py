@@ -16,6 +16,7 @@ from protocol.headers import RequestHeader, encode_response_header
 from protocol.record_batches import Shape
 from proxy.verdicts import Answer, Defer, Identity, Replace
 from quotas.fair_share import Tenant
+from quotas.kinds import BIT, CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE
 from quotas.manager import Bound
 from quotas.plans import BoundPlan, Charged
 from quotas.producer_ids import ProducerIdTracker
@@ -23,6 +24,9 @@ from quotas.throttle import MAX_THROTTLE_MS
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 """A request frame as the connection hands it on (``protocol.frames.FrameReader``)."""
+
+_MUTATION_BIT: Final = BIT[CONTROLLER_MUTATION_RATE]
+_PIDS_BIT: Final = BIT[PRODUCER_IDS_RATE]
 
 SIZE: Final = struct.Struct(">i")
 """A frame's size prefix (and any other big-endian int32)."""
@@ -153,12 +157,17 @@ class Decision:
         "fair_mark",
         "fair_ms",
         "fair_shadow",
+        "shadow",
     )
 
     def __init__(
-        self, state: ConnState, client_id: str, header: RequestHeader, bytes_in: int, keep_values: bool
+        self, state: ConnState, client_id: str, header: RequestHeader, bytes_in: int, keep_values: bool, shadow: bool
     ) -> None:
         self.state = state
+        self.shadow = shadow
+        """Shadow mode (``quotas.enforce: false``) as the policy found it when the request came: its throttles are
+        computed and recorded, never served. Chosen once a request, so a reload between a request and its answer
+        cannot serve half a throttle."""
         """The connection's policy state (read natively at the response; the connection's own fields are not)."""
         user, scope = state.user, state.scope
         self.user = user
@@ -214,15 +223,37 @@ class Decision:
         if throttle_ms > self.throttle_ms:  # quotas.throttle.combine, inlined: called on every charge
             self.throttle_ms = throttle_ms if throttle_ms < MAX_THROTTLE_MS else MAX_THROTTLE_MS
 
+    # What the rules that charge after the policy's own step report, through the decision's methods: only this
+    # module and the policy that builds a decision assign its fields (issue 49), so what a field holds is read in one
+    # place, not followed through the rules that fill it.
+
+    def mutations_charged(
+        self, now_ms: int, partitions: list[int], mutations: int, rejected: int, limit: float, throttle_ms: int
+    ) -> None:
+        """KIP-599's charge (``proxy.mutation_quota``), made once the cluster said what the request would change
+        (``now_ms``: when; ``partitions``: per topic in the request)."""
+        self.charged_ms = now_ms
+        self.topic_partitions = partitions
+        self.mutations = mutations
+        self.rejected = rejected
+        self.note(CONTROLLER_MUTATION_RATE, mutations, limit, throttle_ms)
+        self.noted |= _MUTATION_BIT
+
+    def producer_ids_charged(self, new: int, limit: float, throttle_ms: int) -> None:
+        """KIP-936's charge (``proxy.producer_id_charge``): ``new`` producer ids new to the user."""
+        self.new_pids = new
+        self.note(PRODUCER_IDS_RATE, new, limit, throttle_ms)
+        self.noted |= _PIDS_BIT
+
+    def answered_through(self, merge: ResponseMerge) -> None:
+        """The response body goes through ``merge`` after whatever merge the decision already has (a KIP-599 split,
+        then what the cluster created learnt from it)."""
+        inner = self.merge
+        if inner is None:
+            self.merge = merge
+        else:
+            self.merge = lambda body: merge(memoryview(bytes(inner(body))))
+
 
 Verdict: TypeAlias = Decision | Replace[Decision] | Answer[Decision] | Defer["Verdict"] | None
 """Everything :meth:`Policy.on_request` may return (``proxy.verdicts``): the one type the connection executes."""
-
-
-def add_merge(d: Decision, merge: ResponseMerge) -> None:
-    """The response body goes through ``merge`` after whatever merge ``d`` already has (a KIP-599 split)."""
-    inner = d.merge
-    if inner is None:
-        d.merge = merge
-    else:
-        d.merge = lambda body: merge(memoryview(bytes(inner(body))))

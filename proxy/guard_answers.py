@@ -16,13 +16,15 @@ from protocol.headers import RequestHeader, response_body_offset
 from protocol.text import printable
 from protocol.topic_guard import ProtectedTopics, Refusal
 from protocol.topic_guard import check as check_topics
-from proxy.decisions import SIZE, Buffer, ConnState, Decision, ResponseMerge, Verdict, add_merge, local_frame
+from proxy.decisions import SIZE, Buffer, ConnState, Decision, ResponseMerge, Verdict, local_frame
 from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 
 log = logging.getLogger(__name__)
 
 Decide = Callable[[PolicyConnection, RequestHeader, Buffer, float], Verdict]
+BuildDecision = Callable[[ConnState, str, RequestHeader, int], Decision]
+"""``Policy.new_decision``: (the connection's state, client id, header, request size) -> a decision."""
 """The dispatcher's quota decision for a request (``Policy._decide``): what the stripped request is charged as."""
 
 
@@ -73,7 +75,7 @@ class GuardAnswers:
         refusal: Refusal,
         now: float,
         decide: Decide,
-        keep_values: bool,
+        build: BuildDecision,
     ) -> Verdict:
         """Answer the protected topics' refusal here, or forward the rest of the request (charged as what it
         became, by ``decide``) and merge the refusal into whatever answers it: the broker, or the policy itself."""
@@ -82,7 +84,7 @@ class GuardAnswers:
         assert refusal.forward is not None and refusal.merge is not None and header.body_offset is not None
         head = bytes(memoryview(frame)[4 : 4 + header.body_offset])
         stripped = SIZE.pack(len(head) + len(refusal.forward)) + head + refusal.forward
-        return merged(conn, header, decide(conn, header, stripped, now), stripped, refusal.merge, keep_values)
+        return merged(conn, header, decide(conn, header, stripped, now), stripped, refusal.merge, build)
 
 
 def merged(
@@ -91,27 +93,28 @@ def merged(
     verdict: Verdict,
     frame: bytes,
     merge: ResponseMerge,
-    keep_values: bool,
+    build: BuildDecision,
 ) -> Verdict:
-    """``verdict`` (for the stripped request ``frame``) with ``merge`` applied to its answer."""
+    """``verdict`` (for the stripped request ``frame``) with ``merge`` applied to its answer; ``build``: the policy's
+    own way to make a decision, for a request no quota charged (only the policy builds one)."""
     if type(verdict) is Defer:
         inner = verdict.decide
-        return Defer(lambda: _merged_later(conn, header, inner, frame, merge, keep_values), wait_s=verdict.wait_s)
+        return Defer(lambda: _merged_later(conn, header, inner, frame, merge, build), wait_s=verdict.wait_s)
     if type(verdict) is Answer:
         body = memoryview(verdict.frame)[4:]
         body = body[response_body_offset(body, header.api_key, header.api_version) :]
         return Answer(verdict.decision, local_frame(header, merge(body)))
     if type(verdict) is Replace:
         d: Decision = verdict.decision
-        add_merge(d, merge)
+        d.answered_through(merge)
         return Replace(d, verdict.frame, whole=True)
     if verdict is None:
         st = conn.policy_state
         if st is None:
             st = conn.policy_state = ConnState(conn.identity)
-        verdict = Decision(st, header.client_id or "", header, len(frame) - 4, keep_values)
+        verdict = build(st, header.client_id or "", header, len(frame) - 4)
     assert type(verdict) is Decision
-    add_merge(verdict, merge)
+    verdict.answered_through(merge)
     return Replace(verdict, frame, whole=True)
 
 
@@ -121,6 +124,6 @@ async def _merged_later(
     inner: Callable[[], Awaitable[Verdict]],
     frame: bytes,
     merge: ResponseMerge,
-    keep_values: bool,
+    build: BuildDecision,
 ) -> Verdict:
-    return merged(conn, header, await inner(), frame, merge, keep_values)
+    return merged(conn, header, await inner(), frame, merge, build)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Final
 
 from protocol import mutations
 from protocol.apis import Api
@@ -21,23 +20,20 @@ from proxy.decisions import SIZE, Buffer, Decision, Verdict, local_frame
 from proxy.partition_counts import PartitionCounts
 from proxy.topic_counts import RecentTopics
 from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
-from quotas.kinds import BIT, CONTROLLER_MUTATION_RATE
 from quotas.manager import QuotaManager
 
 log = logging.getLogger(__name__)
 
-_MUTATION_BIT: Final = BIT[CONTROLLER_MUTATION_RATE]
-
 
 class MutationQuota:
-    """Charges mutations to the quota manager; ``enforce`` and ``charge_validate_only`` follow reloads."""
+    """Charges mutations to the quota manager; ``charge_validate_only`` follows reloads (shadow mode is the
+    decision's own, :attr:`proxy.decisions.Decision.shadow`)."""
 
     def __init__(self, quotas: QuotaManager, counts: PartitionCounts, now_ms: Callable[[], int]) -> None:
         self.quotas = quotas
         self.counts = counts
         self._now_ms = now_ms
         """The policy's clock in ms (injected)."""
-        self.enforce = True
         self.charge_validate_only = False
 
     @property
@@ -67,13 +63,8 @@ class MutationQuota:
         charge = self.quotas.charge_mutations(d.user, d.client_id, d.scope, counts, now_ms, request.splittable)
         if charge is None:  # the quota was removed while we asked
             return d
-        d.charged_ms = now_ms
-        d.topic_partitions = list(counts)
         admitted, throttle, rejected = charge.admitted, charge.throttle_ms, charge.rejected
-        d.mutations = charge.mutations
-        d.rejected = len(rejected)
-        d.note(CONTROLLER_MUTATION_RATE, d.mutations, charge.limit, throttle)
-        d.noted |= _MUTATION_BIT
+        d.mutations_charged(now_ms, list(counts), charge.mutations, len(rejected), charge.limit, throttle)
         if rejected:
             log.info(
                 "%s: %s by %s/%s: %d of %d topics over controller_mutation_rate (throttle %d ms)%s",
@@ -84,14 +75,14 @@ class MutationQuota:
                 len(rejected),
                 len(counts),
                 throttle,
-                "" if self.enforce else " [shadow: not enforced]",
+                " [shadow: not enforced]" if d.shadow else "",
             )
-        if not rejected or not self.enforce:
+        if not rejected or d.shadow:
             if request.validate_only:  # nothing changes on the cluster: nothing to learn from its answer
                 return d
             # The answer says what the cluster now has, before the brokers' metadata does: learn it (whole: a
             # merge needs the whole response, never a streamed one).
-            d.merge = lambda broker_body: self.learn(request, counts, broker_body)
+            d.answered_through(lambda broker_body: self.learn(request, counts, broker_body))
             return Replace(d, SIZE.pack(len(body)) + body, whole=True)
         assert header.body_offset is not None  # a mutation API's header always has its body located
         head = body[: header.body_offset]
@@ -99,8 +90,10 @@ class MutationQuota:
             return Answer(d, local_frame(header, mutations.reject_all(request, throttle)))
         admitted_idx = [i for i, ok in enumerate(admitted) if ok]
         sub = head + mutations.subset_request(request, admitted_idx)
-        d.merge = lambda broker_body: self.learn(
-            request, counts, mutations.merge_response(request, broker_body, rejected, throttle)
+        d.answered_through(
+            lambda broker_body: self.learn(
+                request, counts, mutations.merge_response(request, broker_body, rejected, throttle)
+            )
         )
         return Replace(d, SIZE.pack(len(sub)) + sub, whole=True)
 

@@ -8,14 +8,12 @@ quotas.md); the charges themselves are the same as in Kafka's mode. Compiled wit
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Final
 
 from protocol.headers import RequestHeader
 from protocol.request_fields import fetch_max_bytes_at
-from proxy.decisions import Buffer, Decision, Verdict
-from proxy.verdicts import Defer, PolicyConnection
-from quotas.manager import QuotaManager
+from proxy.decisions import Buffer, Decision
+from quotas.manager import Bound, QuotaManager
 from quotas.plans import Charged
 
 _I32: Final = struct.Struct(">i")
@@ -29,42 +27,31 @@ seconds after the share came back. A quarter second follows a lease change well 
 has to follow demand, for one timer per paced request per quarter second."""
 
 
-def pace_marks(quotas: QuotaManager, d: Decision, charged: tuple[Charged, ...], now_ms: int) -> None:
-    """A request just charged over its pacing buckets: where each bucket must have refilled to for it to go, kept
-    on the decision for :func:`paced`. Called only for a paced request, never on the common path."""
+def pace_marks(quotas: QuotaManager, charged: tuple[Charged, ...], now_ms: int) -> list[tuple[Bound, float]]:
+    """A request just charged over its pacing buckets: where each bucket must have refilled to for it to go, for
+    the decision to keep (:func:`owed_ms` reads them). Called only for a paced request, never on the common path."""
     marks = []
     for _kind, h, _how in charged:
         mark = quotas.pace_mark(h, now_ms)
         if mark is not None:
             marks.append((h, mark))
-    d.pace_marks = marks
+    return marks
+
+
+def owed_ms(quotas: QuotaManager, marks: list[tuple[Bound, float]], now_ms: int) -> int:
+    """How long a paced request still waits at the rates in force now (they may have moved while it waited, or this
+    was one slice of a longer wait): the longest of its buckets' waits to their marks."""
+    wait = 0
+    for h, mark in marks:
+        w = quotas.pace_wait_ms(h, mark, now_ms)
+        if w > wait:
+            wait = w
+    return wait
 
 
 def wait_slice_s(wait_ms: int) -> float:
     """One slice of a paced request's wait, in seconds: all of it, or :data:`PACE_RECHECK_MS`."""
     return (wait_ms if wait_ms < PACE_RECHECK_MS else PACE_RECHECK_MS) / 1000
-
-
-async def paced(conn: PolicyConnection, d: Decision, quotas: QuotaManager, clock_ms: Callable[[], int]) -> Verdict:
-    """A request held for its pacing wait (the connection waited ``Defer.wait_s``): still owing at the rate in
-    force now (the rate moved, or this was one slice of a longer wait), it waits again, at most
-    :data:`PACE_RECHECK_MS`; paid, it goes to the broker. A throttle of its own (KIP-936) still holds the reads
-    behind it until served, as at arrival. ``clock_ms``: the policy's clock, the one the charges used."""
-    marks = d.pace_marks
-    if marks:
-        now_ms = clock_ms()
-        wait = 0
-        for h, mark in marks:
-            w = quotas.pace_wait_ms(h, mark, now_ms)
-            if w > wait:
-                wait = w
-        if wait > 1:  # a millisecond is a timer's own granularity: one that fired that early has paid
-            return Defer(lambda: paced(conn, d, quotas, clock_ms), wait_s=wait_slice_s(wait))
-        d.pace_marks = None
-    if d.throttle_ms > 0:
-        d.holds = True
-        conn.mute.hold()
-    return d
 
 
 def fetch_cap(quotas: QuotaManager, d: Decision, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:

@@ -54,7 +54,7 @@ from proxy.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
 from proxy.fleet_parts import FleetParts
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
-from proxy.pacing import fetch_cap, pace_marks, paced, wait_slice_s
+from proxy.pacing import fetch_cap, owed_ms, pace_marks, wait_slice_s
 from proxy.partition_counts import PartitionCounts
 from proxy.producer_id_charge import charge_producer_ids
 from proxy.responses import TopicIds
@@ -159,7 +159,7 @@ class Policy:
         self.enforce = qc.enforce
         self.cluster_scope = qc.scope in ("cluster", "fleet")
         self.charge_validate_only = qc.charge_validate_only
-        self.mutations.enforce, self.mutations.charge_validate_only = qc.enforce, qc.charge_validate_only
+        self.mutations.charge_validate_only = qc.charge_validate_only
         self.pid_hold_max_ms = qc.producer_id_hold_max_ms
         pid_config = ProducerIdQuotaConfig(
             qc.producer_id_window_num, round(qc.producer_id_window_size_seconds), qc.producer_id_cleanup_interval_ms
@@ -226,7 +226,7 @@ class Policy:
         if guard is not None and guard.may_name(key, frame, header):
             refusal = self.guard_answers.refusal(conn, header, frame, guard)
             if refusal is not None:
-                return self.guard_answers.refuse(conn, header, frame, refusal, now, self._decide, self.keep_values)
+                return self.guard_answers.refuse(conn, header, frame, refusal, now, self._decide, self.new_decision)
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return client_quota_api.answer(
                 conn, header, memoryview(frame)[4:], self.sources, self.admins, self.describers, self.ip_quotas
@@ -299,6 +299,11 @@ class Policy:
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
         return self._gate(conn, header, frame, self._clock())
 
+    def new_decision(self, st: ConnState, client_id: str, header: RequestHeader, size: int) -> Decision:
+        """The one place a decision is made: what the decision log keeps and whether its throttles are served are
+        chosen here, once, from the configuration in force when the request came."""
+        return Decision(st, client_id, header, size, self.keep_values, not self.enforce)
+
     def _bind(
         self, conn: PolicyConnection, st: ConnState, plan: Plan, key: int, client_id: str, now_ms: int
     ) -> BoundPlan | None:
@@ -366,7 +371,7 @@ class Policy:
         assert st is not None  # a bound plan is kept on the connection's state
         plan = b.plan
         size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
-        d = Decision(st, client_id, header, size, self.keep_values)
+        d = self.new_decision(st, client_id, header, size)
         if self._logging:  # it gets its own event: out of the summary (sums count the size prefix)
             conn.traffic.logged_request(size + 4)
         d.charged_ms = now_ms
@@ -404,7 +409,7 @@ class Policy:
         if self.smooth:
             if d.throttle_ms > 0:  # the pacing wait of the kinds charged now: served before the broker sees it
                 d.paced_ms, d.throttle_ms = d.throttle_ms, 0
-                pace_marks(quotas, d, b.at_request, now_ms)
+                d.pace_marks = pace_marks(quotas, b.at_request, now_ms)
             elif key == Api.FETCH and (d.later or d.fair is not None):
                 capped = fetch_cap(quotas, d, header, frame, now_ms)
                 if d.fair is not None and self.fair is not None and self.fair_enforce:
@@ -415,9 +420,9 @@ class Policy:
             charge_producer_ids(
                 quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, header, frame, now_ms
             )
-        if d.paced_ms > 0 and self.enforce:
+        if d.paced_ms > 0 and not d.shadow:
             return self._paced(conn, d)
-        if d.throttle_ms > 0 and self.enforce:  # like a broker, read nothing more until it is served
+        if d.throttle_ms > 0 and not d.shadow:  # like a broker, read nothing more until it is served
             d.holds = True
             conn.mute.hold()
         if plan.mutation:
@@ -429,8 +434,23 @@ class Policy:
     def _paced(self, conn: PolicyConnection, d: Decision) -> Defer[Verdict]:
         """A method of its own (as :meth:`_hold`): compiled, a lambda in :meth:`_decide` made every local of it a
         field of a closure allocated on every request."""
-        quotas = self.quotas
-        return Defer(lambda: paced(conn, d, quotas, self.now_ms), wait_s=wait_slice_s(d.paced_ms))
+        return Defer(lambda: self._after_paced(conn, d), wait_s=wait_slice_s(d.paced_ms))
+
+    async def _after_paced(self, conn: PolicyConnection, d: Decision) -> Verdict:
+        """A request held for its pacing wait (the connection waited ``Defer.wait_s``): still owing at the rate in
+        force now (the rate moved, or this was one slice of a longer wait), it waits again, at most
+        ``PACE_RECHECK_MS``; paid, it goes to the broker. A throttle of its own (KIP-936) still holds the reads
+        behind it until served, as at arrival."""
+        marks = d.pace_marks
+        if marks:
+            wait = owed_ms(self.quotas, marks, self.now_ms())
+            if wait > 1:  # a millisecond is a timer's own granularity: one that fired that early has paid
+                return Defer(lambda: self._after_paced(conn, d), wait_s=wait_slice_s(wait))
+            d.pace_marks = None
+        if d.throttle_ms > 0:
+            d.holds = True
+            conn.mute.hold()
+        return d
 
     def _fair_only(
         self,
@@ -445,7 +465,7 @@ class Policy:
         """A request no quota charges, that fair share held (``fair_ms``: its wait, recorded) or whose answer it
         charges (a Fetch from a paced tenant, its ``max_bytes`` capped to the tenant's bucket)."""
         size = len(frame) - 4
-        d = Decision(st, client_id, header, size, self.keep_values)
+        d = self.new_decision(st, client_id, header, size)
         d.charged_ms = now_ms
         _fair_wait(d, fair_ms)
         if ft.paced and header.api_key in FETCH_APIS:
@@ -499,10 +519,10 @@ class Policy:
         if self._logging and pending.local is None:
             upstream_ms = (now - pending.sent_at) * 1000
         throttle = d.throttle_ms
-        if d.merge is None and (throttle <= 0 or not self.enforce):  # the usual answer: nothing to rewrite
+        if d.merge is None and (throttle <= 0 or d.shadow):  # the usual answer: nothing to rewrite
             if d.holds:
-                conn.mute.served(throttle / 1000 if self.enforce else 0)
-            self.recorder.record(conn, d, size, upstream_ms, now_ms, not self.enforce)
+                conn.mute.served(0 if d.shadow else throttle / 1000)
+            self.recorder.record(conn, d, size, upstream_ms, now_ms, d.shadow)
             return None
         header = pending.header
         view = memoryview(frame)
@@ -512,7 +532,7 @@ class Policy:
             merged = bytes(view[4:body_start]) + bytes(d.merge(view[body_start:]))
             view = memoryview(SIZE.pack(len(merged)) + merged)
             pieces = [view]
-        if throttle > 0 and self.enforce:
+        if throttle > 0 and not d.shadow:
             offset = throttle_field.throttle_offset(header.api_key, header.api_version, view[body_start:])
             if offset is not None:
                 at = body_start + offset
@@ -522,8 +542,8 @@ class Policy:
             if not d.holds:
                 conn.mute.mute_for(throttle / 1000)
         if d.holds:
-            conn.mute.served(throttle / 1000 if self.enforce else 0)
-        self.recorder.record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms, not self.enforce)
+            conn.mute.served(0 if d.shadow else throttle / 1000)
+        self.recorder.record(conn, d, size if d.merge is None else len(view) - 4, upstream_ms, now_ms, d.shadow)
         return pieces
 
     def on_answer(self, st: ConnState | None, pending: Pending, nbytes: int, now: float, start: float) -> None:
@@ -585,10 +605,10 @@ class Policy:
                 d.note(kind.key, a, h.limit, quotas.charge(h, a, d.charged_ms))
             d.noted |= d.later_kinds
         if d.holds:
-            conn.mute.served(d.throttle_ms / 1000 if self.enforce else 0)
-        elif d.throttle_ms > 0 and self.enforce:
+            conn.mute.served(0 if d.shadow else d.throttle_ms / 1000)
+        elif d.throttle_ms > 0 and not d.shadow:
             conn.mute.mute_for(d.throttle_ms / 1000)
-        self.recorder.record(conn, d, 0, None, d.charged_ms, not self.enforce)
+        self.recorder.record(conn, d, 0, None, d.charged_ms, d.shadow)
 
     # ------------------------------------------------------------------------------------------ the log
 

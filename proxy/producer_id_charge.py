@@ -8,18 +8,13 @@ Produce wait on every connection. The dispatcher calls :func:`charge_producer_id
 
 from __future__ import annotations
 
-from typing import Final
-
 from mute import KeyedHolds
 from protocol.errors import MalformedRequest
 from protocol.headers import RequestHeader
 from protocol.record_batches import NO_PRODUCER_ID, RecordBatchError, producer_ids_and_shape, single_producer_id
 from proxy.decisions import Buffer, Decision, PidMemo
-from quotas.kinds import BIT, PRODUCER_IDS_RATE
 from quotas.manager import Bound, QuotaManager
 from quotas.producer_ids import ProducerIdTracker
-
-_PIDS_BIT: Final = BIT[PRODUCER_IDS_RATE]
 
 
 def charge_producer_ids(
@@ -64,16 +59,15 @@ def charge_producer_ids(
             and seen.scope == d.scope
         ):
             return  # known to the user's filters until seen.until: asking again would change nothing
-        new, until = tracker.observe_until((d.user, d.scope), pid, now_ms)
+        fresh, until = tracker.observe_until((d.user, d.scope), pid, now_ms)
         st.pid_memo = PidMemo(tracker, d.user, d.scope, pid, until)
-        d.new_pids = int(new)
+        new = int(fresh)
     else:
-        d.new_pids = tracker.observe_many((d.user, d.scope), pids, now_ms)
-    if not d.new_pids:
+        new = tracker.observe_many((d.user, d.scope), pids, now_ms)
+    if not new:
         return
-    throttle = quotas.charge(h, d.new_pids, now_ms)
-    d.note(PRODUCER_IDS_RATE, d.new_pids, h.limit, throttle)
-    d.noted |= _PIDS_BIT
+    throttle = quotas.charge(h, new, now_ms)
+    d.producer_ids_charged(new, h.limit, throttle)
     if throttle > 0:
         # Muting one connection does not stop the KIP's misbehaving pattern (a new producer, on new
         # connections, per batch), so the user's next Produce / InitProducerId on ANY connection waits too,

@@ -207,3 +207,71 @@ def test_the_wiring_check_sees_a_patch():
     assert _foreign_wiring(ast.parse("manager.store = LeasedStore(s, h, c)\nself.store = s")) == [
         "manager.store (line 1)"
     ]
+
+
+DECISION_BUILDERS = frozenset({"proxy.decisions", "proxy.policy"})
+"""Where a :class:`proxy.decisions.Decision`'s fields are assigned: its own module (its methods, which the rules that
+charge after the policy's step call) and the policy that builds it. A rule reports; it does not fill fields in."""
+
+
+def _assigned_attributes(tree: ast.AST) -> list[ast.Attribute]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Attribute):
+                out.append(t)
+    return out
+
+
+def _decision_only_fields(modules: dict[str, Path]) -> set[str]:
+    """Decision's slots that no other class of the project has a field of the same name (a name shared with
+    another class, ``state`` say, cannot be told apart without types)."""
+    tree = ast.parse(modules["proxy.decisions"].read_text(encoding="utf-8"))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Decision")
+    slots_node = next(
+        n.value for n in cls.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "__slots__"
+    )
+    slots = set(ast.literal_eval(slots_node))
+    shared: set[str] = set()
+    for path in modules.values():
+        for c in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(c, ast.ClassDef) and c.name != "Decision":
+                for t in _assigned_attributes(c):
+                    if isinstance(t.value, ast.Name) and t.value.id == "self":
+                        shared.add(t.attr)
+    return slots - shared
+
+
+def _decision_writes(tree: ast.AST, fields: set[str]) -> list[str]:
+    return [f"{ast.unparse(t)} (line {t.lineno})" for t in _assigned_attributes(tree) if t.attr in fields]
+
+
+def test_only_the_policy_and_the_decision_itself_fill_in_a_decision():
+    modules = _modules()
+    fields = _decision_only_fields(modules)
+    assert {"pace_marks", "new_pids", "rejected", "charged_ms", "holds"} <= fields  # it still sees the rules' fields
+    bad = {
+        name: hits
+        for name, path in modules.items()
+        if name not in DECISION_BUILDERS
+        if (hits := _decision_writes(ast.parse(path.read_text(encoding="utf-8")), fields))
+    }
+    assert bad == {}
+
+
+def test_the_decision_check_sees_a_rule_filling_a_field():
+    tree = ast.parse("d.new_pids = 3\nd.noted |= 4\nd.later, x = (), 1\nself.y = 2")
+    assert _decision_writes(tree, {"new_pids", "noted", "later"}) == [
+        "d.new_pids (line 1)",
+        "d.noted (line 2)",
+        "d.later (line 3)",
+    ]

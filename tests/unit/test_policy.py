@@ -348,6 +348,27 @@ def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
     assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", True)] == 1
 
 
+def test_shadow_mode_is_chosen_once_a_request_whatever_a_reload_does_before_its_answer():
+    """A request decided while quotas are enforced has its throttle served at its answer, though a reload turned
+    enforcement off in between; one decided in shadow mode is not served after a reload turned it back on."""
+    for enforce_at_request in (True, False):
+        clock = Clock()
+        policy = _policy(clock, enforce=enforce_at_request, producer_byte_rate=1000)
+        conn = FakeConn()
+        header, request = _produce(5000)
+        d = policy.on_request(conn, header, request, clock())
+        assert d.throttle_ms > 0
+        policy.reload(_policy(clock, enforce=not enforce_at_request, producer_byte_rate=1000).config)
+        frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
+        pieces = policy.on_response(conn, Pending(header, clock(), d), frame, clock())
+        if enforce_at_request:
+            assert pieces is not None and ("hold", 0.0) in conn.mute.calls  # rewritten and served, as decided
+            assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", False)] == 1
+        else:
+            assert pieces is None and conn.mute.calls == []
+            assert policy.stats.decisions[(PRODUCER_BYTE_RATE, "throttle", True)] == 1
+
+
 def test_decisions_are_counted_by_quota_action_and_shadow():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=1000)
