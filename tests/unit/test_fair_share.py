@@ -516,3 +516,30 @@ def test_a_flooder_that_pauses_is_not_met_unlimited_when_it_returns():
     after = sorted(victim.delays_ms[marks["resume"] : marks["end"]])
     assert after[int(0.99 * (len(after) - 1))] < 0.5 + 2.0 * 10
     assert victim.held_requests == 0
+
+
+@pytest.mark.parametrize("held_on_another_broker", [True, False])
+def test_a_broker_is_not_released_while_its_flooder_is_held_on_another(held_on_another_broker):
+    """A producer held on one broker trickles to the others (its one queue is full of the held broker's batches):
+    there it is neither held nor gone, and after RELEASE_MS of a low delay the broker was released into its return.
+    It stays limited while that tenant is held on another broker; with nothing held elsewhere (the control) the same
+    trickle releases it as before."""
+    victim = SimTenant("victim", 200 * KIB, KIB)
+    flood = SimTenant("flooder", 60 * MIB, 64 * KIB)
+    fs = FairShare(FairShareSettings(target_delay_ms=2.0, min_limit=1 * MIB))
+
+    def schedule(now, tenants, broker):
+        if now == 10_000:
+            flood.demand = 256 * KIB  # a trickle, below any level it was paced at: sent, never held here
+        if now >= 10_000 and held_on_another_broker and now % TICK_MS == 0:
+            other = fs.broker("broker 2", now)
+            t = fs.tenant(other, "flooder", now)
+            t.held_ms = t.last_ms = now  # held back there (what BrokerLoad.charge records of a request in debt)
+
+    _fs, b, trace = run([victim, flood], SimBroker(20 * MIB), 30, fs=fs, schedule=schedule)
+    assert any(limit > 0 for t, limit, _s in trace if t < 10_000)  # the flood was limited
+    late = [limit for t, limit, _s in trace if t >= 25_000]
+    if held_on_another_broker:
+        assert all(limit > 0 for limit in late)
+    else:
+        assert all(limit == 0 for limit in late)
