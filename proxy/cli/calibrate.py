@@ -50,6 +50,8 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from proxy.cli.quota_admin import (
+    ANSWER_TIMEOUT_S,
+    STOPS,
     Connection,
     Refused,
     Security,
@@ -58,6 +60,7 @@ from proxy.cli.quota_admin import (
     _connection_options,
     security_from,
     ssl_context,
+    stopped,
 )
 from quotas.calibration import CalibrationError, Probe, proposal, render
 from quotas.kinds import FETCH, LIST_OFFSETS, METADATA, PRODUCE
@@ -385,6 +388,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
 
+    sec: Security | None = None
     try:
         if not 0 < args.percent <= 100:
             raise UsageError(f"--percent {args.percent}: expected a share of one thread in (0, 100]")
@@ -395,21 +399,8 @@ def run(args: argparse.Namespace) -> int:
         if sec.tls:
             ssl_context(sec)
         section = asyncio.run(calibrate(host, port, sec, args, progress))
-    except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    except Refused as exc:
-        print(f"{prog}: {args.bootstrap_server}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except (asyncio.IncompleteReadError, ConnectionResetError, TimeoutError):
-        print(f"{prog}: {args.bootstrap_server}: the connection was closed or did not answer", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{prog}: {args.bootstrap_server}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-        return 1
+    except STOPS as exc:
+        return stopped(prog, args.bootstrap_server, exc, sec, ANSWER_TIMEOUT_S)
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.write(section)
     return 0

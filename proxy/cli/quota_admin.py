@@ -58,6 +58,9 @@ _ENTITY_TYPES = {
 }
 _MAX_FRAME = 16 * 1024 * 1024
 _TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 35.0
+"""How long a :class:`Connection` waits for one answer (``calibrate``'s probes run longer than :data:`_TIMEOUT_S`
+in all, so each answer has its own bound)."""
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -472,7 +475,7 @@ class Connection:
         port: int,
         sec: Security,
         client_id: str = "kafka-throttle-proxy-quotas",
-        timeout_s: float = 35.0,
+        timeout_s: float = ANSWER_TIMEOUT_S,
     ) -> None:
         self.host, self.port, self.sec = host, port, sec
         self.client_id = client_id
@@ -688,6 +691,7 @@ async def _run(host: str, port: int, sec: Security, args: argparse.Namespace) ->
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when done, 1 when refused or unreachable, 2 for a wrong option; always one line on stderr."""
     prog = f"kafka-throttle-proxy quotas {args.action}"
+    sec: Security | None = None
     try:
         host, port = _address(getattr(args, "bootstrap_server", None))
         sec = security_from(args)
@@ -701,27 +705,35 @@ def run(args: argparse.Namespace) -> int:
         if sec.tls:
             ssl_context(sec)  # unreadable files, too
         return asyncio.run(asyncio.wait_for(_run(host, port, sec, args), _TIMEOUT_S))
-    except UsageError as exc:
+    except STOPS as exc:
+        return stopped(prog, args.bootstrap_server, exc, sec, _TIMEOUT_S)
+
+
+STOPS = (UsageError, Refused, KeyboardInterrupt, asyncio.IncompleteReadError, OSError)
+"""What ends a cluster tool (this one, ``calibrate``) with one line on stderr instead of a traceback
+(:func:`stopped`); TimeoutError and ConnectionResetError are OSErrors."""
+
+
+def stopped(prog: str, server: str | None, exc: BaseException, sec: Security | None, timeout_s: float) -> int:
+    """The one stderr line and the exit status for what ended a cluster tool: 2 for a wrong option, 130 when
+    interrupted, 1 for what the cluster, or the way to it, did (``timeout_s``: how long it waited for an answer)."""
+    if isinstance(exc, UsageError):
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    except Refused as exc:
-        print(f"{prog}: {args.bootstrap_server}: {exc}", file=sys.stderr)
-        return 1
-    except TimeoutError:
-        print(
-            f"{prog}: {args.bootstrap_server}: no answer within {_TIMEOUT_S:.0f} s (is it the proxy's "
-            f"listener, and is its security protocol {sec.protocol}?)",
-            file=sys.stderr,
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    protocol = sec.protocol if sec is not None else "PLAINTEXT"
+    if isinstance(exc, Refused):
+        why = str(exc)
+    elif isinstance(exc, TimeoutError):
+        why = f"no answer within {timeout_s:.0f} s (is it a Kafka listener, and is its security protocol {protocol}?)"
+    elif isinstance(exc, (asyncio.IncompleteReadError, ConnectionResetError)):
+        why = (
+            f"the connection was closed before an answer (this tool used {protocol}: does the listener expect "
+            "another security protocol, or a client certificate?)"
         )
-        return 1
-    except (asyncio.IncompleteReadError, ConnectionResetError):
-        print(
-            f"{prog}: {args.bootstrap_server}: the connection was closed before an answer (this tool used "
-            f"{sec.protocol}: does the listener expect another security protocol, or a client certificate?)",
-            file=sys.stderr,
-        )
-        return 1
-    except OSError as exc:  # refused, unreachable, TLS verification
+    else:  # refused, unreachable, TLS verification
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        print(f"{prog}: {args.bootstrap_server}: {why}", file=sys.stderr)
-        return 1
+    print(f"{prog}: {server}: {why}", file=sys.stderr)
+    return 1
