@@ -310,6 +310,7 @@ class BrokerLoad:
         "changed_ms",
         "changed_s",
         "held_ms",
+        "paused",
         "tenants",
         "arrived",
         "admitted_rate",
@@ -349,6 +350,9 @@ class BrokerLoad:
         """:attr:`changed_ms` in seconds, the clock a request's ``sent_at`` is in (one compare a sample)."""
         self.held_ms = now_ms
         """When a tenant was last held back (for :data:`RELEASE_MS`)."""
+        self.paused = False
+        """A tenant held back here lately sends nothing here now but is busy on another broker: it paused, it has
+        not left (:meth:`FairShare._across_brokers`)."""
         self.tenants: dict[str, Tenant] = {}
         self.arrived = 0.0
         self.admitted_rate = 0.0
@@ -613,17 +617,18 @@ class BrokerLoad:
         told = 0.0
         if len(active) < (1 if remote > 0 else 2):
             if (
-                self.limit > 0
+                self.paused
+                and self.limit > 0
                 and remote <= 0
                 and active
                 and active[0].sparse
                 and not active[0].held_tick
-                and now_ms - self.held_ms < RELEASE_MS
             ):
-                # Only a light tenant is left, and somebody was held back lately: the heavy ones paused (a
-                # producer whose queue is full of another broker's batches sends nothing here for seconds), they
-                # have not left. Released, the broker would meet their return unlimited; the limit holds instead,
-                # until nobody has been held for RELEASE_MS.
+                # Only a light tenant is active, and one held back here lately is busy on another broker: it paused
+                # (a producer whose queue is full of another broker's batches sends nothing here for seconds), it
+                # has not left. Released, the broker would meet its return unlimited; the limit holds instead. A
+                # tenant that merely went quiet is not a pause: on a broker of its own (or a fresh cluster's first
+                # slow seconds, where a client creating topics was held), the lone light tenant is released.
                 self.light_sum = active[0].demand
                 return self.limit
             for t in active:
@@ -833,8 +838,7 @@ class FairShare:
             return
         elapsed = TICK_MS if self.last_tick_ms < 0 else min(now_ms - self.last_tick_ms, 10 * TICK_MS)
         self.last_tick_ms = now_ms
-        if len(self.brokers) > 1:
-            self._held_elsewhere(now_ms)
+        self._across_brokers(now_ms)
         for b in self.brokers.values():
             was_open = b.limit <= 0
             b.tick(now_ms, elapsed)
@@ -843,29 +847,44 @@ class FairShare:
             if self.trace is not None and len(self.trace) < 100_000:
                 self.trace.append((now_ms, b.key, b.limit, b.level, b.q, b.base, b.state, len(b.tenants)))
 
-    def _held_elsewhere(self, now_ms: int) -> None:
-        """A limited broker whose tenant (one that sent here within :data:`RELEASE_MS`) is held back on another broker
-        counts as holding somebody: it is not released. Why: a producer held on one broker stops sending to the others
-        (librdkafka's one queue fills with the held broker's batches), so there it looks paused or light, not held;
-        released, the broker met its return unlimited, a surge the next cut had to undo (the real floods logged
-        "released 3-12x" a 40-s flood). Only limited brokers are looked at: an open one has nothing to release."""
+    def _across_brokers(self, now_ms: int) -> None:
+        """What one broker learns from the others about a producer held back, for each limited broker. Why: a
+        producer held on one broker stops sending to the others (librdkafka's one queue fills with the held broker's
+        batches), so there it looks paused or light, not held; released, the broker met its return unlimited, a surge
+        the next cut had to undo (the real floods logged "released 3-12x" a 40-s flood).
+
+        - A tenant that sent here within :data:`RELEASE_MS` and is held on another broker now counts as held here
+          (:attr:`BrokerLoad.held_ms`): it trickles here below its share.
+        - A tenant held here within :data:`RELEASE_MS` that sends nothing here now but is active on another broker
+          has paused here (:attr:`BrokerLoad.paused`), not left.
+
+        Only limited brokers are looked at: an open one has nothing to release."""
         held: set[str] = set()
+        busy: set[tuple[str, str]] = set()  # (tenant, broker) active within ACTIVE_MS
         limited: list[BrokerLoad] = []
         for b in self.brokers.values():
+            b.paused = False
             if b.limit > 0:
                 limited.append(b)
             for t in b.tenants.values():
                 if t.held_tick or now_ms - t.held_ms < HELD_MS:
                     held.add(t.key)
-        if not held:
+                if now_ms - t.last_ms < ACTIVE_MS:
+                    busy.add((t.key, b.key))
+        if not limited:
             return
+        busy_keys = {key for key, _b in busy}
         for b in limited:
-            if b.held_ms >= now_ms:
-                continue
             for t in b.tenants.values():
-                if t.key in held and now_ms - t.last_ms < RELEASE_MS:
+                if b.held_ms < now_ms and t.key in held and now_ms - t.last_ms < RELEASE_MS:
                     b.held_ms = now_ms
-                    break
+                if (
+                    not b.paused
+                    and now_ms - t.held_ms < RELEASE_MS
+                    and t.key in busy_keys
+                    and (t.key, b.key) not in busy
+                ):
+                    b.paused = True
 
     def take_changes(self) -> list[tuple[BrokerLoad, str]]:
         changes, self.changes = self.changes, []
