@@ -40,6 +40,7 @@ then a wait, at most 60 s, until the kernel has written the flood's dirty pages 
   flood-direct   victim + flood straight to the cluster, no quota anywhere
   flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (ProxyProcess's, not the product's)
   flood-smooth   victim + flood through the proxy, quotas.enforcement: smooth, smooth_burst_seconds 0.1
+  flood-smooth-off  the same with quotas.fair_share.enabled: false (does fair share on top of a quota help?)
   flood-hand     victim + flood through the proxy, a smooth quota set by hand at the rate fair share settled on
                  in the same round's flood-noquota: producer_byte_rate = the flooder's MiB/s at the leaders / 3
                  brokers, controller_mutation_rate = its mutations/s (one bucket cluster-wide); without a
@@ -155,6 +156,7 @@ PHASES = (
     "flood-direct",
     "flood-kafka",
     "flood-smooth",
+    "flood-smooth-off",
     "flood-hand",  # after flood-noquota: it takes that phase's rate in the same round
     "flood-broker",
     "flood-paced",
@@ -176,6 +178,7 @@ LABELS = {
     "flood-direct": "victim + flood, straight to the cluster, no quota",
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
+    "flood-smooth-off": "victim + flood, proxy, enforcement smooth (burst 0.1 s), fair share off",
     "flood-hand": "victim + flood, proxy, smooth quota set by hand at fair share's rate, fair share off",
     "flood-broker": "victim + flood, straight to the cluster, quotas on the brokers",
     "flood-paced": "victim + flood paced by the flooder itself at the quota in 1-MB lumps, straight to the cluster",
@@ -718,6 +721,9 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | No
         "alone-proxy-again": {},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
+        # The same static quota with fair share off: whether fair share, engaging on top of a quota that already
+        # holds the flooder, helps the victim or costs it (issue 48's static-quota bound).
+        "flood-smooth-off": {**quotas, **FAIR_OFF, "quotas.smooth_burst_seconds": 0.1},
         # Fair share off: on, it still limited the flooder in the first smoke run (to 3.1 of the 5.2 MiB/s set),
         # and the phase is a quota alone at fair share's rate, to set the victim's latency beside fair share's.
         "flood-hand": {**FAIR_OFF, **_flood_quotas(*(hand or (BYTE_QUOTA, MUTATION_QUOTA)))},
@@ -956,7 +962,7 @@ def path_of(phase: str) -> str:
 
 
 QUOTA_PHASES = frozenset(
-    {"flood-kafka", "flood-smooth", "flood-hand", "flood-broker", "flood-paced", "flood-paced-even"}
+    {"flood-kafka", "flood-smooth", "flood-smooth-off", "flood-hand", "flood-broker", "flood-paced", "flood-paced-even"}
 )
 """The phases whose flooder is held to a quota (or holds itself to one): the summary's "/ its quota" is theirs."""
 
@@ -1128,6 +1134,7 @@ def target_lines(results: list[Result]) -> list[str]:
     ]
     for phase in (
         "flood-smooth",
+        "flood-smooth-off",
         "flood-kafka",
         "flood-broker",
         "flood-hand",
