@@ -16,11 +16,6 @@ What the probes measure, and what the table gets from each (:func:`proposal`):
 - ``Fetch`` of an empty partition with ``max_wait_ms`` 0: Fetch's base;
 - ``ListOffsets`` and ``Metadata`` of one partition, one topic: their bases.
 
-Each probe keeps many requests in flight, as a pipelining client does. Fetch, ListOffsets, Metadata and Produce
-acks=1 are probed a second time one request at a time (``in_flight`` 1): their *alone* bases, what the brokers
-charge a request whose connection awaits no other answer (a consumer's Fetch, a request/response loop), which is
-more (``quotas.kinds.RequestCosts.alone``).
-
 Every API not probed keeps its built-in row times the median of measured ÷ built-in over the probes
 (``other_apis_scale``): a cluster whose brokers charge half the table for what was probed most likely does for the
 rest too.
@@ -30,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts
 
@@ -63,12 +58,6 @@ class Probe:
     throttled: int = 0
     """Answers that carried a ``throttle_time_ms``: 0 means the probe never reached the quota, and its rate says
     what the client could do, not what the brokers allowed (:attr:`held`)."""
-    in_flight: int = 16
-    """Requests it kept outstanding: 1 measures the API's base for a request sent alone."""
-
-    @property
-    def alone(self) -> bool:
-        return self.in_flight == 1
 
     @property
     def rate(self) -> float:
@@ -115,8 +104,6 @@ class Proposal:
     replicated_ms: float | None
     scale: float
     probes: tuple[Probe, ...]
-    alone: dict[int, float] = field(default_factory=dict)
-    """API key -> its base for a request sent alone (the probes one at a time)."""
 
     def costs(self, source: str) -> RequestCosts:
         """The table the proxy would charge by (what the section parses to): each probed base with the built-in
@@ -125,7 +112,7 @@ class Proposal:
         for key, base in self.bases.items():
             _b, per_in, per_out = BUILTIN_COSTS.cost(key)
             rows[key] = (base, per_in * self.scale, per_out * self.scale)
-        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, None, source, self.alone)
+        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, None, source)
 
 
 class CalibrationError(Exception):
@@ -143,18 +130,12 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
             )
         if p.rate <= 0:
             raise CalibrationError(f"probe {p.name}: no answer in the measured time")
-    # The scale of what was not probed: from the pipelined probes, as the built-in table was fitted to such clients.
-    ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0 and not p.alone]
+    ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0]
     scale = statistics.median(ratios) if ratios else 1.0
     bases: dict[int, float] = {}
-    alone: dict[int, float] = {}
     plain: Probe | None = None
     replicated: Probe | None = None
     for p in probes:
-        if p.alone:
-            if p.api_key != PRODUCE or p.acks == 1:
-                alone[p.api_key] = max(p.cost_ms - p.size_terms_ms() * scale, 0.0)
-            continue
         if p.api_key == PRODUCE and p.acks == -1:
             replicated = p
             continue
@@ -166,7 +147,7 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
         replicated_ms = (
             max(replicated.cost_ms - plain.cost_ms, 0.0) if replicated.replication_factor > 1 else 0.0
         )  # acks=-1 to RF 1 waits for nobody: the brokers charge it as acks=1, and so does the table then
-    return Proposal(bases, replicated_ms, scale, tuple(probes), {k: v for k, v in alone.items() if k in bases})
+    return Proposal(bases, replicated_ms, scale, tuple(probes))
 
 
 def render(p: Proposal, source: str, header: Sequence[str]) -> str:
@@ -184,10 +165,9 @@ def render(p: Proposal, source: str, header: Sequence[str]) -> str:
     costs = p.costs(source)
     for key in sorted(p.bases):
         base, per_in, per_out = costs.cost(key)
-        alone = f", alone_base_ms: {p.alone[key]:.5f}" if key in p.alone else ""
         lines.append(
             f"      {API_NAMES[key]}: {{base_ms: {base:.5f}, request_ms_per_kib: {per_in:.5f}, "
-            f"response_ms_per_kib: {per_out:.5f}{alone}}}"
+            f"response_ms_per_kib: {per_out:.5f}}}"
         )
     lines.append(f"    other_apis_scale: {p.scale:.3f}")
     if p.replicated_ms is not None:

@@ -13,10 +13,8 @@ credentials (the same options as ``kafka-throttle-proxy quotas``), it:
    pipelining clients the quota is for keep theirs (a broker reads one request of a connection at a time, and after
    a throttled answer nothing until the throttle is served, KIP-219):
    Produce acks=1 to RF 1, Produce acks=-1 to the default RF, an empty Fetch with
-   ``max_wait_ms`` 0, ListOffsets, Metadata; then Produce acks=1, the Fetch, ListOffsets and Metadata again one
-   request at a time, as a consumer's Fetch and a request/response loop come (the brokers charge those more). After
-   a warm-up it counts the answers over many quota windows (the brokers hold a flooder in cycles about one window
-   long, so a short count reads high);
+   ``max_wait_ms`` 0, ListOffsets, Metadata. After a warm-up it counts the answers over many quota windows (the
+   brokers hold a flooder in cycles about one window long, so a short count reads high);
 3. removes the quotas and the topics, also when it fails or is interrupted (Ctrl-C), and says so if it cannot;
 4. prints the ``quotas.request_costs`` section the rates support (``quotas.calibration``), with comments saying
    when, against which cluster, and each probe's rate and spread; progress goes to stderr.
@@ -76,8 +74,8 @@ IN_FLIGHT = 16
 """Requests a probe keeps outstanding on its connection, as the request-heavy clients the quota is for pipeline
 theirs (librdkafka keeps thousands in flight). One at a time, the brokers charged an empty Fetch 0.079 ms and a
 ListOffsets 0.062 ms; 16 in flight, 0.036 and 0.040 ms (two calibrations, each of a fresh 3-broker cluster warmed
-first, 2026-12-06): what a request costs a broker depends on how its client sends them, so the probes that price a
-request sent alone keep one (``ProbeSpec.in_flight``)."""
+first, 2026-12-06): what a request costs a broker depends on how its client sends them, and the quota is for clients
+that pipeline."""
 SLICES = 4
 """The measured time is cut into this many slices: their spread says how steady the brokers' hold was."""
 ADMIN_TIMEOUT_MS = 30_000
@@ -92,8 +90,6 @@ class ProbeSpec:
     topic: str
     """Which probe topic: ``rf1``, ``rfd`` (the default replication factor) or ``empty``."""
     acks: int = 1
-    in_flight: int = IN_FLIGHT
-    """Requests kept outstanding: 1 probes the API's base for a request sent alone (``quotas.calibration``)."""
 
 
 PROBES = (
@@ -102,13 +98,6 @@ PROBES = (
     ProbeSpec("Fetch, empty, max_wait 0", FETCH, "empty"),
     ProbeSpec("ListOffsets", LIST_OFFSETS, "empty"),
     ProbeSpec("Metadata, one topic", METADATA, "empty"),
-    # One at a time: a consumer sends its Fetch so (one a broker), a request/response loop everything. The brokers
-    # charged those 1.5-2 x a pipelined one (IN_FLIGHT), and against the pipelined bases alone the proxy let a
-    # no-wait consumer have 1.47-1.73 x what the brokers did (issue 50).
-    ProbeSpec("Produce acks=1 RF 1, one at a time", PRODUCE, "rf1", 1, 1),
-    ProbeSpec("Fetch, empty, max_wait 0, one at a time", FETCH, "empty", 1, 1),
-    ProbeSpec("ListOffsets, one at a time", LIST_OFFSETS, "empty", 1, 1),
-    ProbeSpec("Metadata, one topic, one at a time", METADATA, "empty", 1, 1),
 )
 
 
@@ -235,7 +224,7 @@ def _request(spec: ProbeSpec, topic: str) -> tuple[Any, Any, int]:
 async def _drive(
     conn: Connection, spec: ProbeSpec, topic: str, warmup: float, seconds: float, progress: Callable[[str], None]
 ) -> tuple[list[float], int, int, int]:
-    """``spec.in_flight`` requests outstanding for ``warmup + seconds``: the answers per second of each of SLICES
+    """:data:`IN_FLIGHT` requests outstanding for ``warmup + seconds``: the answers per second of each of SLICES
     slices of the counted time, how many carried a throttle, the request's size and the last answer's."""
     req, resp_cls, version = _request(spec, topic)
     start = time.monotonic()
@@ -247,7 +236,7 @@ async def _drive(
     outstanding = 0
     while True:
         now = time.monotonic()
-        while now < end and outstanding < spec.in_flight:
+        while now < end and outstanding < IN_FLIGHT:
             conn.send(req, version)
             outstanding += 1
         if outstanding == 0:
@@ -316,8 +305,6 @@ async def calibrate(
                 # path yet): the first calibration on a fresh cluster read 3-10 x the costs of a warm one. Every
                 # probe's request runs first as fast as the broker answers, under a client id without a quota.
                 for spec in PROBES:
-                    if spec.in_flight == 1:  # the same request as a pipelined probe's: warmed with it
-                        continue
                     lhost, lport = leaders[topics[spec.topic]]
                     progress(f"warming the brokers: {spec.name.format(rf=rf)}, {args.broker_warmup:.0f} s unthrottled")
                     async with Connection(lhost, lport, sec, f"{CLIENT_PREFIX}{run}-warm") as conn:
@@ -329,12 +316,12 @@ async def calibrate(
                 progress(f"probe {i + 1}/{len(PROBES)}: {name} (broker {lhost}:{lport}, client id {clients[i]})")
                 async with Connection(lhost, lport, sec, clients[i]) as conn:
                     rates, throttled, req_bytes, resp_bytes = await _drive(
-                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks, spec.in_flight), topics[spec.topic],
+                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks), topics[spec.topic],
                         args.warmup, args.seconds, progress,
                     )  # fmt: skip
                 probes.append(
                     Probe(name, spec.api_key, args.percent, req_bytes, resp_bytes, tuple(rates), spec.acks,
-                          rf if spec.topic == "rfd" else 1, throttled, spec.in_flight)
+                          rf if spec.topic == "rfd" else 1, throttled)
                 )  # fmt: skip
             try:
                 prop = proposal(probes)

@@ -31,12 +31,8 @@ def test_cost_is_the_quota_over_the_rate_it_allowed():
         cost_ms(0, 100)
 
 
-PROBED = (PRODUCE, FETCH, LIST_OFFSETS, METADATA)
-
-
-def _cluster(scale: float, replicated_ms: float, alone: float | None = None) -> RequestCosts:
-    """Brokers that charge the built-in table times ``scale``, and ``replicated_ms`` for an acks=-1 Produce;
-    ``alone``: a probed API's request sent alone costs its base times this."""
+def _cluster(scale: float, replicated_ms: float) -> RequestCosts:
+    """Brokers that charge the built-in table times ``scale``, and ``replicated_ms`` for an acks=-1 Produce."""
     rows = {k: (b * scale, i * scale, o * scale) for k, (b, i, o) in BUILTIN_COSTS.by_api.items()}
     d = BUILTIN_COSTS.default
     return RequestCosts(
@@ -45,27 +41,23 @@ def _cluster(scale: float, replicated_ms: float, alone: float | None = None) -> 
         BUILTIN_COSTS.fetch_head_ms_per_kib * scale,
         replicated_ms,
         "x",
-        {k: rows[k][0] * alone for k in PROBED} if alone is not None else None,
     )
 
 
-def _probes(cluster: RequestCosts, rf: int = 3, alone: bool = False) -> list[Probe]:
-    """What the probes would measure against ``cluster``: each held at P × 10 / its cost, in four slices; ``alone``:
-    with the probes one request at a time too, as calibrate runs them."""
+def _probes(cluster: RequestCosts, rf: int = 3) -> list[Probe]:
+    """What the probes would measure against ``cluster``: each held at P × 10 / its cost, in four slices."""
     shapes = [
-        ("Produce acks=1 RF 1", PRODUCE, 180, 60, 1, 1, 16),
-        (f"Produce acks=-1 RF {rf}", PRODUCE, 180, 60, -1, rf, 16),
-        ("Fetch empty", FETCH, 90, 80, 1, 1, 16),
-        ("ListOffsets", LIST_OFFSETS, 70, 50, 1, 1, 16),
-        ("Metadata", METADATA, 40, 300, 1, 1, 16),
+        ("Produce acks=1 RF 1", PRODUCE, 180, 60, 1, 1),
+        (f"Produce acks=-1 RF {rf}", PRODUCE, 180, 60, -1, rf),
+        ("Fetch empty", FETCH, 90, 80, 1, 1),
+        ("ListOffsets", LIST_OFFSETS, 70, 50, 1, 1),
+        ("Metadata", METADATA, 40, 300, 1, 1),
     ]
-    if alone:
-        shapes += [(f"{n}, one at a time", key, req, resp, acks, f, 1) for n, key, req, resp, acks, f, _ in shapes]
     out = []
-    for name, key, req, resp, acks, factor, in_flight in shapes:
-        ms = cluster.request_percent(key, req, resp, acks, factor, in_flight == 1) * 10
+    for name, key, req, resp, acks, factor in shapes:
+        ms = cluster.request_percent(key, req, resp, acks, factor) * 10
         rate = P * 10 / ms
-        out.append(Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, 50, in_flight))
+        out.append(Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, throttled=50))
     return out
 
 
@@ -126,46 +118,3 @@ def test_any_cluster_scale_is_recovered(scale, replicated):
         assert costs.request_percent(
             p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor
         ) * 10 == pytest.approx(p.cost_ms, rel=0.02, abs=1e-6)
-
-
-@pytest.mark.parametrize("alone", [1.0, 1.8, 2.2])
-def test_requests_sent_alone_are_priced_by_the_probes_one_at_a_time(alone):
-    """Brokers that charge a request sent alone ``alone`` x its pipelined base (issue 50's consumers and ListOffsets
-    loop: 1.5-2 x): each probe, pipelined or one at a time, is charged what it cost; the scale of the APIs not probed
-    comes from the pipelined probes alone; an acks=-1 Produce alone is priced as acks=1 alone plus the replicated
-    term."""
-    cluster = _cluster(0.5, 0.2, alone)
-    probes = _probes(cluster, alone=True)
-    prop = proposal(probes)
-    assert prop.scale == pytest.approx(0.5, rel=0.05)
-    assert set(prop.alone) == set(PROBED)
-    costs = prop.costs("t")
-    for p in probes:
-        charged = (
-            costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor, p.alone)
-            * 10
-        )
-        assert charged == pytest.approx(p.cost_ms, rel=0.02), p.name
-    fetch_alone = costs.request_percent(FETCH, 90, 80, alone=True) / costs.request_percent(FETCH, 90, 80)
-    assert fetch_alone == pytest.approx(cluster.request_percent(FETCH, 90, 80, alone=True) / cluster.request_percent(
-        FETCH, 90, 80), rel=0.02)  # fmt: skip
-    # Printed and read back, the alone bases are the configuration's.
-    doc = yaml.safe_load(render(prop, "calibrate t", ["h"]))
-    assert doc["quotas"]["request_costs"]["apis"]["Fetch"]["alone_base_ms"] == pytest.approx(
-        prop.alone[FETCH], abs=1e-5
-    )
-    loaded = ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["k:9092"]}, **doc}).quotas.request_costs
-    assert loaded.costs().request_percent(LIST_OFFSETS, 70, 50, alone=True) == pytest.approx(
-        costs.request_percent(LIST_OFFSETS, 70, 50, alone=True), rel=1e-3
-    )
-
-
-def test_a_request_sent_alone_costs_the_same_where_the_table_has_no_alone_base():
-    """The built-in table (fitted to pipelining clients) and any API a calibration did not price alone: the same
-    charge either way; an acks=0 Produce is free either way."""
-    for key in (PRODUCE, FETCH, LIST_OFFSETS, METADATA, 9, 500):
-        assert BUILTIN_COSTS.request_percent(key, 100, 100, alone=True) == BUILTIN_COSTS.request_percent(key, 100, 100)
-    costs = _cluster(1.0, 0.2, 2.0)
-    assert costs.request_percent(9, 100, 100, alone=True) == costs.request_percent(9, 100, 100)
-    assert costs.request_percent(PRODUCE, 100, 0, 0, alone=True) == 0.0
-    assert costs.request_percent(FETCH, 100, 0, alone=True) > costs.request_percent(FETCH, 100, 0)

@@ -85,7 +85,6 @@ class FakeConn:
         self.mute = FakeMute()
         self.traffic = Traffic()
         self.policy_state = None
-        self.inflight: list[object] = []  # its requests awaiting an answer: none (each request is sent alone)
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
         raise AssertionError("no cluster lookup expected in these tests")
@@ -245,32 +244,6 @@ def test_request_percentage_charges_estimated_thread_time_not_upstream_time(upst
     charged = _round_trip(policy, conn, clock, header, request, body, upstream_s)
     assert charged == pytest.approx(_expected(header, request, body))
     assert 0.0015 < charged < 0.004  # 15-40 microseconds of a thread, never the 200 ms the clock moved
-
-
-def test_a_request_sent_alone_is_charged_the_alone_base_one_behind_others_the_pipelined_one():
-    """Issue 50: the brokers charge a request whose connection awaits no other answer (a consumer's Fetch, one a
-    broker at a time) more than a pipelining client's, and calibrate prices both; the policy tells them apart by
-    what of the connection is still in flight when the request arrives."""
-    clock = Clock()
-    policy = _policy(clock, request_percentage=1000)
-    cfg = ProxyConfig.model_validate(
-        {
-            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
-            "quotas": {
-                "enforcement": "kafka",
-                "entities": [{"entity": {"user": "alice"}, "quotas": {"request_percentage": 1000}}],
-                "request_costs": {"apis": {"Fetch": {"base_ms": 0.04, "alone_base_ms": 0.08}}},
-            },
-        }
-    )
-    policy.reload(cfg)
-    header, request = _fetch()
-    conn = FakeConn()
-    alone = policy.on_request(conn, header, request, clock()).values[REQUEST_PERCENTAGE][0]
-    conn.inflight.append(object())  # one answer outstanding: this one is pipelined behind it
-    behind = policy.on_request(conn, header, request, clock()).values[REQUEST_PERCENTAGE][0]
-    assert (alone - behind) * 10 == pytest.approx(0.04, rel=1e-6)  # ms: the two bases' difference, all else equal
-    assert behind * 10 == pytest.approx(cfg.quotas.request_costs.costs().thread_ms(Api.FETCH, len(request) - 4, 0))
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.5])
