@@ -225,7 +225,11 @@ async def _drive(
     conn: Connection, spec: ProbeSpec, topic: str, warmup: float, seconds: float, progress: Callable[[str], None]
 ) -> tuple[list[float], int, int, int]:
     """:data:`IN_FLIGHT` requests outstanding for ``warmup + seconds``: the answers per second of each of SLICES
-    slices of the counted time, how many carried a throttle, the request's size and the last answer's."""
+    slices of the counted time, how many carried a throttle, the request's size and its largest answer's. Why the
+    largest, not the last: a broker holding a Fetch over its request quota answers it empty (the partitions left out,
+    ``FetchContext.getThrottledResponse``), and the base is what the probe cost less the size terms of its answer.
+    Taken from whichever answer came last, a throttled one or not, the Fetch base moved by half its value between two
+    probes of one calibration; the proxy charges a client's Fetch by the full answer it sees."""
     req, resp_cls, version = _request(spec, topic)
     start = time.monotonic()
     counted_from, end = start + warmup, start + warmup + seconds
@@ -234,6 +238,7 @@ async def _drive(
     throttled = 0
     shown = start
     outstanding = 0
+    largest = 0
     while True:
         now = time.monotonic()
         while now < end and outstanding < IN_FLIGHT:
@@ -243,6 +248,8 @@ async def _drive(
             break
         resp = await conn.receive(resp_cls, version)
         outstanding -= 1
+        if conn.last_response_bytes > largest:
+            largest = conn.last_response_bytes
         errors = _errors(spec, resp)
         if errors:
             raise Refused(f"probe {spec.name}: the broker answered {errors}")
@@ -255,7 +262,7 @@ async def _drive(
             shown = t
             counted = sum(counts)
             progress(f"{spec.name}: {t - start:.0f}/{warmup + seconds:.0f} s, {counted} answers counted")
-    return [c / slice_s for c in counts], throttled, conn.last_request_bytes, conn.last_response_bytes
+    return [c / slice_s for c in counts], throttled, conn.last_request_bytes, largest
 
 
 def _errors(spec: ProbeSpec, resp: Any) -> str:
