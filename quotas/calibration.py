@@ -13,7 +13,11 @@ What the probes measure, and what the table gets from each (:func:`proposal`):
   per-KiB term kept from the built-in table, scaled; the probe's request is a few hundred bytes);
 - ``Produce`` acks=-1 to a partition of the cluster's default replication factor: less the acks=1 cost, the term a
   Produce whose acks wait for the followers adds (``produce_replicated_ms``; 0 when the default factor is 1);
-- ``Fetch`` of an empty partition with ``max_wait_ms`` 0: Fetch's base;
+- ``Fetch`` of an empty partition with ``max_wait_ms`` 0: Fetch's base (an answer without records is all base:
+  ``quotas.kinds.FETCH_BARE_BYTES``);
+- ``Fetch`` of about a KiB of records from a written partition (``records``): less the empty one's cost, over the
+  bytes its answer has past the bare ones, the steep head of a Fetch that returns data
+  (``fetch_head_ms_per_kib``): what a tailing consumer's Fetch costs beyond an empty one;
 - ``ListOffsets`` and ``Metadata`` of one partition, one topic: their bases.
 
 Every API not probed keeps its built-in row times the median of measured ÷ built-in over the probes
@@ -27,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts
+from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts, fetch_head_bytes
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata"}
 
@@ -58,6 +62,8 @@ class Probe:
     throttled: int = 0
     """Answers that carried a ``throttle_time_ms``: 0 means the probe never reached the quota, and its rate says
     what the client could do, not what the brokers allowed (:attr:`held`)."""
+    records: bool = False
+    """A Fetch whose answers carry records (the tailing probe): it gives the head term, not the base."""
 
     @property
     def rate(self) -> float:
@@ -87,12 +93,14 @@ class Probe:
         )
 
     def size_terms_ms(self) -> float:
-        """The built-in table's terms for this request's bytes and its answer's, its base left out: what the probe's
-        cost holds beyond the base (scaled with everything not measured)."""
-        return (
-            BUILTIN_COSTS.thread_ms(self.api_key, self.request_bytes, self.response_bytes)
-            - BUILTIN_COSTS.cost(self.api_key)[0]
-        )
+        """The built-in table's terms for this request's bytes and its answer's, its base and a Fetch's head left
+        out: what the probe's cost holds beyond the base and the head (scaled with everything not measured)."""
+        _base, per_in, per_out = BUILTIN_COSTS.cost(self.api_key)
+        return (per_in * self.request_bytes + per_out * self.response_bytes) / 1024
+
+    def head_bytes(self) -> int:
+        """The bytes of its answer a Fetch's head term charges (0 for another API)."""
+        return fetch_head_bytes(self.response_bytes) if self.api_key == FETCH else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,8 @@ class Proposal:
     replicated_ms: float | None
     scale: float
     probes: tuple[Probe, ...]
+    fetch_head_ms_per_kib: float | None = None
+    """From the tailing Fetch probe; ``None`` without one (the built-in term, scaled)."""
 
     def costs(self, source: str) -> RequestCosts:
         """The table the proxy would charge by (what the section parses to): each probed base with the built-in
@@ -112,7 +122,7 @@ class Proposal:
         for key, base in self.bases.items():
             _b, per_in, per_out = BUILTIN_COSTS.cost(key)
             rows[key] = (base, per_in * self.scale, per_out * self.scale)
-        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, None, source)
+        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, self.fetch_head_ms_per_kib, source)
 
 
 class CalibrationError(Exception):
@@ -132,6 +142,19 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
             raise CalibrationError(f"probe {p.name}: no answer in the measured time")
     ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0]
     scale = statistics.median(ratios) if ratios else 1.0
+    head_ms = BUILTIN_COSTS.fetch_head_ms_per_kib * scale / 1024  # a Fetch answer's head, ms a byte
+    tail = next((p for p in probes if p.api_key == FETCH and p.records), None)
+    empty = next((p for p in probes if p.api_key == FETCH and not p.records), None)
+    fetch_head: float | None = None
+    if tail is not None and empty is not None:
+        if tail.head_bytes() <= empty.head_bytes():
+            raise CalibrationError(
+                f"probe {tail.name}: its answers ({tail.response_bytes} bytes) carried no more than the empty "
+                f"Fetch's ({empty.response_bytes}): no records to measure the head term by"
+            )
+        extra = (tail.cost_ms - tail.size_terms_ms() * scale) - (empty.cost_ms - empty.size_terms_ms() * scale)
+        head_ms = max(extra, 0.0) / (tail.head_bytes() - empty.head_bytes())
+        fetch_head = head_ms * 1024
     bases: dict[int, float] = {}
     plain: Probe | None = None
     replicated: Probe | None = None
@@ -139,15 +162,17 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
         if p.api_key == PRODUCE and p.acks == -1:
             replicated = p
             continue
+        if p.records:
+            continue
         if p.api_key == PRODUCE:
             plain = p
-        bases[p.api_key] = max(p.cost_ms - p.size_terms_ms() * scale, 0.0)
+        bases[p.api_key] = max(p.cost_ms - p.size_terms_ms() * scale - p.head_bytes() * head_ms, 0.0)
     replicated_ms: float | None = None
     if replicated is not None and plain is not None:
         replicated_ms = (
             max(replicated.cost_ms - plain.cost_ms, 0.0) if replicated.replication_factor > 1 else 0.0
         )  # acks=-1 to RF 1 waits for nobody: the brokers charge it as acks=1, and so does the table then
-    return Proposal(bases, replicated_ms, scale, tuple(probes))
+    return Proposal(bases, replicated_ms, scale, tuple(probes), fetch_head)
 
 
 def render(p: Proposal, source: str, header: Sequence[str]) -> str:
@@ -172,6 +197,8 @@ def render(p: Proposal, source: str, header: Sequence[str]) -> str:
     lines.append(f"    other_apis_scale: {p.scale:.3f}")
     if p.replicated_ms is not None:
         lines.append(f"    produce_replicated_ms: {p.replicated_ms:.4f}")
+    if p.fetch_head_ms_per_kib is not None:
+        lines.append(f"    fetch_head_ms_per_kib: {p.fetch_head_ms_per_kib:.4f}")
     return "\n".join(lines) + "\n"
 
 

@@ -159,7 +159,7 @@ HEARTBEAT: Final = 12
 # sendfile: cheap per KiB.
 THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
     PRODUCE:          (0.048, 0.003, 0.0),
-    FETCH:            (0.036, 0.002, 0.0005),
+    FETCH:            (0.050, 0.002, 0.0005),
     LIST_OFFSETS:     (0.046, 0.002, 0.002),
     METADATA:         (0.025, 0.002, 0.005),
     OFFSET_COMMIT:    (0.030, 0.002, 0.002),
@@ -172,11 +172,20 @@ THREAD_COST_MS: Final[dict[int, tuple[float, float, float]]] = {
 # fmt: on
 FETCH_HEAD_BYTES: Final = 1024
 FETCH_HEAD_MS_PER_KIB: Final = 0.17
-"""A Fetch's response term is steep over its first :data:`FETCH_HEAD_BYTES` (on top of the row's ``out``): a
-Fetch that returns record batches costs a broker more than an empty one: finding and reading the data at all (index
-lookup, batch headers scanned from the index position, the network thread's send), which does not keep growing
-with a large answer's bytes. Its brokers' own request log showed a tailing consumer's Fetch at 0.02-0.1 ms of
-handler time (p50) against 0.003 ms an empty one; scaled with the base by run 8's x 1.7 (BENCHMARKS.md)."""
+"""A Fetch's response term is steep over the :data:`FETCH_HEAD_BYTES` after its first :data:`FETCH_BARE_BYTES`
+(on top of the row's ``out``): a Fetch that returns record batches costs a broker more than an empty one: finding
+and reading the data at all (index lookup, batch headers scanned from the index position, the network thread's
+send), which does not keep growing with a large answer's bytes. Its brokers' own request log showed a tailing
+consumer's Fetch at 0.02-0.1 ms of handler time (p50) against 0.003 ms an empty one; scaled with the base by run 8's
+x 1.7 (BENCHMARKS.md)."""
+FETCH_BARE_BYTES: Final = 128
+"""What an answer without records takes before the head term starts: a one- or two-partition empty Fetch answer is
+68-110 bytes (librdkafka's v16 answer for one partition 68, calibrate's v7 probe with a 33-character topic name
+99). Counted from byte 0, the head's slope made those few header bytes a third of an empty Fetch's cost, so a
+consumer's v16 Fetch was charged 30 % less than the calibrated probe's and the proxy let two no-wait consumers 1.38
+x the requests the brokers did (issue 50, run 11). Bytes of an empty answer are headers, not data the broker read;
+the empty Fetch's cost is its base. (The built-in base rose from 0.036 to 0.050 ms with it: what a ~90-byte answer
+was charged before.)"""
 PRODUCE_ACKS_ALL_MS: Final = 0.35
 """Added to an acks=-1 Produce. A broker completes, on the producer's request thread, the delayed Fetch of each
 follower the append unblocked (ReplicaManager.addCompletePurgatoryAction, run by KafkaApis.handle's
@@ -188,6 +197,13 @@ charged it; docs/quotas.md.)"""
 DEFAULT_THREAD_COST_MS: tuple[float, float, float] = (0.030, 0.002, 0.005)
 """Any API :data:`THREAD_COST_MS` does not name (admin APIs, transactions, ...): not calibrated. Not Final, nor
 ``_DEFAULT_PERCENT``: mypyc left a Final tuple of floats unset ("value for final name was not set")."""
+
+
+def fetch_head_bytes(response_bytes: int) -> int:
+    """The bytes of a Fetch answer the head term charges: past the bare :data:`FETCH_BARE_BYTES`, at most
+    :data:`FETCH_HEAD_BYTES`."""
+    head = response_bytes - FETCH_BARE_BYTES
+    return 0 if head <= 0 else (head if head < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
 
 
 Cost = tuple[float, float, float]
@@ -223,7 +239,8 @@ class RequestCosts:
         self.default = default
         """Any API :attr:`by_api` does not name."""
         self.fetch_head_ms_per_kib = fetch_head_ms_per_kib
-        """Fetch's steep first :data:`FETCH_HEAD_BYTES` of response (:data:`FETCH_HEAD_MS_PER_KIB`)."""
+        """Fetch's steep :data:`FETCH_HEAD_BYTES` of response after its bare :data:`FETCH_BARE_BYTES`
+        (:data:`FETCH_HEAD_MS_PER_KIB`)."""
         self.replicated_ms = replicated_ms
         """Added to a Produce whose acks wait for the followers (acks=-1: :data:`PRODUCE_ACKS_ALL_MS`)."""
         self.source = source
@@ -265,7 +282,7 @@ class RequestCosts:
         c = self.cost(api_key)
         ms = c[0] + (c[1] * request_bytes + c[2] * response_bytes) / 1024
         if api_key == FETCH:
-            ms += self.fetch_head_ms_per_kib * min(response_bytes, FETCH_HEAD_BYTES) / 1024
+            ms += self.fetch_head_ms_per_kib * fetch_head_bytes(response_bytes) / 1024
         return ms
 
     def thread_percent(self, api_key: int, request_bytes: int, response_bytes: int) -> float:
@@ -275,7 +292,7 @@ class RequestCosts:
         c = pct[api_key] if 0 <= api_key < len(pct) else self._default
         a = c[0] + c[1] * request_bytes + c[2] * response_bytes
         if api_key == FETCH:
-            a += self._fetch_head * (response_bytes if response_bytes < FETCH_HEAD_BYTES else FETCH_HEAD_BYTES)
+            a += self._fetch_head * fetch_head_bytes(response_bytes)
         return a
 
     def request_percent(

@@ -17,6 +17,7 @@ from quotas.kinds import (
     BY_NAME,
     DEFAULT_THREAD_COST_MS,
     FETCH,
+    FETCH_BARE_BYTES,
     FETCH_HEAD_BYTES,
     FETCH_HEAD_MS_PER_KIB,
     MUTATION_APIS,
@@ -130,9 +131,11 @@ def _thread_percent(api: Column) -> Column:
         per_out = F.when(api == key, F.lit(o)).otherwise(per_out)
     bytes_in = F.coalesce(F.col("bytes_in"), F.lit(0)).cast("double")
     bytes_out = F.coalesce(F.col("bytes_out"), F.lit(0)).cast("double")
-    # Fetch's steep first KiB (quotas.kinds.FETCH_HEAD_*). Not replayed: a Produce's acks=-1 term (acks is not
-    # logged); a request a quota charged has its exact amount logged, so this fallback only prices the rest.
-    head = F.when(api == FETCH, F.lit(FETCH_HEAD_MS_PER_KIB) * F.least(bytes_out, F.lit(float(FETCH_HEAD_BYTES))))
+    # Fetch's steep KiB past its bare bytes (quotas.kinds.fetch_head_bytes). Not replayed: a Produce's acks=-1 term
+    # (acks is not logged); a request a quota charged has its exact amount logged, so this fallback only prices
+    # the rest.
+    past_bare = F.greatest(bytes_out - F.lit(float(FETCH_BARE_BYTES)), F.lit(0.0))
+    head = F.when(api == FETCH, F.lit(FETCH_HEAD_MS_PER_KIB) * F.least(past_bare, F.lit(float(FETCH_HEAD_BYTES))))
     return (base + (per_in * bytes_in + per_out * bytes_out + F.coalesce(head, F.lit(0.0))) / 1024.0) / 10.0
 
 

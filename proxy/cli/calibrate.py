@@ -12,9 +12,10 @@ credentials (the same options as ``kafka-throttle-proxy quotas``), it:
    warm one does), then each probe on its own connection to its partition's leader, 16 requests in flight as the
    pipelining clients the quota is for keep theirs (a broker reads one request of a connection at a time, and after
    a throttled answer nothing until the throttle is served, KIP-219):
-   Produce acks=1 to RF 1, Produce acks=-1 to the default RF, an empty Fetch with
-   ``max_wait_ms`` 0, ListOffsets, Metadata. After a warm-up it counts the answers over many quota windows (the
-   brokers hold a flooder in cycles about one window long, so a short count reads high);
+   Produce acks=1 to RF 1, Produce acks=-1 to the default RF, an empty Fetch with ``max_wait_ms`` 0, a Fetch of
+   about a KiB of the records the first probe wrote, ListOffsets, Metadata. After a warm-up it counts the answers
+   over many quota windows (the brokers hold a flooder in cycles about one window long, so a short count reads
+   high);
 3. removes the quotas and the topics, also when it fails or is interrupted (Ctrl-C), and says so if it cannot;
 4. prints the ``quotas.request_costs`` section the rates support (``quotas.calibration``), with comments saying
    when, against which cluster, and each probe's rate and spread; progress goes to stderr.
@@ -80,6 +81,9 @@ SLICES = 4
 ADMIN_TIMEOUT_MS = 30_000
 VALUE_BYTES = 100
 """A probe Produce's one record: a few hundred bytes a request, as the request-heavy clients the quota is for."""
+TAIL_BYTES = 1024
+"""What the tailing Fetch probe asks of its partition: about a KiB of record batches an answer (a broker returns
+whole batches up to it), the span of the head term (``quotas.kinds.FETCH_HEAD_BYTES``) it measures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +93,15 @@ class ProbeSpec:
     topic: str
     """Which probe topic: ``rf1``, ``rfd`` (the default replication factor) or ``empty``."""
     acks: int = 1
+    records: bool = False
+    """A Fetch from the start of a written partition (the tailing probe), not of an empty one."""
 
 
 PROBES = (
     ProbeSpec("Produce acks=1 RF 1", PRODUCE, "rf1", 1),
     ProbeSpec("Produce acks=-1 RF {rf}", PRODUCE, "rfd", -1),
     ProbeSpec("Fetch, empty, max_wait 0", FETCH, "empty"),
+    ProbeSpec(f"Fetch, {TAIL_BYTES} B of records, max_wait 0", FETCH, "rf1", records=True),
     ProbeSpec("ListOffsets", LIST_OFFSETS, "empty"),
     ProbeSpec("Metadata, one topic", METADATA, "empty"),
 )
@@ -203,9 +210,10 @@ def _request(spec: ProbeSpec, topic: str) -> tuple[Any, Any, int]:
         return req, ProduceResponse, VERSIONS["produce"]
     if spec.api_key == FETCH:
         ft = FetchRequest.FetchTopic
-        fp = ft.FetchPartition(partition=0, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)
+        limit = TAIL_BYTES if spec.records else 1 << 20  # the empty probe's partition has nothing to return
+        fp = ft.FetchPartition(partition=0, fetch_offset=0, log_start_offset=-1, partition_max_bytes=limit)
         req = FetchRequest(
-            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0, session_id=0,
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=limit, isolation_level=0, session_id=0,
             session_epoch=-1, topics=[ft(topic=topic, topic_id=None, partitions=[fp])], forgotten_topics_data=[],
         )  # fmt: skip
         return req, FetchResponse, VERSIONS["fetch"]
@@ -322,12 +330,12 @@ async def calibrate(
                 progress(f"probe {i + 1}/{len(PROBES)}: {name} (broker {lhost}:{lport}, client id {clients[i]})")
                 async with Connection(lhost, lport, sec, clients[i]) as conn:
                     rates, throttled, req_bytes, resp_bytes = await _drive(
-                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks), topics[spec.topic],
+                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks, spec.records), topics[spec.topic],
                         args.warmup, args.seconds, progress,
                     )  # fmt: skip
                 probes.append(
                     Probe(name, spec.api_key, args.percent, req_bytes, resp_bytes, tuple(rates), spec.acks,
-                          rf if spec.topic == "rfd" else 1, throttled)
+                          rf if spec.topic == "rfd" else 1, throttled, spec.records)
                 )  # fmt: skip
             try:
                 prop = proposal(probes)

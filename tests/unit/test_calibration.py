@@ -44,20 +44,25 @@ def _cluster(scale: float, replicated_ms: float) -> RequestCosts:
     )
 
 
-def _probes(cluster: RequestCosts, rf: int = 3) -> list[Probe]:
+def _probes(cluster: RequestCosts, rf: int = 3, tail: bool = True) -> list[Probe]:
     """What the probes would measure against ``cluster``: each held at P × 10 / its cost, in four slices."""
     shapes = [
         ("Produce acks=1 RF 1", PRODUCE, 180, 60, 1, 1),
         (f"Produce acks=-1 RF {rf}", PRODUCE, 180, 60, -1, rf),
-        ("Fetch empty", FETCH, 90, 80, 1, 1),
+        ("Fetch empty", FETCH, 90, 99, 1, 1),
         ("ListOffsets", LIST_OFFSETS, 70, 50, 1, 1),
         ("Metadata", METADATA, 40, 300, 1, 1),
     ]
+    if tail:
+        shapes.append(("Fetch records", FETCH, 90, 1_100, 1, 1))
     out = []
     for name, key, req, resp, acks, factor in shapes:
         ms = cluster.request_percent(key, req, resp, acks, factor) * 10
         rate = P * 10 / ms
-        out.append(Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, throttled=50))
+        out.append(
+            Probe(name, key, P, req, resp, (rate * 0.9, rate * 1.1, rate, rate), acks, factor, throttled=50,
+                  records=name == "Fetch records")
+        )  # fmt: skip
     return out
 
 
@@ -75,6 +80,30 @@ def test_the_proposed_table_charges_what_the_brokers_charged(scale):
         assert charged == pytest.approx(p.cost_ms, rel=0.02), p.name
     assert prop.replicated_ms == pytest.approx(0.2, rel=0.02)
     assert costs.thread_ms(9, 100, 100) == pytest.approx(_cluster(scale, 0).thread_ms(9, 100, 100), rel=0.05)
+
+
+def test_the_tailing_fetch_gives_the_head_term_and_the_empty_one_the_base():
+    """Brokers whose Fetch head is 3 x the built-in one's (scaled): the tailing probe recovers it, the empty probe
+    the base, and a consumer's Fetch after a one-partition empty answer (68 bytes, librdkafka's v16) is charged
+    what the 99-byte v7 probe's was (issue 50, run 11: 30 % apart when every answer byte was head)."""
+    rows = {k: (b * 0.5, i * 0.5, o * 0.5) for k, (b, i, o) in BUILTIN_COSTS.by_api.items()}
+    d = BUILTIN_COSTS.default
+    head = BUILTIN_COSTS.fetch_head_ms_per_kib * 1.5
+    cluster = RequestCosts(rows, (d[0] * 0.5, d[1] * 0.5, d[2] * 0.5), head, 0.2, "x")
+    prop = proposal(_probes(cluster))
+    assert prop.fetch_head_ms_per_kib == pytest.approx(head, rel=0.02)
+    costs = prop.costs("t")
+    assert costs.thread_ms(FETCH, 90, 68) == pytest.approx(cluster.thread_ms(FETCH, 90, 99), rel=0.02)
+    assert costs.thread_ms(FETCH, 90, 700) == pytest.approx(cluster.thread_ms(FETCH, 90, 700), rel=0.02)
+    assert "fetch_head_ms_per_kib: " in render(prop, "s", [])
+    assert proposal(_probes(cluster, tail=False)).fetch_head_ms_per_kib is None
+
+
+def test_a_tailing_fetch_that_read_no_records_is_refused():
+    probes = _probes(_cluster(0.5, 0.2))
+    probes[-1] = Probe("Fetch records", FETCH, P, 90, 99, (500.0,), throttled=5, records=True)
+    with pytest.raises(CalibrationError, match="probe Fetch records: its answers \\(99 bytes\\).*no records"):
+        proposal(probes)
 
 
 def test_acks_all_to_an_unreplicated_cluster_adds_nothing():

@@ -19,6 +19,7 @@ from protocol.headers import parse_request_header
 from protocol.inflight import produce_acks
 from quotas.kinds import (
     FETCH,
+    FETCH_BARE_BYTES,
     FETCH_HEAD_BYTES,
     LIST_OFFSETS,
     PRODUCE,
@@ -120,12 +121,25 @@ def test_fetch_response_term_is_steep_over_its_head_then_shallow():
     """A broker's extra cost for a Fetch that returns data at all is in its first KiB (finding and reading the
     batches, sending them); beyond it record bytes go out by sendfile, cheap: a 1 MiB answer ~0.6 ms, not 100."""
     header, frame = _frame(fetch_request("t", version=12))
-    at = [_ms(header, frame, n) for n in (0, FETCH_HEAD_BYTES // 2, FETCH_HEAD_BYTES, 2 * FETCH_HEAD_BYTES)]
+    bare = FETCH_BARE_BYTES
+    at = [_ms(header, frame, bare + n) for n in (0, FETCH_HEAD_BYTES // 2, FETCH_HEAD_BYTES, 2 * FETCH_HEAD_BYTES)]
     head_slope = (at[2] - at[1]) / (FETCH_HEAD_BYTES / 2)
     tail_slope = (at[3] - at[2]) / FETCH_HEAD_BYTES
     assert at[1] - at[0] == pytest.approx(at[2] - at[1])  # linear over the head
     assert head_slope > 50 * tail_slope > 0
     assert 0.3 < _ms(header, frame, 1 << 20) < 1.0
+
+
+def test_an_empty_fetch_answer_is_charged_its_base_whatever_its_version():
+    """The bytes of an answer without records are headers, not data a broker read: librdkafka's v16 answer for one
+    partition (68 bytes) and calibrate's v7 probe's (99) are charged alike, so the cost calibrated on the probe is
+    the one a consumer's Fetch is charged (issue 50, run 11: 30 % apart when the head term counted from byte 0)."""
+    header, frame = _frame(fetch_request("t", max_wait_ms=0, version=12))
+    per_out = THREAD_COST_MS[FETCH][2] / 1024  # the shallow term every answer byte pays, head or not
+    bare = _ms(header, frame, FETCH_BARE_BYTES)
+    assert _ms(header, frame, 68) == pytest.approx(bare - (FETCH_BARE_BYTES - 68) * per_out)
+    assert _ms(header, frame, 99) == pytest.approx(bare - (FETCH_BARE_BYTES - 99) * per_out)
+    assert _ms(header, frame, FETCH_BARE_BYTES + 100) > bare + 50 * 100 * per_out  # past the bare bytes, the head
 
 
 def test_list_offsets_is_charged_what_the_brokers_did():
