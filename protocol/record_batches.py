@@ -450,12 +450,14 @@ def _u32(data: bytes, pos: i64) -> i64:
 
 
 def producer_ids_and_shape(
-    body: bytes | bytearray | memoryview, version: int, offset: int = 0
+    body: bytes | bytearray | memoryview, version: int, offset: int = 0, spans: list[tuple[int, int]] | None = None
 ) -> tuple[set[int], Shape | None]:
     """:func:`producer_ids`, and the request's :class:`Shape` when it has one non-null records field (None
-    otherwise, or when its skeleton exceeds :data:`MAX_SHAPE_BYTES`)."""
+    otherwise, or when its skeleton exceeds :data:`MAX_SHAPE_BYTES`). ``spans``: the request's record fields
+    (:func:`record_spans` of ``body``) when the caller has walked them already."""
     buf = memoryview(body)
-    spans = _record_spans(buf, version, offset)
+    if spans is None:
+        spans = _record_spans(buf, version, offset)
     ids = _ids_in(buf, spans, version, offset)
     shape = None
     if len(spans) == 1:

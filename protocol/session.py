@@ -8,8 +8,9 @@ socket, clock or quota, so it can be driven and tested with bytes alone (h11's `
 The asyncio glue (:mod:`proxy.connection`) feeds it frames, asks the policy, and writes what it is told.
 
 Requests: :meth:`Session.receive` reads one frame (header, SASL state, version caps) and returns a
-:class:`Request` for the policy, the frame itself to forward as is (a raw SASL token), or None (answered here).
-The glue then records what it did with :meth:`forward` or :meth:`answer`; :meth:`ready_answers` releases the
+:class:`~protocol.request.Request` (what every rule reads of it, read once) for the policy, the frame itself to
+forward as is (a raw SASL token), or None (answered here). The glue then records what it did with :meth:`forward`
+or :meth:`answer`; :meth:`ready_answers` releases the
 proxy's own answers once everything before them is answered.
 
 What waits, and until when, is decided here too; the glue only carries it out (pauses the socket, schedules the
@@ -43,8 +44,9 @@ from protocol.headers import (
     response_body_offset,
     response_correlation_id,
 )
-from protocol.inflight import InFlight, Pending, produce_acks, requested_wait_ms
+from protocol.inflight import InFlight, Pending, requested_wait_ms
 from protocol.principal import ConnectionIdentity
+from protocol.request import Request, read_request
 from protocol.sasl_identity import (
     SaslTokenError,
     decode_authenticate_request,
@@ -118,32 +120,6 @@ QUIET_S: Final = 5.0
 Memory): a connection that fetched a burst should not keep the buffer that burst grew while it idles."""
 
 
-class Request:
-    """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
-
-    __slots__ = ("header", "frame", "answered", "acks")
-
-    def __init__(self, header: RequestHeader, frame: Any, answered: bool, acks: int = 1) -> None:
-        self.header = header
-        self.frame = frame
-        """The whole frame, size prefix included (``bytes``, or a view of a large one: copy that to keep it); its
-        body is at ``4 + header.body_offset``."""
-        self.answered = answered
-        """False for Produce acks=0: no response will come."""
-        self.acks = acks
-        """A Produce's ``acks``, read once here (1 for every other API): its answer's baseline class
-        (``quotas.fair_share.sample_class``) tells acks=all from acks=1."""
-
-
-def read_request(header: RequestHeader, frame: Any) -> Request:
-    """A request frame whose header is read: its acks (a Produce's) and whether an answer comes. Raises the
-    protocol's errors for a Produce too short to hold acks."""
-    if header.api_key == Api.PRODUCE:
-        acks = produce_acks(frame, header, 4)
-        return Request(header, frame, acks != 0, acks)
-    return Request(header, frame, True)
-
-
 def _body(frame: Any, header: RequestHeader) -> memoryview:
     """The request's body: a view of ``frame`` after its size prefix and header (read only where a body is)."""
     if header.body_offset is None:
@@ -180,8 +156,9 @@ class Session:
         self._held_requests: deque[bytes] | None = None
         self._holds: set[str] = set()
         """Why the frames in ``_held_requests`` wait, besides the mute and ``sasl_hold`` (Pause.DECIDING, TURN)."""
-        self.deferred: tuple[Any, bytes] | None = None
-        """A deferred request (the policy's verdict, its frame) whose decision waits until the mute is over."""
+        self.deferred: tuple[Any, Request] | None = None
+        """A deferred request (the policy's verdict, the request with its frame copied) whose decision waits until
+        the mute is over."""
         self.held_responses: deque[Any] | None = None
         """Responses held behind one that waits for a new broker listener (None when none waits)."""
         self._own_corr = -1
@@ -302,15 +279,15 @@ class Session:
         self._holds.discard(reason)
         return not self._holds and not muted and not self.sasl_hold
 
-    def defer_decision(self, deferred: Any, frame: bytes, muted: bool) -> bool:
+    def defer_decision(self, deferred: Any, request: Request, muted: bool) -> bool:
         """A deferred request (``after`` said DECIDING) whose decision must first wait out a mute (``muted``):
         True when it is kept for :meth:`unmuted`, False when it is decided now."""
         if not muted:
             return False
-        self.deferred = (deferred, frame)
+        self.deferred = (deferred, request)
         return True
 
-    def unmuted(self, hold_ended: bool) -> tuple[Any, bytes] | bool:
+    def unmuted(self, hold_ended: bool) -> tuple[Any, Request] | bool:
         """The mute is over (``hold_ended``: it held a request over quota, whose response has now been served for
         its throttle). The deferred request that waited for it, to decide now; else True when the held requests
         may be taken back (nothing else holds them), False when they still wait."""

@@ -38,6 +38,7 @@ from protocol.apis import REQUESTS, Api, DecodeError, api_name, decode_body, req
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, parse_request_header
 from protocol.record_batches import record_spans
+from protocol.request import Request
 
 TOPIC_AUTHORIZATION_FAILED: Final = 29
 RESERVED_PREFIX: Final = "__ktp_"
@@ -159,11 +160,14 @@ class ProtectedTopics:
         if changed:
             self._rebuild()
 
-    def may_name(self, api_key: int, frame: Any, header: RequestHeader | None = None) -> bool:
+    def may_name(
+        self, api_key: int, frame: Any, header: RequestHeader | None = None, request: Request | None = None
+    ) -> bool:
         """Whether the request ``frame`` (size prefix included) may name a protected topic: a byte search for
         every protected name (and the prefix) and id. False is certain; True is checked by :func:`check`. A
-        large Produce is searched outside its records only (the names and ids sit between them); ``header``,
-        when the caller has read it, spares reading it again."""
+        large Produce is searched outside its records only (the names and ids sit between them); ``header`` and
+        ``request``, when the caller has read them, spare reading them again (the record fields' spans are the
+        request's, walked once for every rule that needs them)."""
         if api_key not in GUARDED_APIS:
             return False
         if isinstance(frame, bytes):
@@ -171,11 +175,11 @@ class ProtectedTopics:
                 if m in frame:
                     return True
             return False
-        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(frame, header)
+        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(frame, header, request)
         return any(m in data for m in self._markers)
 
 
-def _outside_records(frame: Any, header: RequestHeader | None) -> bytes:
+def _outside_records(frame: Any, header: RequestHeader | None, request: Request | None = None) -> bytes:
     """A large Produce frame without its record sets: where its topic names and ids are."""
     if header is None:
         header = parse_request_header(frame, 4)
@@ -184,7 +188,11 @@ def _outside_records(frame: Any, header: RequestHeader | None) -> bytes:
         return bytes(view)
     out = bytearray()
     pos = 0
-    for start, end in record_spans(view, header.api_version, header.body_offset):
+    if request is not None:
+        spans = request.record_spans()
+    else:
+        spans = record_spans(view, header.api_version, header.body_offset)
+    for start, end in spans:
         out += view[pos:start]
         pos = end
     out += view[pos:]

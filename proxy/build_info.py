@@ -27,6 +27,7 @@ COMPILED = (
     "protocol.frames",
     "protocol.inflight",
     "protocol.session",
+    "protocol.request",  # the request as read: every rule takes it
     "protocol.record_batches",
     "protocol.endpoint_apis",  # every Produce v10+ / Fetch v16+ response is checked for node_endpoints
     "protocol.request_fields",  # Fetch's replica id and max_bytes, read by the policy

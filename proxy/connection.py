@@ -29,9 +29,10 @@ from protocol.frames import (
     StreamHead,
     StreamPiece,
 )
-from protocol.headers import parse_request_header, response_body_offset
+from protocol.headers import response_body_offset
 from protocol.inflight import Pending
-from protocol.session import RAW, Pause, Request, read_request
+from protocol.request import Request
+from protocol.session import RAW, Pause
 from protocol.text import printable
 from proxy.connection_life import ConnectionLife, Services
 from proxy.policy import Decision, Verdict
@@ -122,7 +123,7 @@ class Connection(ConnectionLife):
                 if reason is not None:
                     self.pause(self.client, reason)
                     if deferred:
-                        self._start_decision(item, bytes(frame))
+                        self._start_decision(item, item.request.copied())
                     elif reason is Pause.TURN:  # other connections go first
                         asyncio.get_running_loop().call_soon(self._next_turn)
                     break
@@ -164,7 +165,7 @@ class Connection(ConnectionLife):
         stats.requests += 1
         self.traffic.requests += 1
         self._api_counters(header.api_key).requests += 1
-        verdict = services.policy.on_request(self, header, request.frame, now, self.policy_state)
+        verdict = services.policy.on_request(self, request, now, self.policy_state)
         item = self._apply(verdict, request, now)
         if self._timeline is not None:
             self._note_request(request, now, item)
@@ -192,6 +193,7 @@ class Connection(ConnectionLife):
                 self.services.policy.on_unanswered(self, verdict)
             return request.frame
         if type(verdict) is Defer:
+            verdict.request = request
             return verdict
         if type(verdict) is Replace:
             session.forward(request, verdict.decision, verdict.frame, now, whole=verdict.whole)
@@ -208,7 +210,7 @@ class Connection(ConnectionLife):
         if out:
             self.client.transport.writelines(out)
 
-    async def _decide(self, defer: Defer[Verdict], frame: bytes) -> None:
+    async def _decide(self, defer: Defer[Verdict], request: Request) -> None:
         try:
             verdict = await defer.decide()
         except Exception as exc:  # noqa: BLE001 - a failed lookup closes this connection, never the proxy
@@ -218,8 +220,6 @@ class Connection(ConnectionLife):
             return
         # A task: what escapes it is no WARNING and no close but "Task exception was never retrieved", long after.
         try:
-            header = parse_request_header(frame, 4)
-            request = read_request(header, frame)
             item = self._apply(verdict, request, monotonic())
         except ProtocolError as exc:  # the client's bytes: one line, its connection only (as _process_requests)
             self.close(str(exc), exc.kind)
@@ -229,12 +229,12 @@ class Connection(ConnectionLife):
             self.close(f"cannot process a request: {type(exc).__name__}: {exc}", "internal")
             return
         if type(item) is Defer:  # it waits again (a paced request whose rate moved): still deciding, in order
-            self._start_decision(item, frame)
+            self._start_decision(item, request)
             return
         if item is not None:
             self.upstream.transport.write(item)
         if self._timeline is not None:
-            self._timeline.append(("decided", self.id, header.correlation_id, monotonic()))
+            self._timeline.append(("decided", self.id, request.header.correlation_id, monotonic()))
         self.resume(self.client, Pause.DECIDING)
         if self.session.end_hold(Pause.DECIDING, self.mute.held):
             self._release_deferred()
@@ -246,13 +246,14 @@ class Connection(ConnectionLife):
         else:
             self._release_requests()
 
-    def _start_decision(self, defer: Defer[Verdict], frame: bytes) -> None:
-        """Decide a deferred request now, or once the mute it asks for (a KIP-936 hold) has run out."""
+    def _start_decision(self, defer: Defer[Verdict], request: Request) -> None:
+        """Decide a deferred request (``request``: its frame a copy of its own) now, or once the mute it asks for (a
+        KIP-936 hold) has run out."""
         if defer.wait_s > 0:
             self.mute.mute_for(defer.wait_s)
-            if self.session.defer_decision(defer, frame, self.mute.muted):
+            if self.session.defer_decision(defer, request, self.mute.muted):
                 return
-        self._spawn(self._decide(defer, frame))
+        self._spawn(self._decide(defer, request))
 
     def _unmuted(self, hold_ended: bool) -> None:
         if self.closed:

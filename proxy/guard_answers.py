@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from protocol.apis import api_label
 from protocol.headers import RequestHeader, response_body_offset
+from protocol.request import Request, read_request
 from protocol.text import printable
 from protocol.topic_guard import ProtectedTopics, Refusal
 from protocol.topic_guard import check as check_topics
@@ -22,7 +23,7 @@ from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 
 log = logging.getLogger(__name__)
 
-Decide = Callable[[PolicyConnection, RequestHeader, Buffer, float], Verdict]
+Decide = Callable[[PolicyConnection, Request, float], Verdict]
 BuildDecision = Callable[[ConnState, str, RequestHeader, int], Decision]
 """``Policy.new_decision``: (the connection's state, client id, header, request size) -> a decision."""
 """The dispatcher's quota decision for a request (``Policy._decide``): what the stripped request is charged as."""
@@ -70,21 +71,23 @@ class GuardAnswers:
     def refuse(
         self,
         conn: PolicyConnection,
-        header: RequestHeader,
-        frame: Buffer,
+        request: Request,
         refusal: Refusal,
         now: float,
         decide: Decide,
         build: BuildDecision,
     ) -> Verdict:
         """Answer the protected topics' refusal here, or forward the rest of the request (charged as what it
-        became, by ``decide``) and merge the refusal into whatever answers it: the broker, or the policy itself."""
+        became, by ``decide``: a new request, read as the session reads one) and merge the refusal into whatever
+        answers it: the broker, or the policy itself."""
+        header = request.header
         if refusal.answer is not None:
             return Answer(None, local_frame(header, refusal.answer))
         assert refusal.forward is not None and refusal.merge is not None and header.body_offset is not None
-        head = bytes(memoryview(frame)[4 : 4 + header.body_offset])
+        head = bytes(memoryview(request.frame)[4 : 4 + header.body_offset])
         stripped = SIZE.pack(len(head) + len(refusal.forward)) + head + refusal.forward
-        return merged(conn, header, decide(conn, header, stripped, now), stripped, refusal.merge, build)
+        verdict = decide(conn, read_request(header, stripped), now)
+        return merged(conn, header, verdict, stripped, refusal.merge, build)
 
 
 def merged(

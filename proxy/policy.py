@@ -43,8 +43,9 @@ from protocol import throttle_field
 from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.inflight import Pending, produce_acks
+from protocol.inflight import Pending
 from protocol.record_batches import produce_topics_head
+from protocol.request import Request
 from protocol.request_fields import is_replica_fetch
 from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
@@ -213,20 +214,22 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def on_request(
-        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float, st: ConnState | None = None
-    ) -> Verdict:
-        """Decide on one request: ``frame`` is the whole request frame, size prefix included (``bytes`` for all
-        but large ones: the producer-id memo then reads it natively). Views of its body are made only where a
-        body is walked: the usual request, charged by its size, needs none, and making them cost more than the
-        rest of the plain path (docs/performance.md). ``st``: the connection's ``policy_state`` as the connection
-        read it (compiled, reading it here through the protocol is a generic attribute read; None: read here)."""
+    def on_request(self, conn: PolicyConnection, request: Request, now: float, st: ConnState | None = None) -> Verdict:
+        """Decide on one request, as the session read it (``protocol.session.Request``: its header, a Produce's
+        acks; no rule reads those again). Its ``frame`` is the whole request frame, size prefix included
+        (``bytes`` for all but large ones: the producer-id memo then reads it natively). Views of its body are made
+        only where a body is walked: the usual request, charged by its size, needs none, and making them cost more
+        than the rest of the plain path (docs/performance.md). ``st``: the connection's ``policy_state`` as the
+        connection read it (compiled, reading it here through the protocol is a generic attribute read; None: read
+        here)."""
+        header = request.header
+        frame = request.frame
         key = header.api_key
         guard = self.guard
-        if guard is not None and guard.may_name(key, frame, header):
+        if guard is not None and guard.may_name(key, frame, header, request):
             refusal = self.guard_answers.refusal(conn, header, frame, guard)
             if refusal is not None:
-                return self.guard_answers.refuse(conn, header, frame, refusal, now, self._decide, self.new_decision)
+                return self.guard_answers.refuse(conn, request, refusal, now, self._decide, self.new_decision)
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
             return client_quota_api.answer(
                 conn, header, memoryview(frame)[4:], self.sources, self.admins, self.describers, self.ip_quotas
@@ -234,43 +237,42 @@ class Policy:
         if self._pid_holds and (key == Api.PRODUCE or key == Api.INIT_PRODUCER_ID):
             wait = self._pid_holds.remaining(conn.identity.principal, now)
             if wait > 0 and self.enforce:
-                return self._hold(conn, header, frame, wait)
-        return self._gate(conn, header, frame, now, st)
+                return self._hold(conn, request, wait)
+        return self._gate(conn, request, now, st)
 
-    def _gate(
-        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, now: float, st: ConnState | None = None
-    ) -> Verdict:
+    def _gate(self, conn: PolicyConnection, request: Request, now: float, st: ConnState | None = None) -> Verdict:
         """Fair share's step before the quotas' decision: the request counted to its tenant, and held while its
         tenant is over its share of a limited broker (``proxy.fair_seat``)."""
         fair = self.fair
         if fair is None:
-            return self._decide(conn, header, frame, now, None, 0, st)
+            return self._decide(conn, request, now, None, 0, st)
+        header = request.header
         if st is None:
             st = conn.policy_state
             if st is None:
                 st = conn.policy_state = ConnState(conn.identity)
         now_ms = ms(now)
-        t, mark = fair.request(conn, st, header, frame, now_ms)
+        t, mark = fair.request(conn, st, header, request.frame, now_ms)
         if t is None:
-            return self._decide(conn, header, frame, now, None, 0, st)
+            return self._decide(conn, request, now, None, 0, st)
         if mark >= 0:  # over its share of a limited broker: it waits, unread behind it
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
                 if self.fair_enforce:
-                    return self._fair_hold(conn, header, bytes(frame), t, mark, now_ms, wait_ms)
+                    return self._fair_hold(conn, request.copied(), t, mark, now_ms, wait_ms)
                 # Shadow mode: it goes now, recorded with the wait it would have had (a negative fair_ms).
-                return self._decide(conn, header, frame, now, t, -wait_ms, st)
-        return self._decide(conn, header, frame, now, t, 0, st)
+                return self._decide(conn, request, now, t, -wait_ms, st)
+        return self._decide(conn, request, now, t, 0, st)
 
     def _fair_hold(
-        self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, at_ms: int, wait: int
+        self, conn: PolicyConnection, request: Request, t: Tenant, mark: float, at_ms: int, wait: int
     ) -> Defer[Verdict]:
         """A method of its own (as :meth:`_hold`): compiled, a lambda in :meth:`_gate` allocated its closure on every
-        request. ``frame``: a copy (the client's chunk may be reused before the wait ends)."""
-        return Defer(lambda: self._after_fair_hold(conn, header, frame, t, mark, at_ms), wait_s=wait_slice_s(wait))
+        request. ``request``: with a copy of its frame (the client's chunk may be reused before the wait ends)."""
+        return Defer(lambda: self._after_fair_hold(conn, request, t, mark, at_ms), wait_s=wait_slice_s(wait))
 
     async def _after_fair_hold(
-        self, conn: PolicyConnection, header: RequestHeader, frame: bytes, t: Tenant, mark: float, held_ms: int
+        self, conn: PolicyConnection, request: Request, t: Tenant, mark: float, held_ms: int
     ) -> Verdict:
         """A request held for its tenant's fair share, asked again (at most ``PACE_RECHECK_MS`` after it was last):
         still owing at the share in force now, it waits again; paid (or fair share released or turned off), it is
@@ -282,22 +284,22 @@ class Policy:
             wait_ms = t.broker.wait_ms(t, mark, now_ms)
             if wait_ms > 1:
                 return Defer(
-                    lambda: self._after_fair_hold(conn, header, frame, t, mark, held_ms), wait_s=wait_slice_s(wait_ms)
+                    lambda: self._after_fair_hold(conn, request, t, mark, held_ms), wait_s=wait_slice_s(wait_ms)
                 )
         waited = now_ms - held_ms
         t.held_ms_total += waited
         t.held_total += 1
-        return self._decide(conn, header, frame, now, t, waited)
+        return self._decide(conn, request, now, t, waited)
 
-    def _hold(self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, wait: float) -> Defer[Verdict]:
+    def _hold(self, conn: PolicyConnection, request: Request, wait: float) -> Defer[Verdict]:
         """A method of its own: compiled, a lambda in :meth:`on_request` allocated its closure on every request."""
-        held = bytes(frame)  # the client's chunk may be reused before the hold ends
-        return Defer(lambda: self._after_hold(conn, header, held), wait_s=wait)
+        held = request.copied()  # the client's chunk may be reused before the hold ends
+        return Defer(lambda: self._after_hold(conn, held), wait_s=wait)
 
-    async def _after_hold(self, conn: PolicyConnection, header: RequestHeader, frame: bytes) -> Verdict:
+    async def _after_hold(self, conn: PolicyConnection, request: Request) -> Verdict:
         """KIP-936 hold: the connection muted the request (and, unread, everything behind it) for the user's
         producer-id throttle; now it is decided as if it had just arrived. The connection stays open."""
-        return self._gate(conn, header, frame, self._clock())
+        return self._gate(conn, request, self._clock())
 
     def new_decision(self, st: ConnState, client_id: str, header: RequestHeader, size: int) -> Decision:
         """The one place a decision is made: what the decision log keeps and whether its throttles are served are
@@ -322,8 +324,7 @@ class Policy:
     def _decide(
         self,
         conn: PolicyConnection,
-        header: RequestHeader,
-        frame: Buffer,
+        request: Request,
         now: float,
         ft: Tenant | None = None,
         fair_ms: int = 0,
@@ -333,6 +334,8 @@ class Policy:
         ``fair_ms``: how long fair share held it (recorded with the decision; negative in shadow mode: how long it
         would have, recorded as shadow); ``st``: the connection's policy state
         when the caller has read it (None: read here; compiled, ``conn.policy_state`` is a generic attribute read)."""
+        header = request.header
+        frame = request.frame
         key = header.api_key
         now_ms = ms(now)
         client_id = header.client_id or ""
@@ -382,14 +385,12 @@ class Policy:
                 a = float(size)
             elif how == "thread_time":  # request_percentage, decided here: a broker reads nothing behind a throttled
                 # request. The response-size term: the last answer of this API on this connection (one charge); a
-                # Produce with acks=-1 costs its followers' delayed Fetch completions, one with acks=0 nothing (the
-                # frame was read whole and its acks already parsed once by the session, so this read cannot fail).
-                acks = 1
+                # Produce with acks=-1 costs its followers' delayed Fetch completions, one with acks=0 nothing (its
+                # acks as the session read them).
+                acks = request.acks
                 replication = -1
-                if key == Api.PRODUCE:
-                    acks = produce_acks(frame, header, 4)
-                    if acks != 0:
-                        replication = self._replication(st, frame, header)
+                if key == Api.PRODUCE and acks != 0:
+                    replication = self._replication(st, frame, header)
                 a = self.costs.request_percent(
                     key, size, st.last_out.get(key, 0) if b.out_term else 0, acks, replication
                 )
@@ -418,7 +419,7 @@ class Policy:
                     return Replace(d, capped)
         if b.pids is not None:
             charge_producer_ids(
-                quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, header, frame, now_ms
+                quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, request, now_ms
             )
         if d.paced_ms > 0 and not d.shadow:
             return self._paced(conn, d)

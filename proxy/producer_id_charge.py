@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from mute import KeyedHolds
 from protocol.errors import MalformedRequest
-from protocol.headers import RequestHeader
 from protocol.record_batches import NO_PRODUCER_ID, RecordBatchError, producer_ids_and_shape, single_producer_id
-from proxy.decisions import Buffer, Decision, PidMemo
+from protocol.request import Request
+from proxy.decisions import Decision, PidMemo
 from quotas.manager import Bound, QuotaManager
 from quotas.producer_ids import ProducerIdTracker
 
@@ -24,13 +24,14 @@ def charge_producer_ids(
     hold_max_ms: int,
     d: Decision,
     h: Bound,
-    header: RequestHeader,
-    frame: Buffer,
+    request: Request,
     now_ms: int,
 ) -> None:
     """Each producer id new to the user (per broker, as a broker would see it) within the window charges
     producer_ids_rate by one. Ids come from the record-batch headers; the records are not read. Over quota, the
     user's next Produce / InitProducerId waits in ``holds``, at most ``hold_max_ms``."""
+    header = request.header
+    frame = request.frame
     assert header.body_offset is not None  # a Produce header always has its body located
     st = d.state
     version, offset = header.api_version, header.body_offset
@@ -39,7 +40,8 @@ def charge_producer_ids(
         pid = single_producer_id(frame, 4, version, offset, st.produce_shape)
     if pid is None:
         try:
-            pids, st.produce_shape = producer_ids_and_shape(memoryview(frame)[4:], version, offset)
+            spans = request.record_spans()  # walked once: the guard's search of a large one reads them too
+            pids, st.produce_shape = producer_ids_and_shape(memoryview(frame)[4:], version, offset, spans)
         except RecordBatchError as exc:
             raise MalformedRequest(f"malformed Produce v{version} record batch: {exc}") from None
         if len(pids) == 1:

@@ -34,6 +34,9 @@ class Defer(Generic[V]):
     decide: Callable[[], Awaitable[V]]
     """Gives the verdict (``proxy.decisions.Verdict``)."""
     wait_s: float = 0.0
+    request: Any = None
+    """The request it decides (``protocol.session.Request``), set by the connection that carries the wait out: the
+    decision, when it comes, is applied to it as read, never to the frame read again."""
 
     def __post_init__(self) -> None:
         if not callable(self.decide):  # a coroutine object handed over by mistake would fail only when awaited

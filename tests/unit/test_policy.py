@@ -23,6 +23,7 @@ from config.model import ProxyConfig
 from protocol.apis import Api
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending, produce_acks
+from protocol.session import read_request
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Defer, Replace
@@ -160,7 +161,7 @@ def test_no_quota_decides_nothing():
     clock = Clock()
     policy = _policy(clock, producer_byte_rate=1)  # alice's; bob has none
     header, request = _produce()
-    assert policy.on_request(FakeConn("bob"), header, request, clock()) is None
+    assert policy.on_request(FakeConn("bob"), read_request(header, request), clock()) is None
 
 
 def test_produce_over_byte_rate_holds_reads_and_throttles_the_response():
@@ -168,7 +169,7 @@ def test_produce_over_byte_rate_holds_reads_and_throttles_the_response():
     policy = _policy(clock, producer_byte_rate=1000)
     conn = FakeConn()
     header, request = _produce(5000)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert isinstance(d, Decision)
     amount, limit, throttle = d.values[PRODUCER_BYTE_RATE]
     assert amount == len(request) - 4 and limit == 1000 and throttle > 0 and d.throttle_ms == throttle
@@ -185,7 +186,7 @@ def test_produce_under_byte_rate_passes_untouched():
     policy = _policy(clock, producer_byte_rate=10**9)
     conn = FakeConn()
     header, request = _produce(100)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.throttle_ms == 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
     assert policy.on_response(conn, Pending(header, clock(), d), frame, clock()) is None
@@ -196,7 +197,7 @@ def test_fetch_is_charged_its_response_size_and_muted_after():
     policy = _policy(clock, consumer_byte_rate=1)
     conn = FakeConn()
     header, request = _fetch()
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.values == {} and [k.key for k, _handle, _basis in d.later] == [CONSUMER_BYTE_RATE]
     fetch_body = _SIZE.pack(0) + b"\x00\x00\x00\x00" + bytes(200)  # throttle_time_ms, no topics, padding
     frame = _response_frame(header, fetch_body)
@@ -211,12 +212,12 @@ def test_replica_fetches_are_never_charged():
     clock = Clock()
     policy = _policy(clock, consumer_byte_rate=1)
     header, request = _fetch(replica_id=2)
-    assert policy.on_request(FakeConn(), header, request, clock()) is None
+    assert policy.on_request(FakeConn(), read_request(header, request), clock()) is None
 
 
 def _round_trip(policy, conn, clock, header, request, body: bytes, upstream_s: float) -> float:
     """One round trip taking ``upstream_s`` of the injected clock: what request_percentage was charged."""
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     sent = clock()
     clock.now += upstream_s
     policy.on_response(conn, Pending(header, sent, d), _response_frame(header, body), clock())
@@ -298,11 +299,11 @@ def test_acks_0_produce_is_charged_no_thread_time():
     policy = _policy(clock, request_percentage=1000)
     conn = FakeConn()
     header, request = _produce(10, acks=0)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     policy.on_unanswered(conn, d)
     assert d.values[REQUEST_PERCENTAGE][0] == 0.0
     header, request = _produce(10, acks=1)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     charged = d.values[REQUEST_PERCENTAGE][0]
     assert charged > 0 and charged == pytest.approx(_expected(header, request, None))
 
@@ -318,7 +319,7 @@ def test_request_percentage_binds_at_the_rate_its_estimate_allows():
     per = _expected(header, request, body)  # percent-seconds
     served, end = 0, clock.now + 10
     while clock.now < end:  # back to back, 0.1 ms upstream each, honouring every throttle_time_ms
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         sent = clock()
         clock.now += 0.0001
         policy.on_response(conn, Pending(header, sent, d), _response_frame(header, body), clock())
@@ -336,7 +337,7 @@ def test_api_versions_and_sasl_are_never_charged():
 
     for req in (ApiVersionsRequest(version=0), SaslHandshakeRequest(mechanism="PLAIN", version=1)):
         header, request = _request(req)
-        assert policy.on_request(FakeConn(), header, request, clock()) is None
+        assert policy.on_request(FakeConn(), read_request(header, request), clock()) is None
 
 
 def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
@@ -344,7 +345,7 @@ def test_shadow_mode_computes_and_records_but_never_holds_or_rewrites():
     policy = _policy(clock, enforce=False, producer_byte_rate=1000)
     conn = FakeConn()
     header, request = _produce(5000)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.throttle_ms > 0 and conn.mute.calls == []
     frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
     assert policy.on_response(conn, Pending(header, clock(), d), frame, clock()) is None
@@ -359,7 +360,7 @@ def test_shadow_mode_is_chosen_once_a_request_whatever_a_reload_does_before_its_
         policy = _policy(clock, enforce=enforce_at_request, producer_byte_rate=1000)
         conn = FakeConn()
         header, request = _produce(5000)
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         assert d.throttle_ms > 0
         policy.reload(_policy(clock, enforce=not enforce_at_request, producer_byte_rate=1000).config)
         frame = _response_frame(header, b"\x00\x00\x00\x00" + _SIZE.pack(0))
@@ -378,7 +379,7 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     conn = FakeConn()
     for size in (10, 5000):  # within quota, then over it
         header, request = _produce(size)
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         frame = _response_frame(header, bytes(4) + _SIZE.pack(0))
         policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     counts = policy.stats.decision_counts()
@@ -396,7 +397,7 @@ def test_a_throttle_fair_share_gave_is_counted_as_fair_shares_not_the_static_quo
     conn = FakeConn()
     header, request = _fetch()
     for static_ms, fair_ms in ((0, 400), (900, 400)):
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         assert keys_of(d.noted) == [REQUEST_PERCENTAGE]  # consumer_byte_rate is charged at the response
         d.noted |= BIT[CONSUMER_BYTE_RATE]
         d.fair_ms, d.throttle_ms = fair_ms, max(static_ms, fair_ms)
@@ -417,7 +418,7 @@ def test_a_pass_is_counted_once_for_each_kind_it_noted(keep_values):
     conn = FakeConn()
     for _ in range(3):
         header, request = _produce(100)
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         assert keys_of(d.noted) == [PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE]  # both decided on arrival
         clock.now += 0.01
         frame = _response_frame(header, bytes(4) + _SIZE.pack(0))
@@ -474,7 +475,7 @@ def test_kip599_strict_request_is_split_and_the_answer_merged_in_request_order()
     policy = _policy(clock, controller_mutation_rate=1)  # burst: 1/s x 2 samples x 1 s = 2 tokens
     conn = FakeConn()
     header, request = _create_topics([3, 1, 1])
-    verdict = policy.on_request(conn, header, request, clock())
+    verdict = policy.on_request(conn, read_request(header, request), clock())
     assert isinstance(verdict, Defer)
     replaced = asyncio.run(verdict.decide())
     assert isinstance(replaced, Replace) and replaced.whole
@@ -496,14 +497,14 @@ def test_kip599_old_version_is_admitted_whole_and_muted():
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
     header, request = _create_topics([3, 1, 1], version=5)
-    whole = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    whole = asyncio.run(policy.on_request(conn, read_request(header, request), clock()).decide())
     assert isinstance(whole, Replace) and whole.frame == request  # forwarded as it came, its answer read whole
     d = whole.decision
     assert d.rejected == 0 and d.mutations == 5 and d.throttle_ms > 0
     clock.now += 10
     # Refilled: the next request spends tokens again, admitted whole.
     header, request = _create_topics([1], version=5)
-    d2 = asyncio.run(policy.on_request(conn, header, request, clock()).decide()).decision
+    d2 = asyncio.run(policy.on_request(conn, read_request(header, request), clock()).decide()).decision
     assert d2.rejected == 0 and d2.values[CONTROLLER_MUTATION_RATE][0] == 1
 
 
@@ -533,7 +534,7 @@ def test_a_producer_id_remembered_per_connection_is_charged_exactly_as_the_filte
     for pid in [5] * 12 + [6] * 3 + [5] * 12:
         clock.now += 0.37  # crosses half-window rotations and whole-window expiries
         header, request = _produce(10, pid)
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         got.append(d.new_pids if d is not None else 0)
         want.append(int(reference.observe(("alice", "broker 1"), pid, round(clock() * 1000))))
     assert got == want
@@ -553,24 +554,24 @@ def test_a_connections_kept_quota_handles_follow_every_change():
     policy = _policy(clock, producer_byte_rate=10**9)
     conn = FakeConn()
     header, request = _produce(1000)
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 10**9
     # Altered: the new limit applies at once, and the bucket keeps its history (Kafka's sensor does).
     policy.sources.set_file({QuotaEntity(user="alice"): {"producer_byte_rate": 500}})
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 500 and d.throttle_ms > 0
     assert _charged(policy, PRODUCER_BYTE_RATE) == 2 * (len(request) - 4)
     # The tracker idles out and is dropped: the next charge lands in a live one, not in the dropped one.
     clock.now += 4000
     policy.upkeep()
     assert len(policy.quotas) == 0
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.throttle_ms > 0 and len(policy.quotas) == 1 and _charged(policy, PRODUCER_BYTE_RATE) == len(request) - 4
     # Another principal on the same connection (SASL re-authentication): bob has no quota.
     conn.identity.principal = "bob"
-    assert policy.on_request(conn, header, request, clock()) is None
+    assert policy.on_request(conn, read_request(header, request), clock()) is None
     conn.identity.principal = "alice"
-    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 500
+    assert policy.on_request(conn, read_request(header, request), clock()).values[PRODUCER_BYTE_RATE][1] == 500
 
 
 def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
@@ -594,10 +595,10 @@ def test_a_changed_client_id_on_one_connection_is_charged_to_its_own_bucket():
     policy.keep_values = True  # as with the decision log on: the limit each decision was charged against is kept
     conn = FakeConn()
     header, request = _produce(1000)
-    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
-    d = policy.on_request(conn, _with_client_id(header, "slow"), request, clock())
+    assert policy.on_request(conn, read_request(header, request), clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    d = policy.on_request(conn, read_request(_with_client_id(header, "slow"), request), clock())
     assert d.values[PRODUCER_BYTE_RATE][1] == 100 and d.client_id == "slow"
-    assert policy.on_request(conn, header, request, clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
+    assert policy.on_request(conn, read_request(header, request), clock()).values[PRODUCER_BYTE_RATE][1] == 10**9
     assert len(policy.quotas) == 2
 
 
@@ -619,10 +620,10 @@ def test_a_client_id_without_quota_does_not_hide_one_with_a_quota_on_the_same_co
     policy.keep_values = True
     conn = FakeConn()
     header, request = _produce(1000)
-    assert policy.on_request(conn, header, request, clock()) is None  # "app": no quota applies
-    d = policy.on_request(conn, _with_client_id(header, "slow"), request, clock())
+    assert policy.on_request(conn, read_request(header, request), clock()) is None  # "app": no quota applies
+    d = policy.on_request(conn, read_request(_with_client_id(header, "slow"), request), clock())
     assert d is not None and d.values[PRODUCER_BYTE_RATE][1] == 100
-    assert policy.on_request(conn, header, request, clock()) is None
+    assert policy.on_request(conn, read_request(header, request), clock()) is None
 
 
 def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
@@ -634,14 +635,16 @@ def test_answers_the_policy_builds_itself_take_what_kafka_python_encodes():
     policy = _policy(clock, controller_mutation_rate=1)
     conn = FakeConn()
     header, request = _create_topics([3])
-    assert isinstance(asyncio.run(policy.on_request(conn, header, request, clock()).decide()), Replace)  # whole
+    assert isinstance(
+        asyncio.run(policy.on_request(conn, read_request(header, request), clock()).decide()), Replace
+    )  # whole
     header, request = _create_topics([1, 1])  # the balance is negative now: every topic rejected, answered here
-    answered = asyncio.run(policy.on_request(conn, header, request, clock()).decide())
+    answered = asyncio.run(policy.on_request(conn, read_request(header, request), clock()).decide())
     assert isinstance(answered, Answer)
     answer = CreateTopicsResponse.decode(bytes(answered.frame[4 + 5 :]), version=6)
     assert [t.error_code for t in answer.topics] == [89, 89]
     header, request = _request(DescribeClientQuotasRequest(components=[], strict=False, version=1))
-    described = policy.on_request(conn, header, request, clock())
+    described = policy.on_request(conn, read_request(header, request), clock())
     assert isinstance(described, Answer)
     reply = DescribeClientQuotasResponse.decode(bytes(described.frame[4 + 5 :]), version=1)  # flexible header
     assert reply.error_code == 31  # alice is no describer here; the refusal is an answer of the proxy too
@@ -753,7 +756,7 @@ def _deleted(sent_frame: bytes, version: int) -> bytes:
 def _through(policy: Policy, conn, request_and_header, answer, clock: Clock, version: int):
     """One mutation request through the policy and the cluster: its decision."""
     header, request = request_and_header
-    deferred = policy.on_request(conn, header, request, clock())
+    deferred = policy.on_request(conn, read_request(header, request), clock())
     assert isinstance(deferred, Defer)  # a mutation asks the cluster first
 
     async def decide() -> object:
@@ -897,7 +900,7 @@ def test_request_percentage_is_decided_on_arrival_so_a_pipelining_client_is_held
     per = _expected(header, request, None)  # percent-seconds a request
     decided = []
     for _ in range(5000):  # pipelined: all at one instant, no response read
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         decided.append(d)
         if conn.mute.calls:
             break
@@ -922,16 +925,16 @@ def test_request_percentage_response_term_comes_from_the_last_response_of_that_a
     policy = _policy(clock, request_percentage=1000)
     conn = FakeConn()
     header, request = _fetch()
-    d = policy.on_request(conn, header, request, clock())
+    d = policy.on_request(conn, read_request(header, request), clock())
     assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(thread_ms(FETCH, len(request) - 4, 0) / 10)
     frame = _response_frame(header, _SIZE.pack(0) + bytes(100_000))
     policy.on_response(conn, Pending(header, clock(), d), frame, clock())
     assert d.values[REQUEST_PERCENTAGE][0] == pytest.approx(thread_ms(FETCH, len(request) - 4, 0) / 10)  # no more
-    d2 = policy.on_request(conn, header, request, clock())
+    d2 = policy.on_request(conn, read_request(header, request), clock())
     assert d2.values[REQUEST_PERCENTAGE][0] == pytest.approx(thread_ms(FETCH, len(request) - 4, len(frame) - 4) / 10)
     # Produce has no response term: its charge never depends on what came back
     ph, pr = _produce(10)
-    d3 = policy.on_request(conn, ph, pr, clock())
+    d3 = policy.on_request(conn, read_request(ph, pr), clock())
     policy.on_response(conn, Pending(ph, clock(), d3), _response_frame(ph, bytes(4) + _SIZE.pack(0)), clock())
     assert conn.policy_state.last_out.keys() == {FETCH}
 
@@ -953,7 +956,7 @@ def test_smooth_request_percentage_paces_before_forwarding():
     conn = FakeConn()
     header, request = _produce(10)
     per_ms = _expected(header, request, None) * 10
-    verdicts = [policy.on_request(conn, header, request, clock()) for _ in range(200)]
+    verdicts = [policy.on_request(conn, read_request(header, request), clock()) for _ in range(200)]
     deferred = [v for v in verdicts if type(v) is Defer]
     assert deferred, "a 200-request burst at 1 % must overdraw a tenth of a second's bucket (1 ms of thread)"
     first = verdicts.index(deferred[0])
@@ -986,7 +989,7 @@ def test_a_produce_is_charged_the_replicated_term_by_its_topics_replication_fact
 
     def charged(acks: int) -> float:
         header, request = _produce(10, acks=acks)
-        d = policy.on_request(conn, header, request, clock())
+        d = policy.on_request(conn, read_request(header, request), clock())
         return d.values[REQUEST_PERCENTAGE][0] * 10
 
     plain = thread_ms(PRODUCE, len(_produce(10, acks=1)[1]) - 4, 0)

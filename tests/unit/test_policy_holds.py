@@ -18,6 +18,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
+from protocol.session import read_request
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats
 from proxy.verdicts import Defer
@@ -103,12 +104,12 @@ async def _held_then_decided():
     now = time.monotonic()
     for pid, conn in ((1, first), (2, first)):
         header, request = _produce(pid)
-        d = await _run(policy.on_request(conn, header, request, now))
+        d = await _run(policy.on_request(conn, read_request(header, request), now))
     assert isinstance(d, Decision) and d.throttle_ms > 0 and first.holds == 1  # over quota: its reads are held
 
     # A new producer of the same user, on another connection: held, and its request decided after the hold.
     header, request = _produce(3)
-    verdict = policy.on_request(second, header, request, now)
+    verdict = policy.on_request(second, read_request(header, request), now)
     assert isinstance(verdict, Defer)
     t0 = time.monotonic()
     decided = await _run(verdict)
@@ -119,7 +120,7 @@ async def _held_then_decided():
     # Past the hold, a request of the user is decided at once again (the hold was not renewed forever).
     await asyncio.sleep(HOLD_MAX_MS / 1000)
     header, request = _produce(3)
-    assert not isinstance(policy.on_request(third, header, request, time.monotonic()), Defer)
+    assert not isinstance(policy.on_request(third, read_request(header, request), time.monotonic()), Defer)
 
 
 def test_unquotaed_user_is_never_held():
@@ -127,4 +128,4 @@ def test_unquotaed_user_is_never_held():
     conn = _Conn("bob")
     for pid in range(1, 20):
         header, request = _produce(pid)
-        assert policy.on_request(conn, header, request, time.monotonic()) is None
+        assert policy.on_request(conn, read_request(header, request), time.monotonic()) is None

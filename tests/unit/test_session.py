@@ -15,9 +15,9 @@ from kafka.protocol.sasl import SaslHandshakeRequest
 
 from protocol.apis import Api
 from protocol.errors import ProtocolError, ProtocolViolation
-from protocol.headers import encode_response_header
+from protocol.headers import encode_response_header, parse_request_header
 from protocol.principal import ConnectionIdentity
-from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Request, Session
+from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Request, Session, read_request
 from tests.harness.request_bodies import fetch_request
 
 _SIZE = struct.Struct(">i")
@@ -205,10 +205,11 @@ def test_a_deferred_decision_waits_out_the_mute_then_is_given_back():
     s = _session()
     frames = [metadata(1), metadata(2)]
     assert s.after(frames, 0, deferred=True, muted=False) == Pause.DECIDING
-    assert not s.defer_decision("verdict", bytes(frames[0]), muted=False)  # not muted: decided at once
-    assert s.defer_decision("verdict", bytes(frames[0]), muted=True)
+    request = read_request(parse_request_header(frames[0], 4), bytes(frames[0]))
+    assert not s.defer_decision("verdict", request, muted=False)  # not muted: decided at once
+    assert s.defer_decision("verdict", request, muted=True)
     assert s.deferred is not None
-    assert s.unmuted(hold_ended=False) == ("verdict", bytes(frames[0]))  # decide it now; the rest still wait
+    assert s.unmuted(hold_ended=False) == ("verdict", request)  # decide it now, as it was read; the rest still wait
     assert s.deferred is None and s.holding_requests
     assert s.end_hold(Pause.DECIDING, muted=False)
     assert s.take_held_requests() == [bytes(frames[1])]

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest
 
 from config.model import ProxyConfig
+from protocol.session import read_request
 from proxy.pacing import PACE_RECHECK_MS
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats
@@ -107,7 +108,7 @@ def test_a_produce_over_the_bucket_waits_before_the_broker_sees_it():
     policy = _policy(clock, "smooth", producer_byte_rate=1000)
     conn = FakeConn()
     header, frame = _produce(2000)
-    verdict = policy.on_request(conn, header, frame, clock())
+    verdict = policy.on_request(conn, read_request(header, frame), clock())
     assert type(verdict) is Defer
     size = len(frame) - 4
     d, waited, slices = _sit_out(verdict, clock)
@@ -146,7 +147,7 @@ def test_a_paced_wait_follows_a_rate_changed_while_it_waits(before: int, after: 
     policy = _policy(clock, "smooth", producer_byte_rate=before)
     header, frame = _produce(2000)
     owed = len(frame) - 4 - before * BURST_S  # the debt after the burst
-    verdict = policy.on_request(FakeConn(), header, frame, clock())
+    verdict = policy.on_request(FakeConn(), read_request(header, frame), clock())
 
     def change(waited: float) -> None:
         if abs(waited - at_s) < 1e-9:
@@ -162,8 +163,8 @@ def test_a_later_request_does_not_lengthen_an_earlier_one_s_wait():
     policy = _policy(clock, "smooth", producer_byte_rate=1000)
     header, frame = _produce(2000)
     owed = len(frame) - 4 - 1000 * BURST_S
-    first = policy.on_request(FakeConn(), header, frame, clock())
-    second = policy.on_request(FakeConn(), header, frame, clock())
+    first = policy.on_request(FakeConn(), read_request(header, frame), clock())
+    second = policy.on_request(FakeConn(), read_request(header, frame), clock())
     assert type(second) is Defer
     _, waited, _ = _sit_out(first, clock)
     assert abs(waited - owed / 1000) < 0.003
@@ -181,7 +182,7 @@ def test_a_paced_request_goes_when_the_rates_it_waited_at_have_paid_its_debt(siz
     policy = _policy(clock, "smooth", producer_byte_rate=1000)
     header, frame = _produce(size)
     owed = len(frame) - 4 - 1000 * BURST_S
-    verdict = policy.on_request(FakeConn(), header, frame, clock())
+    verdict = policy.on_request(FakeConn(), read_request(header, frame), clock())
     by_ask = dict(changes)
     paid, last, rate, at_asks, fastest = 0.0, 0.0, 1000.0, [], 1000.0
 
@@ -206,7 +207,7 @@ def test_kafka_mode_forwards_the_same_produce_and_holds_the_reads():
     policy = _policy(clock, "kafka", producer_byte_rate=1000)
     conn = FakeConn()
     header, frame = _produce(20_000)
-    verdict = policy.on_request(conn, header, frame, clock())
+    verdict = policy.on_request(conn, read_request(header, frame), clock())
     assert type(verdict) is Decision and verdict.throttle_ms > 0 and verdict.holds
     assert conn.mute.calls == [("hold", 0.0)]
 
@@ -219,7 +220,7 @@ def test_a_fetch_asks_for_no_more_than_the_bucket_holds():
     clock = Clock()
     policy = _policy(clock, "smooth", consumer_byte_rate=50_000)
     header, frame = _fetch(50 << 20)
-    verdict = policy.on_request(FakeConn(), header, frame, clock())
+    verdict = policy.on_request(FakeConn(), read_request(header, frame), clock())
     assert type(verdict) is Replace
     sent = FetchRequest.decode(verdict.frame[4 + header.body_offset :], version=11)
     assert sent.max_bytes == 5_000  # a tenth of a second of 50 KB/s
@@ -231,12 +232,20 @@ def test_a_fetch_asking_for_less_is_left_alone_and_kafka_mode_never_caps():
     clock = Clock()
     header, frame = _fetch(1_000)
     assert (
-        type(_policy(clock, "smooth", consumer_byte_rate=50_000).on_request(FakeConn(), header, frame, clock()))
+        type(
+            _policy(clock, "smooth", consumer_byte_rate=50_000).on_request(
+                FakeConn(), read_request(header, frame), clock()
+            )
+        )
         is Decision
     )
     header, frame = _fetch(50 << 20)
     assert (
-        type(_policy(clock, "kafka", consumer_byte_rate=50_000).on_request(FakeConn(), header, frame, clock()))
+        type(
+            _policy(clock, "kafka", consumer_byte_rate=50_000).on_request(
+                FakeConn(), read_request(header, frame), clock()
+            )
+        )
         is Decision
     )
 
@@ -246,7 +255,7 @@ def test_the_fetch_cap_finds_max_bytes_in_every_version():
         clock = Clock()
         policy = _policy(clock, "smooth", consumer_byte_rate=50_000)
         header, frame = _request(fetch_request(max_bytes=1 << 24, version=version))
-        verdict = policy.on_request(FakeConn(), header, frame, clock())
+        verdict = policy.on_request(FakeConn(), read_request(header, frame), clock())
         assert type(verdict) is Replace, version
         sent = FetchRequest.decode(verdict.frame[4 + header.body_offset :], version=version)
         assert (sent.max_bytes, sent.max_wait_ms, sent.min_bytes) == (5_000, 500, 1), version
@@ -272,11 +281,11 @@ def test_a_fetch_in_debt_asks_for_a_single_byte():
     policy = _policy(clock, "smooth", consumer_byte_rate=50_000)
     conn = FakeConn()
     header, frame = _fetch(50 << 20)
-    first = policy.on_request(conn, header, frame, clock())
+    first = policy.on_request(conn, read_request(header, frame), clock())
     h = first.decision.later[0][1]
     policy.quotas.charge(h, 20_000, round(clock() * 1000))  # the response: 20 KB against 5 KB in the bucket
     assert policy.quotas.pace_tokens(h, round(clock() * 1000)) < 0
     header, frame = _fetch(50 << 20)
-    again = policy.on_request(conn, header, frame, clock())
+    again = policy.on_request(conn, read_request(header, frame), clock())
     assert type(again) is Replace
     assert FetchRequest.decode(again.frame[4 + header.body_offset :], version=11).max_bytes == 1

@@ -21,6 +21,7 @@ from protocol.apis import REQUESTS, RESPONSES
 from protocol.errors import ProtocolError
 from protocol.headers import encode_response_header, parse_request_header
 from protocol.inflight import Pending
+from protocol.session import read_request
 from protocol.topic_guard import (
     TOPIC_AUTHORIZATION_FAILED,
     ProtectedTopicError,
@@ -409,7 +410,7 @@ def test_the_policy_answers_a_produce_to_the_fleet_topic_itself_and_counts_it(mo
     policy = _fleet_policy(monkeypatch)
     assert policy.guard is not None
     frame = _frame(_produce(7, [OWN]), 0, 7)
-    verdict = policy.on_request(_Conn(), parse_request_header(frame, 4), frame, 1.0)
+    verdict = policy.on_request(_Conn(), read_request(parse_request_header(frame, 4), frame), 1.0)
     assert type(verdict) is Answer
     answer = RESPONSES[0].decode(verdict.frame[8:], version=7)
     assert _errors(answer.responses[0]) == [TOPIC_AUTHORIZATION_FAILED]
@@ -424,7 +425,7 @@ def test_the_policy_charges_what_a_mixed_produce_forwards_and_merges_the_refusal
     conn.mute = type(
         "M", (), {"hold": lambda self: None, "served": lambda self, s: None, "mute_for": lambda self, s: None}
     )()
-    verdict = policy.on_request(conn, header, frame, 1.0)
+    verdict = policy.on_request(conn, read_request(header, frame), 1.0)
     assert type(verdict) is Replace and verdict.whole
     d = verdict.decision
     assert type(d) is Decision and d.bytes_in == len(verdict.frame) - 4 < len(frame) - 4  # the bytes forwarded
@@ -465,7 +466,7 @@ def test_a_bad_frame_naming_an_own_topic_is_a_protocol_error(monkeypatch):
     policy = _fleet_policy(monkeypatch)
     frame = _frame(b"\x00\x00" + b"__ktp_fleet_prod" + b"\xff" * 3, 0, 7)
     with pytest.raises(ProtocolError):
-        policy.on_request(_Conn(), parse_request_header(frame, 4), frame, 1.0)
+        policy.on_request(_Conn(), read_request(parse_request_header(frame, 4), frame), 1.0)
 
 
 # ------------------------------------------------------------------------------------------ the fleet's records
