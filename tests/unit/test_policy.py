@@ -23,7 +23,7 @@ from config.model import ProxyConfig
 from protocol.apis import Api
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending, produce_acks
-from protocol.session import read_request
+from protocol.request import read_request
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats, Traffic
 from proxy.verdicts import Answer, Defer, Replace

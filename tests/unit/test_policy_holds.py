@@ -18,7 +18,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
-from protocol.session import read_request
+from protocol.request import read_request
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats
 from proxy.verdicts import Defer

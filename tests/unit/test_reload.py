@@ -311,6 +311,7 @@ def test_fair_share_in_shadow_mode_lets_a_request_go_and_records_the_wait_it_wou
 
     from protocol.apis import Api
     from protocol.headers import RequestHeader
+    from protocol.request import Request
     from proxy.decisions import ConnState, Decision
     from proxy.verdicts import Defer
 
@@ -324,7 +325,8 @@ def test_fair_share_in_shadow_mode_lets_a_request_go_and_records_the_wait_it_wou
         assert t is not None
         t.broker.limit = 64 * 1024.0  # the broker limited, this tenant paced at 64 KiB/s
         t.pace(64 * 1024.0, 0.1, 0)
-        return proxy.policy._gate(conn, header, b"\0" * (256 * 1024), 0.0, st)  # type: ignore[arg-type]
+        request = Request(header, b"\0" * (256 * 1024), True)  # (a Produce's acks: 1, as read)
+        return proxy.policy._gate(conn, request, 0.0, st)  # type: ignore[arg-type]
 
     assert isinstance(gate(True), Defer)  # enforced: it waits
     shadow = gate(False)

@@ -17,7 +17,8 @@ from protocol.apis import Api
 from protocol.errors import ProtocolError, ProtocolViolation
 from protocol.headers import encode_response_header, parse_request_header
 from protocol.principal import ConnectionIdentity
-from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Request, Session, read_request
+from protocol.request import Request, read_request
+from protocol.session import BYTES_PER_TURN, FRAMES_PER_TURN, RAW, Pause, Session
 from tests.harness.request_bodies import fetch_request
 
 _SIZE = struct.Struct(">i")

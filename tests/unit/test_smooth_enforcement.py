@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest
 
 from config.model import ProxyConfig
-from protocol.session import read_request
+from protocol.request import read_request
 from proxy.pacing import PACE_RECHECK_MS
 from proxy.policy import Decision, Policy
 from proxy.stats import Stats

@@ -21,7 +21,7 @@ from protocol.apis import REQUESTS, RESPONSES
 from protocol.errors import ProtocolError
 from protocol.headers import encode_response_header, parse_request_header
 from protocol.inflight import Pending
-from protocol.session import read_request
+from protocol.request import read_request
 from protocol.topic_guard import (
     TOPIC_AUTHORIZATION_FAILED,
     ProtectedTopicError,
