@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from protocol.request import Request
 from proxy.stats import Traffic
 
 V = TypeVar("V")
@@ -34,8 +35,8 @@ class Defer(Generic[V]):
     decide: Callable[[], Awaitable[V]]
     """Gives the verdict (``proxy.decisions.Verdict``)."""
     wait_s: float = 0.0
-    request: Any = None
-    """The request it decides (``protocol.session.Request``), set by the connection that carries the wait out: the
+    request: Request | None = None
+    """The request it decides, set by the connection that carries the wait out: the
     decision, when it comes, is applied to it as read, never to the frame read again."""
 
     def __post_init__(self) -> None:
