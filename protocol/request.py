@@ -10,13 +10,25 @@ is read on first use and kept. A rule takes the :class:`Request`, never the fram
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+import uuid
+from typing import Any, Final
 
 from protocol.apis import Api
 from protocol.errors import MalformedRequest
 from protocol.headers import RequestHeader
 from protocol.inflight import produce_acks
-from protocol.record_batches import record_spans
+from protocol.record_batches import (
+    RecordBatchError,
+    Shape,
+    produce_topics_head,
+    producer_ids_and_shape,
+    record_spans,
+    single_producer_id,
+)
+from protocol.request_fields import fetch_max_bytes_at, is_replica_fetch, mutation_topics
+
+_I32: Final = struct.Struct(">i")
 
 
 class Request:
@@ -48,6 +60,65 @@ class Request:
                 raise MalformedRequest(f"api {header.api_key} has no record fields to locate")
             spans = self._spans = record_spans(memoryview(self.frame)[4:], header.api_version, header.body_offset)
         return spans
+
+    def topics_head(self) -> tuple[list[str | uuid.UUID], int]:
+        """A Produce's topics, and where a single topic's key ends in the frame (-1 for more topics): the request
+        quota's replicated-Produce term reads them (``protocol.record_batches.produce_topics_head``; a request to
+        one topic is read up to its key, not walked). Raises ``RecordBatchError`` for a head that does not parse."""
+        header = self.header
+        if header.api_key != Api.PRODUCE or header.body_offset is None:
+            raise MalformedRequest(f"api {header.api_key} writes to no topics")
+        return produce_topics_head(self.frame, header.api_version, 4 + header.body_offset)
+
+    def shaped_producer_id(self, shape: Shape) -> int | None:
+        """A Produce's one producer id, when the request is shaped like ``shape`` (the connection's last: read where
+        it sits, no walk; ``protocol.record_batches.single_producer_id``); None when it is not, or is a view."""
+        frame = self.frame
+        header = self.header
+        if type(frame) is not bytes or header.body_offset is None:
+            return None
+        return single_producer_id(frame, 4, header.api_version, header.body_offset, shape)
+
+    def producer_ids(self) -> tuple[set[int], Shape | None]:
+        """A Produce's distinct producer ids, from its batches' headers (the records are not read), and its
+        :class:`~protocol.record_batches.Shape` for the next request of the connection; walks the record fields
+        once, with every other rule that needs them. Raises ``MalformedRequest`` naming the batch that does not
+        parse."""
+        header = self.header
+        try:
+            spans = self.record_spans()
+            return producer_ids_and_shape(
+                memoryview(self.frame)[4:], header.api_version, header.body_offset or 0, spans
+            )
+        except RecordBatchError as exc:
+            raise MalformedRequest(f"malformed Produce v{header.api_version} record batch: {exc}") from None
+
+    def is_replica_fetch(self) -> bool:
+        """A Fetch from a broker (its ``replica_id`` set: v0-14), exempt where the quota exempts replicas."""
+        return is_replica_fetch(self.frame, self.header)
+
+    def mutation_topics(self) -> int:
+        """How many topics a CreateTopics, DeleteTopics or CreatePartitions request names (0 for another API)."""
+        return mutation_topics(self.frame, self.header)
+
+    def capped_fetch(self, room: float) -> bytes | None:
+        """This Fetch (v3+), asking for at most ``room`` bytes (``max_bytes``; at least 1: a bucket in debt still
+        lets one batch through, which a broker sends whole): the frame to send, or None when it asks for no more
+        already (or has no ``max_bytes``, or is a view of a large frame). The pacers say how much room their
+        buckets have; the field is read and written here, once."""
+        header = self.header
+        frame = self.frame
+        at = fetch_max_bytes_at(header.api_version)
+        if header.api_key != Api.FETCH or at < 0 or header.body_offset is None or type(frame) is not bytes:
+            return None
+        at += 4 + header.body_offset
+        if len(frame) < at + 4:
+            return None
+        asked = _I32.unpack_from(frame, at)[0]
+        cap = int(room) if room >= 1 else 1
+        if asked <= cap:
+            return None
+        return frame[:at] + _I32.pack(cap) + frame[at + 4 :]
 
     def copied(self) -> Request:
         """This request with its own copy of the frame, to keep past the read (a decision that waits: the

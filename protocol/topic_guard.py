@@ -36,8 +36,6 @@ from typing import Any, Final
 
 from protocol.apis import REQUESTS, Api, DecodeError, api_name, decode_body, request_class, response_class
 from protocol.errors import ProtocolError
-from protocol.headers import RequestHeader, parse_request_header
-from protocol.record_batches import record_spans
 from protocol.request import Request
 
 TOPIC_AUTHORIZATION_FAILED: Final = 29
@@ -160,39 +158,35 @@ class ProtectedTopics:
         if changed:
             self._rebuild()
 
-    def may_name(
-        self, api_key: int, frame: Any, header: RequestHeader | None = None, request: Request | None = None
-    ) -> bool:
-        """Whether the request ``frame`` (size prefix included) may name a protected topic: a byte search for
-        every protected name (and the prefix) and id. False is certain; True is checked by :func:`check`. A
-        large Produce is searched outside its records only (the names and ids sit between them); ``header`` and
-        ``request``, when the caller has read them, spare reading them again (the record fields' spans are the
-        request's, walked once for every rule that needs them)."""
+    def may_name(self, request: Request) -> bool:
+        """Whether the request (as the session read it) may name a protected topic: a byte search of its frame for
+        every protected name (and the prefix) and id. False is certain; True is checked by :func:`check`. Why a
+        search and not the request's topics: it is native and costs a few hundred instructions a request, where
+        reading the topics of every guarded API would cost more than the rest of the plain path; the check that
+        follows a hit reads them. A large Produce is searched outside its records only (the names and ids sit
+        between them), with the record fields' spans the request walked once for every rule that needs them."""
+        header = request.header
+        api_key = header.api_key
         if api_key not in GUARDED_APIS:
             return False
+        frame = request.frame
         if isinstance(frame, bytes):
             for m in self._markers:  # noqa: SIM110 - a loop, not any(): no generator on every request
                 if m in frame:
                     return True
             return False
-        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(frame, header, request)
+        data = bytes(frame) if api_key != Api.PRODUCE else _outside_records(request)
         return any(m in data for m in self._markers)
 
 
-def _outside_records(frame: Any, header: RequestHeader | None, request: Request | None = None) -> bytes:
+def _outside_records(request: Request) -> bytes:
     """A large Produce frame without its record sets: where its topic names and ids are."""
-    if header is None:
-        header = parse_request_header(frame, 4)
-    view = memoryview(frame)[4:]
-    if header.body_offset is None:
+    view = memoryview(request.frame)[4:]
+    if request.header.body_offset is None:
         return bytes(view)
     out = bytearray()
     pos = 0
-    if request is not None:
-        spans = request.record_spans()
-    else:
-        spans = record_spans(view, header.api_version, header.body_offset)
-    for start, end in spans:
+    for start, end in request.record_spans():
         out += view[pos:start]
         pos = end
     out += view[pos:]

@@ -21,19 +21,15 @@ run on every request and every answer while fair share is on.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Final
 
 from config.model import FairShareConfig
 from protocol.apis import Api
-from protocol.headers import RequestHeader
 from protocol.inflight import Pending
-from protocol.request_fields import fetch_max_bytes_at, mutation_topics
-from proxy.decisions import Buffer, ConnState
+from protocol.request import Request
+from proxy.decisions import ConnState
 from proxy.verdicts import PolicyConnection
 from quotas.fair_share import MUTATION_WORK, REQUEST_WORK, TICK_MS, BrokerLoad, FairShare, FairShareSettings, Tenant
-
-_I32: Final = struct.Struct(">i")
 
 FETCH_APIS: Final = frozenset({Api.FETCH, Api.SHARE_FETCH})
 TENANT_SEP: Final = "\x1f"
@@ -112,12 +108,14 @@ class FairSeat:
         return t
 
     def request(
-        self, conn: PolicyConnection, st: ConnState, header: RequestHeader, frame: Buffer, now_ms: int
+        self, conn: PolicyConnection, st: ConnState, request: Request, now_ms: int
     ) -> tuple[Tenant | None, float]:
         """Count one request: its tenant (None for the requests never charged), and its pacing mark (-1: it need not
         wait, or is not held). Also runs the
         loop's tick when one is due (``FairShare.tick``). Compiled and on every request: API keys are compared as
         ints, not looked up in sets (a boxed key and a hash each)."""
+        header = request.header
+        frame = request.frame
         key = header.api_key
         if key == Api.SASL_HANDSHAKE or key == Api.SASL_AUTHENTICATE or key == Api.API_VERSIONS:
             # Never charged (NEVER_CHARGED_APIS; the quota APIs never reach here). After an authentication the
@@ -138,30 +136,18 @@ class FairSeat:
         if key == Api.PRODUCE:
             return t, t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
         if key == Api.CREATE_TOPICS or key == Api.DELETE_TOPICS or key == Api.CREATE_PARTITIONS:
-            work = float(len(frame) - 4 + REQUEST_WORK + MUTATION_WORK * mutation_topics(frame, header))
+            work = float(len(frame) - 4 + REQUEST_WORK + MUTATION_WORK * request.mutation_topics())
             return t, t.broker.charge(t, work, now_ms)
         t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
         return t, -1.0  # counted (its debt paces the tenant's next held request), never held itself
 
-    def fetch_cap(self, t: Tenant, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:
-        """A Fetch from a paced tenant asks for at most what its bucket holds (as ``proxy.pacing.fetch_cap``); the
-        frame with the lower ``max_bytes``, or None when it asks for no more already (or is not paced)."""
-        if not t.paced or header.api_key != Api.FETCH:
-            return None
-        at = fetch_max_bytes_at(header.api_version)
-        if at < 0 or header.body_offset is None or not isinstance(frame, bytes):
+    def fetch_room(self, t: Tenant, now_ms: int) -> float | None:
+        """How many bytes a Fetch from a paced tenant may ask for now (its bucket; ``Request.capped_fetch``), None
+        when the tenant is not paced."""
+        if not t.paced:
             return None
         room = t.broker.tokens(t, now_ms)
-        if room == math.inf:
-            return None
-        at += 4 + header.body_offset
-        if len(frame) < at + 4:
-            return None
-        asked = _I32.unpack_from(frame, at)[0]
-        cap = int(room) if room >= 1 else 1  # in debt: one batch, no more (a broker sends the first one whole)
-        if asked <= cap:
-            return None
-        return frame[:at] + _I32.pack(cap) + frame[at + 4 :]
+        return None if room == math.inf else room
 
     def answer(self, st: ConnState, pending: Pending, nbytes: int, now: float, start: float) -> None:
         """An answer of ``nbytes`` read at ``now`` for a request the broker could start on at ``start`` (sent, and

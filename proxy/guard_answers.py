@@ -17,7 +17,7 @@ from protocol.request import Request, read_request
 from protocol.text import printable
 from protocol.topic_guard import ProtectedTopics, Refusal
 from protocol.topic_guard import check as check_topics
-from proxy.decisions import SIZE, Buffer, ConnState, Decision, ResponseMerge, Verdict, local_frame
+from proxy.decisions import SIZE, ConnState, Decision, ResponseMerge, Verdict, local_frame
 from proxy.stats import Stats
 from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 
@@ -41,14 +41,15 @@ class GuardAnswers:
         """The last line's time (none yet: the first refusal is logged whatever the clock reads) and the refusals
         since: one line per 10 s at most."""
 
-    def refusal(
-        self, conn: PolicyConnection, header: RequestHeader, frame: Buffer, guard: ProtectedTopics
-    ) -> Refusal | None:
+    def refusal(self, conn: PolicyConnection, request: Request, guard: ProtectedTopics) -> Refusal | None:
         """The request names a protected topic (``protocol.topic_guard``): counted, and logged at most once per
         10 s with the number refused meanwhile (a client can send one such request after another)."""
+        header = request.header
         if header.body_offset is None:
             return None
-        refusal = check_topics(guard, header.api_key, header.api_version, memoryview(frame)[4 + header.body_offset :])
+        refusal = check_topics(
+            guard, header.api_key, header.api_version, memoryview(request.frame)[4 + header.body_offset :]
+        )
         if refusal is None:
             return None
         self.stats.protected_refusals[api_label(header.api_key)] += 1

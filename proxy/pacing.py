@@ -2,22 +2,16 @@
 
 Why a module of its own: these are the two things ``quotas.enforcement: smooth`` changes about a request (docs/
 quotas.md); the charges themselves are the same as in Kafka's mode. Compiled with the dispatcher
-(``proxy.build_info.COMPILED``): :func:`fetch_cap` runs on every paced consumer's Fetch.
+(``proxy.build_info.COMPILED``): :func:`fetch_room` runs on every paced consumer's Fetch.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
-from protocol.headers import RequestHeader
-from protocol.request_fields import fetch_max_bytes_at
-from proxy.decisions import Buffer, Decision
+from proxy.decisions import Decision
 from quotas.manager import Bound, QuotaManager
 from quotas.plans import Charged
-
-_I32: Final = struct.Struct(">i")
-
 
 PACE_RECHECK_MS: Final = 250
 """The longest a paced request waits before its wait is asked again (:func:`paced`). Why: the rate it waits at
@@ -54,27 +48,15 @@ def wait_slice_s(wait_ms: int) -> float:
     return (wait_ms if wait_ms < PACE_RECHECK_MS else PACE_RECHECK_MS) / 1000
 
 
-def fetch_cap(quotas: QuotaManager, d: Decision, header: RequestHeader, frame: Buffer, now_ms: int) -> bytes | None:
-    """A Fetch asks for at most what the consumer's pacing buckets hold (its ``max_bytes``, v3+), so the broker
-    never sends more than the quota allows now; the frame with the lower ``max_bytes``, or None when it asks for no
-    more already. A broker still sends a first record batch larger than ``max_bytes`` whole, and what overdraws is
-    throttled as in Kafka's mode."""
-    at = fetch_max_bytes_at(header.api_version)
-    if at < 0 or header.body_offset is None or not isinstance(frame, bytes):
-        return None
+def fetch_room(quotas: QuotaManager, d: Decision, now_ms: int) -> float | None:
+    """How many bytes a Fetch may ask for now (its ``max_bytes``, v3+: ``protocol.request.Request.capped_fetch``):
+    what the consumer's pacing buckets hold, so the broker never sends more than the quota allows now; None when no
+    bucket paces it. A broker still sends a first record batch larger than ``max_bytes`` whole, and what overdraws
+    is throttled as in Kafka's mode."""
     room: float | None = None
     for _kind, h, how in d.later:
         if how == "response_bytes":
             tokens = quotas.pace_tokens(h, now_ms)
             if tokens is not None and (room is None or tokens < room):
                 room = tokens
-    if room is None:
-        return None
-    at += 4 + header.body_offset
-    if len(frame) < at + 4:
-        return None
-    asked = _I32.unpack_from(frame, at)[0]
-    cap = int(room) if room >= 1 else 1  # in debt (a batch larger than the last cap): one batch, no more
-    if asked <= cap:
-        return None
-    return frame[:at] + _I32.pack(cap) + frame[at + 4 :]
+    return room

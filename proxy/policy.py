@@ -44,9 +44,7 @@ from protocol.apis import Api
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.inflight import Pending
-from protocol.record_batches import produce_topics_head
 from protocol.request import Request
-from protocol.request_fields import is_replica_fetch
 from protocol.topic_guard import ProtectedTopics
 from proxy import client_quota_api
 from proxy.decision_recording import DecisionRecorder
@@ -55,7 +53,7 @@ from proxy.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
 from proxy.fleet_parts import FleetParts
 from proxy.guard_answers import GuardAnswers
 from proxy.mutation_quota import MutationQuota
-from proxy.pacing import fetch_cap, owed_ms, pace_marks, wait_slice_s
+from proxy.pacing import fetch_room, owed_ms, pace_marks, wait_slice_s
 from proxy.partition_counts import PartitionCounts
 from proxy.producer_id_charge import charge_producer_ids
 from proxy.responses import TopicIds
@@ -226,8 +224,8 @@ class Policy:
         frame = request.frame
         key = header.api_key
         guard = self.guard
-        if guard is not None and guard.may_name(key, frame, header, request):
-            refusal = self.guard_answers.refusal(conn, header, frame, guard)
+        if guard is not None and guard.may_name(request):
+            refusal = self.guard_answers.refusal(conn, request, guard)
             if refusal is not None:
                 return self.guard_answers.refuse(conn, request, refusal, now, self._decide, self.new_decision)
         if key == Api.DESCRIBE_CLIENT_QUOTAS or key == Api.ALTER_CLIENT_QUOTAS:
@@ -246,13 +244,12 @@ class Policy:
         fair = self.fair
         if fair is None:
             return self._decide(conn, request, now, None, 0, st)
-        header = request.header
         if st is None:
             st = conn.policy_state
             if st is None:
                 st = conn.policy_state = ConnState(conn.identity)
         now_ms = ms(now)
-        t, mark = fair.request(conn, st, header, request.frame, now_ms)
+        t, mark = fair.request(conn, st, request, now_ms)
         if t is None:
             return self._decide(conn, request, now, None, 0, st)
         if mark >= 0:  # over its share of a limited broker: it waits, unread behind it
@@ -370,7 +367,7 @@ class Policy:
         if b is None:
             if ft is None or st is None or (fair_ms == 0 and not (ft.paced and key in FETCH_APIS)):
                 return None
-            return self._fair_only(st, client_id, header, frame, ft, fair_ms, now_ms)
+            return self._fair_only(st, client_id, request, ft, fair_ms, now_ms)
         assert st is not None  # a bound plan is kept on the connection's state
         plan = b.plan
         size = len(frame) - 4  # what a broker's quotas count: the request after its size prefix
@@ -390,7 +387,7 @@ class Policy:
                 acks = request.acks
                 replication = -1
                 if key == Api.PRODUCE and acks != 0:
-                    replication = self._replication(st, frame, header)
+                    replication = self._replication(st, request)
                 a = self.costs.request_percent(
                     key, size, st.last_out.get(key, 0) if b.out_term else 0, acks, replication
                 )
@@ -399,7 +396,7 @@ class Policy:
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))
         d.noted = b.at_request_kinds
         d.out_term = b.out_term
-        if plan.exempt_replicas and b.later and is_replica_fetch(frame, header):
+        if plan.exempt_replicas and b.later and request.is_replica_fetch():
             d.later, d.later_kinds = b.later_replica, b.later_replica_kinds
         else:
             d.later, d.later_kinds = b.later, b.later_kinds
@@ -412,11 +409,15 @@ class Policy:
                 d.paced_ms, d.throttle_ms = d.throttle_ms, 0
                 d.pace_marks = pace_marks(quotas, b.at_request, now_ms)
             elif key == Api.FETCH and (d.later or d.fair is not None):
-                capped = fetch_cap(quotas, d, header, frame, now_ms)
+                room = fetch_room(quotas, d, now_ms)
                 if d.fair is not None and self.fair is not None and self.fair_enforce:
-                    capped = self.fair.fetch_cap(d.fair, header, capped or frame, now_ms) or capped
-                if capped is not None:
-                    return Replace(d, capped)
+                    fair_room = self.fair.fetch_room(d.fair, now_ms)
+                    if fair_room is not None and (room is None or fair_room < room):
+                        room = fair_room
+                if room is not None:
+                    capped = request.capped_fetch(room)
+                    if capped is not None:
+                        return Replace(d, capped)
         if b.pids is not None:
             charge_producer_ids(
                 quotas, self.producer_ids, self._pid_holds, self.pid_hold_max_ms, d, b.pids, request, now_ms
@@ -457,22 +458,23 @@ class Policy:
         self,
         st: ConnState,
         client_id: str,
-        header: RequestHeader,
-        frame: Buffer,
+        request: Request,
         ft: Tenant,
         fair_ms: int,
         now_ms: int,
     ) -> Verdict:
         """A request no quota charges, that fair share held (``fair_ms``: its wait, recorded) or whose answer it
         charges (a Fetch from a paced tenant, its ``max_bytes`` capped to the tenant's bucket)."""
-        size = len(frame) - 4
+        header = request.header
+        size = len(request.frame) - 4
         d = self.new_decision(st, client_id, header, size)
         d.charged_ms = now_ms
         _fair_wait(d, fair_ms)
         if ft.paced and header.api_key in FETCH_APIS:
             d.fair = ft
             if self.fair is not None and self.fair_enforce:
-                capped = self.fair.fetch_cap(ft, header, frame, now_ms)
+                room = self.fair.fetch_room(ft, now_ms)
+                capped = None if room is None else request.capped_fetch(room)
                 if capped is not None:
                     return Replace(d, capped)
         return d
@@ -561,15 +563,17 @@ class Policy:
         fair = self.fair
         return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
 
-    def _replication(self, st: ConnState, frame: Buffer, header: RequestHeader) -> int:
+    def _replication(self, st: ConnState, request: Request) -> int:
         """The largest replication factor of the topics a Produce writes to, as the cluster's Metadata answers to
         this proxy's clients gave them; -1 when not known (the request quota then goes by its acks). A frame that
         does not parse is -1 too: the broker answers it with its own error. A producer sends request after request
         to one topic: while the request's head (up to its topic's key) is the last one's byte for byte and the
         topics' table has not changed, the last answer stands (``ConnState.produce_topic``), with no read of it."""
         topics = self.topics
+        header = request.header
         if topics is None or header.body_offset is None:
             return -1
+        frame = request.frame
         at = 4 + header.body_offset
         memo = st.produce_topic
         if memo is not None and memo[1] == topics.stamp and isinstance(frame, bytes):
@@ -579,7 +583,7 @@ class Policy:
             if frame[at : at + len(head)] == head:
                 return memo[2]
         try:
-            keys, end = produce_topics_head(frame, header.api_version, at)
+            keys, end = request.topics_head()
         except ProtocolError:
             return -1
         rf = topics.replication_of(keys)

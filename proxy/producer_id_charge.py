@@ -9,8 +9,7 @@ Produce wait on every connection. The dispatcher calls :func:`charge_producer_id
 from __future__ import annotations
 
 from mute import KeyedHolds
-from protocol.errors import MalformedRequest
-from protocol.record_batches import NO_PRODUCER_ID, RecordBatchError, producer_ids_and_shape, single_producer_id
+from protocol.record_batches import NO_PRODUCER_ID
 from protocol.request import Request
 from proxy.decisions import Decision, PidMemo
 from quotas.manager import Bound, QuotaManager
@@ -30,20 +29,12 @@ def charge_producer_ids(
     """Each producer id new to the user (per broker, as a broker would see it) within the window charges
     producer_ids_rate by one. Ids come from the record-batch headers; the records are not read. Over quota, the
     user's next Produce / InitProducerId waits in ``holds``, at most ``hold_max_ms``."""
-    header = request.header
-    frame = request.frame
-    assert header.body_offset is not None  # a Produce header always has its body located
     st = d.state
-    version, offset = header.api_version, header.body_offset
     pid = None
-    if st.produce_shape is not None and isinstance(frame, bytes):  # the skeleton the last one had: no walk
-        pid = single_producer_id(frame, 4, version, offset, st.produce_shape)
+    if st.produce_shape is not None:  # the skeleton the last one had: no walk
+        pid = request.shaped_producer_id(st.produce_shape)
     if pid is None:
-        try:
-            spans = request.record_spans()  # walked once: the guard's search of a large one reads them too
-            pids, st.produce_shape = producer_ids_and_shape(memoryview(frame)[4:], version, offset, spans)
-        except RecordBatchError as exc:
-            raise MalformedRequest(f"malformed Produce v{version} record batch: {exc}") from None
+        pids, st.produce_shape = request.producer_ids()
         if len(pids) == 1:
             (pid,) = pids
         elif not pids:

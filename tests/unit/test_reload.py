@@ -286,18 +286,19 @@ def test_fair_share_turned_off_then_on_again_counts_a_live_connection_on_the_new
 
     from protocol.apis import Api
     from protocol.headers import RequestHeader
+    from protocol.request import Request
     from proxy.decisions import ConnState
 
     conn = SimpleNamespace(label="broker 1", peer="127.0.0.1", upstream_addr=("127.0.0.1", 9))
     st = ConnState(SimpleNamespace(principal="ANONYMOUS"))
     header = RequestHeader(Api.PRODUCE, 9, 1, "flooder", 0)
     proxy = Proxy(_config())
-    t, _ = _fair(proxy).request(conn, st, header, b"\0" * 1024, 0)  # type: ignore[arg-type]
+    t, _ = _fair(proxy).request(conn, st, Request(header, b"\0" * 1024, True), 0)  # type: ignore[arg-type]
     with caplog.at_level("INFO", logger="proxy.server"):
         proxy.reload(_config(**{"quotas.fair_share.enabled": False}))
         proxy.reload(_config(**{"quotas.fair_share.enabled": True}))
     seat = _fair(proxy)
-    t2, _ = seat.request(conn, st, header, b"\0" * 1024, 200)  # type: ignore[arg-type]
+    t2, _ = seat.request(conn, st, Request(header, b"\0" * 1024, True), 200)  # type: ignore[arg-type]
     assert t2 is not t and t2.broker is seat.state.brokers["broker 1"]
     assert [b[0] for b in seat.snapshot(10)[0]] == ["broker 1"]  # what the metrics show
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fair share turned")]
@@ -321,7 +322,7 @@ def test_fair_share_in_shadow_mode_lets_a_request_go_and_records_the_wait_it_wou
     def gate(enforce: bool) -> object:
         proxy = Proxy(_config(**{"quotas.fair_share.enforce": enforce}))
         st = ConnState(SimpleNamespace(principal="ANONYMOUS"))
-        t, _ = _fair(proxy).request(conn, st, header, b"\0" * 64, 0)  # type: ignore[arg-type]
+        t, _ = _fair(proxy).request(conn, st, Request(header, b"\0" * 64, True), 0)  # type: ignore[arg-type]
         assert t is not None
         t.broker.limit = 64 * 1024.0  # the broker limited, this tenant paced at 64 KiB/s
         t.pace(64 * 1024.0, 0.1, 0)

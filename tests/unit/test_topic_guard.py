@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from config.model import ProxyConfig
 from protocol.apis import REQUESTS, RESPONSES
 from protocol.errors import ProtocolError
-from protocol.headers import encode_response_header, parse_request_header
+from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending
-from protocol.request import read_request
+from protocol.request import Request, read_request
 from protocol.topic_guard import (
     TOPIC_AUTHORIZATION_FAILED,
     ProtectedTopicError,
@@ -318,15 +318,20 @@ def test_exactly_the_protected_topics_are_refused_and_the_rest_forwarded(topics)
 # ------------------------------------------------------------------------------------------ the byte search
 
 
+def _searched(api_key: int, frame: bytes) -> Request:
+    """A request as the session read it, for the byte search (which reads its API key and frame only)."""
+    return Request(RequestHeader(api_key, 9, 1, "c", 0), frame, True)
+
+
 def test_the_byte_search_sees_names_and_ids_and_nothing_else():
     g = _guard()
-    assert not g.may_name(0, _SIZE.pack(1) + _produce(9, ["mine"]))
-    assert g.may_name(0, _produce(9, [OWN])) and g.may_name(0, _produce(9, [LOG]))
-    assert not g.may_name(18, b"__ktp_fleet_prod")  # ApiVersions names no topic
+    assert not g.may_name(_searched(0, _SIZE.pack(1) + _produce(9, ["mine"])))
+    assert g.may_name(_searched(0, _produce(9, [OWN]))) and g.may_name(_searched(0, _produce(9, [LOG])))
+    assert not g.may_name(_searched(18, b"__ktp_fleet_prod"))  # ApiVersions names no topic
     topic_id = uuid.uuid4()
-    assert not g.may_name(1, b"x" + topic_id.bytes)
+    assert not g.may_name(_searched(1, b"x" + topic_id.bytes))
     g.learn({topic_id: OWN})
-    assert g.may_name(1, b"x" + topic_id.bytes)
+    assert g.may_name(_searched(1, b"x" + topic_id.bytes))
 
 
 def test_a_large_produce_is_searched_outside_its_records_only():
@@ -345,9 +350,12 @@ def test_a_large_produce_is_searched_outside_its_records_only():
         head = b"\x00\x00\x00\x09\x00\x00\x00\x01\x00\x01c\x00"  # Produce v9, client id "c", no tags (header v2)
         return memoryview(_SIZE.pack(len(head) + len(body)) + head + body)
 
+    def read(frame: memoryview) -> Request:
+        return read_request(parse_request_header(frame, 4), frame)
+
     big = b"__ktp_fleet_prod" * 8000  # records that merely contain the name: not a reason to decode
-    assert not g.may_name(0, frame("mine", big))
-    assert g.may_name(0, frame(OWN, b"y" * 128_000))
+    assert not g.may_name(read(frame("mine", big)))
+    assert g.may_name(read(frame(OWN, b"y" * 128_000)))
 
 
 # ------------------------------------------------------------------------------------------ listings
