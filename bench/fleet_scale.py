@@ -4,7 +4,7 @@ and how the leases hold the quota.
 N simulated members write a lease record every ``sync_interval_ms`` (250) to a real Kafka
 (``tests.harness.KafkaCluster``, one broker) with E active entities each (buckets with usage in every interval: the
 same E client ids at every member, the worst case for a reader, which takes all of them from every other member).
-Every member is a real ``proxy.fleet_member.FleetSync`` with its own ``QuotaManager``, ``FleetLedger`` and lease
+Every member is a real ``proxy.fleet.member.FleetSync`` with its own ``QuotaManager``, ``FleetLedger`` and lease
 holder, all in one asyncio loop.
 
 Why not N full members: a machine of two shared cores cannot run 100 readers of 100 x E entries a second each.
@@ -46,8 +46,8 @@ import time
 import uuid
 
 from config.model import ProxyConfig
-from proxy.fleet_member import FleetSync
-from proxy.fleet_parts import fleet_parts
+from proxy.fleet.member import FleetSync
+from proxy.fleet.parts import fleet_parts
 from quotas.entities import DEFAULT, QuotaEntity, QuotaStore
 from quotas.fleet_leases import LeaseHolder, LeaseRecord
 from quotas.fleet_reports import FleetLedger, Usage

@@ -903,7 +903,7 @@ def _read_tenants(res: Result, f: dict, lo_s: float, hi_s: float) -> None:
 
 FAIR_LINE = re.compile(
     r"fair share: (.+?) saturated \(.*?\): limited to ([\d.]+) MiB/s of work, shared by (\d+) tenants"
-)  # proxy/decision_recording.py's log line
+)  # proxy/rules/decision_recording.py's log line
 
 
 def fair_share_notes(log: str) -> list[str]:
@@ -917,7 +917,7 @@ def fair_share_notes(log: str) -> list[str]:
 
 
 def _read_timeline(res: Result, path: Path, lo: float, hi: float) -> None:
-    """The proxy's timeline (proxy/loop_lag.py; one clock: both are time.monotonic on one machine): the loop's
+    """The proxy's timeline (proxy/wire/loop_lag.py; one clock: both are time.monotonic on one machine): the loop's
     lag in the settled window, and the victim's time inside the proxy per request (read → forwarded, plus the
     answer's read → handed to the client), to put beside the flooder's bursts."""
     lags: list[float] = []

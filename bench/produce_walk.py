@@ -3,7 +3,7 @@
 Why: the glue should be followable; this counts, by tracing every Python call (``sys.setprofile``), the project
 files whose code runs for one Produce v11 request and its response once the connection is warm (the first
 request compiles and caches per-version tables; the second shows the steady path). The connection is the real
-``proxy.connection.Connection`` with the real policy; only the two sockets are stand-ins (transports that
+``proxy.wire.connection.Connection`` with the real policy; only the two sockets are stand-ins (transports that
 record what is written), so no broker is needed: ``tests.harness.connection_rig``.
 
     .venv/bin/python -m bench.produce_walk [--calls]
@@ -60,9 +60,9 @@ async def walk(quotas: dict) -> list[str]:
 
 
 TRACED = (
-    "proxy/connection.py",
-    "proxy/connection_life.py",
-    "proxy/sockets.py",
+    "proxy/wire/connection.py",
+    "proxy/wire/connection_life.py",
+    "proxy/wire/sockets.py",
     "protocol/session.py",
     "mute/channel.py",
 )

@@ -234,7 +234,7 @@ class FairShareConfig(_Strict):
         return self
 
     def weight_keys(self) -> dict[str, float]:
-        """Tenant key (``proxy.fair_seat.tenant_key``) -> weight."""
+        """Tenant key (``proxy.rules.fair_seat.tenant_key``) -> weight."""
         out = {}
         for w in self.weights:
             if self.tenant == "address":

@@ -309,7 +309,7 @@ class FrameReceiver:
     buffer: two user-space copies and a page-fault storm per response, which capped the proxy's
     single event loop on consume. Here the only copies left are the kernel's, in and out. (A connection whose
     client has not fetched reads its broker as chunks instead, and takes only what is not one whole small
-    response through here: ``proxy.connection._UpstreamChunks``.)
+    response through here: ``proxy.wire.connection._UpstreamChunks``.)
 
     A frame that is wholly in hand comes out as one ``memoryview`` (prefix included), or as a ``bytes`` copy when
     it is small (:data:`SMALL_RESPONSE_BYTES`). A larger one

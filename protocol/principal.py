@@ -2,7 +2,7 @@
 the connection's identity (SASL first, then the certificate, then ``ANONYMOUS``).
 
 Sans-IO and shared by layers: ``config`` validates ``ssl.principal.mapping.rules`` with :class:`PrincipalMapper`
-when it reads them, ``proxy.tls`` applies them to a live handshake's certificate, and the policy reads a
+when it reads them, ``proxy.wire.tls`` applies them to a live handshake's certificate, and the policy reads a
 connection's :class:`ConnectionIdentity`. Bytes and strings in, names out; no sockets.
 
 Kafka (``DefaultKafkaPrincipalBuilder``) takes the peer certificate's subject as an RFC 2253 distinguished

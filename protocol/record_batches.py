@@ -329,7 +329,7 @@ def produce_topics_head(
     """:func:`produce_topics`, and for a request that writes to one topic where its key ends in ``body`` (-1 for
     more topics): the bytes from ``offset`` to there (transactional id, acks, timeout, one topic, its key) are equal
     in every request of a producer to that topic, so a caller may keep them and know the next such request's topic
-    without reading it again (``proxy.policy``)."""
+    without reading it again (``proxy.rules.policy``)."""
     buf = memoryview(body)
     plan = _plan(version)
     if plan.top_pre_after_str is not None and (plan.topic_pre_str or plan.topic_pre_fixed == 16):

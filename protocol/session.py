@@ -5,7 +5,7 @@ wait or be answered out of the broker's sight (a policy still deciding, a KIP-59
 SaslHandshake v0 whose answer decides whether raw tokens follow, a response held until a new broker listener is
 up, requests the proxy asks on its own account). All of that ordering state lives here, in one object with no
 socket, clock or quota, so it can be driven and tested with bytes alone (h11's ``Connection`` is the model).
-The asyncio glue (:mod:`proxy.connection`) feeds it frames, asks the policy, and writes what it is told.
+The asyncio glue (:mod:`proxy.wire.connection`) feeds it frames, asks the policy, and writes what it is told.
 
 Requests: :meth:`Session.receive` reads one frame (header, SASL state, version caps) and returns a
 :class:`~protocol.request.Request` (what every rule reads of it, read once) for the policy, the frame itself to
@@ -77,7 +77,7 @@ _SASL_APIS = frozenset({Api.SASL_HANDSHAKE, Api.SASL_AUTHENTICATE})
 
 def needs_whole_body(api_key: int, api_version: int) -> bool:
     """Whether the proxy may rewrite the response to this request anywhere but in its closing endpoints tail
-    (``proxy.responses.inspect_response``: broker addresses, ApiVersions caps, the protected topics left out of a
+    (``proxy.wire.responses.inspect_response``: broker addresses, ApiVersions caps, the protected topics left out of a
     listing), so it must be assembled before any of it is forwarded. Everything else (the bulk: Fetch, Produce
     and ShareFetch) can be streamed through; its leading bytes are still seen first (``protocol.frames.HEAD_BYTES``),
     and from Fetch v16 / Produce v10, and in every ShareFetch / ShareAcknowledge, its last bytes are held back and

@@ -38,20 +38,20 @@ COMPILED = (
     "quotas.kinds",
     "quotas.plans",  # the bound plan whose handles every charged request reads
     "quotas.fair_share",  # fair share: every request counted, every answer sampled while it is on
-    "proxy.policy",
-    "proxy.decisions",  # the Decision every charged request fills, read natively by the modules below
-    "proxy.decision_recording",  # every decision counted at its response
-    "proxy.producer_id_charge",  # every Produce under producer_ids_rate
-    "proxy.pacing",  # smooth enforcement: every paced Fetch
-    "proxy.fair_seat",  # fair share's per-request steps
+    "proxy.rules.policy",
+    "proxy.rules.decisions",  # the Decision every charged request fills, read natively by the modules below
+    "proxy.rules.decision_recording",  # every decision counted at its response
+    "proxy.rules.producer_id_charge",  # every Produce under producer_ids_rate
+    "proxy.rules.pacing",  # smooth enforcement: every paced Fetch
+    "proxy.rules.fair_seat",  # fair share's per-request steps
     "mute.holds",  # the policy asks it about KIP-936 holds on every Produce
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
-    "proxy.connection",
-    "proxy.connection_life",  # the connection's base class: its pauses and resumes run per request
-    "proxy.sockets",  # the loop's callbacks: every read
+    "proxy.wire.connection",
+    "proxy.wire.connection_life",  # the connection's base class: its pauses and resumes run per request
+    "proxy.wire.sockets",  # the loop's callbacks: every read
     "proxy.stats",  # counters bumped per request
-    "proxy.responses",  # inspect_response: every response
+    "proxy.wire.responses",  # inspect_response: every response
     # Not quotas/entities.py: it validates configuration from files and the wire, and relies on wrong types
     # reaching its checks (mypyc would raise TypeError at the call instead of QuotaEntityError/QuotaValueError).
 )

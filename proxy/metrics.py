@@ -30,8 +30,8 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
-from proxy.loop_lag import LoopLag
 from proxy.stats import Stats
+from proxy.wire.loop_lag import LoopLag
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _by_label(name: str, doc: str, label: str, counts: dict[str, int]) -> Counte
 
 
 FairSnapshot = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
-"""``proxy.fair_seat.FairSeat.snapshot``: the brokers' loops and their tenants (empty while fair share is off)."""
+"""``proxy.rules.fair_seat.FairSeat.snapshot``: the brokers' loops and their tenants (empty while fair share is off)."""
 
 _FAIR_BROKER = (
     ("limited", "1 while fair share limits the work this broker admits (it saturated and somebody light is on it)"),

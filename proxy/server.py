@@ -21,19 +21,19 @@ from protocol.frames import RequestBytesPool
 from protocol.principal import PrincipalMapper
 from protocol.topic_guard import GUARDED_APIS
 from proxy import metrics
-from proxy.brokers import BrokerDirectory, NoBrokerPort
-from proxy.connection import Connection, Services
-from proxy.connection_life import ConnectionLife
-from proxy.discovery import discover_brokers
-from proxy.fleet_member import FleetSync
-from proxy.fleet_parts import fleet_parts
-from proxy.loop_lag import LoopLag
-from proxy.policy import Policy
-from proxy.quota_import import fetch_cluster_quotas
-from proxy.responses import TopicIds
-from proxy.sockets import ClientSide
+from proxy.fleet.member import FleetSync
+from proxy.fleet.parts import fleet_parts
+from proxy.rules.policy import Policy
 from proxy.stats import Stats
-from proxy.tls import client_context, server_context
+from proxy.wire.brokers import BrokerDirectory, NoBrokerPort
+from proxy.wire.connection import Connection, Services
+from proxy.wire.connection_life import ConnectionLife
+from proxy.wire.discovery import discover_brokers
+from proxy.wire.loop_lag import LoopLag
+from proxy.wire.quota_import import fetch_cluster_quotas
+from proxy.wire.responses import TopicIds
+from proxy.wire.sockets import ClientSide
+from proxy.wire.tls import client_context, server_context
 from quotas.connections import NEVER_SPOKE, ConnectionQuotas, Refusal
 from quotas.fair_share import FairShare
 

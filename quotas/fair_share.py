@@ -136,7 +136,7 @@ DEMAND_TAU_MS: Final = 1_000
 """A tenant's demand is its work per second, averaged over about this long (Doorman's wants, measured)."""
 HELD_MS: Final = 300
 """A tenant held back within this long counts as held (wanting more than it gets): a held request asks again at
-least every 250 ms (``proxy.pacing.PACE_RECHECK_MS``), so one still waiting is seen in every tick."""
+least every 250 ms (``proxy.rules.pacing.PACE_RECHECK_MS``), so one still waiting is seen in every tick."""
 ACTIVE_MS: Final = 2_000
 """A tenant counts as active on a broker while it sent work there within this long, or is held back there (a request
 paced at a low share may wait longer than this, and is the tenant the limit exists for)."""

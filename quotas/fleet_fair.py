@@ -1,6 +1,6 @@
 """Fair share in a fleet (issue 48): the record a member writes to say on which brokers it has light tenants.
 
-Pure, no I/O (``proxy/fleet_member.py`` carries it over the fleet's usage topic, MAC'd like the lease records).
+Pure, no I/O (``proxy/fleet/member.py`` carries it over the fleet's usage topic, MAC'd like the lease records).
 
 Why a record of its own: each member of a fleet sees only its own clients, so a member whose only tenant on a
 broker is a flooder finds nobody to protect there, while the victim is on another member

@@ -1,7 +1,7 @@
 """Quota scope ``fleet`` with leases (issue 39): each member holds a share of every quota, and the shares the members
 enforce never add up to more than the quota.
 
-Pure policy, no I/O, no clock (time comes in as ms). ``proxy/fleet_member.py`` carries the records over the
+Pure policy, no I/O, no clock (time comes in as ms). ``proxy/fleet/member.py`` carries the records over the
 fleet's topic and hands them to :class:`LeaseBook` in the topic's order.
 
 Why leases and not shared usage: with usage folding, a member compares the fleet's usage, as it saw it one sync

@@ -4,7 +4,7 @@ Since issue 39 the members hold leases instead (``quotas.fleet_leases``): a memb
 its demand meter, and the record authentication (:func:`record_mac`, :func:`authentic`), :func:`bucket_id` and the
 quota records here are the leases' too; the usage reports and their fold below are no longer exchanged.
 
-Pure policy, no I/O (``proxy/fleet_member.py`` carries the messages over a Kafka topic). Each member records its own
+Pure policy, no I/O (``proxy/fleet/member.py`` carries the messages over a Kafka topic). Each member records its own
 charges as before and, besides, adds them to a :class:`FleetLedger`: usage per bucket since the last sync. A few
 times a second the member drains the ledger into one :class:`UsageReport` and publishes it; every member folds
 the reports of the others into its own trackers (``QuotaManager.apply_remote``), so the rate or token bucket it

@@ -2,7 +2,7 @@
 
 Why here, beside :class:`quotas.manager.QuotaManager`: a plan is read off the quota catalogue (``quotas.kinds``) and
 the keys the store configures, and binding is the manager's lookup; both are pure (no I/O, time passed in), as
-Kafka keeps its lookup in ``ClientQuotaManager``. ``proxy.policy`` keeps one :class:`BoundPlan` per connection
+Kafka keeps its lookup in ``ClientQuotaManager``. ``proxy.rules.policy`` keeps one :class:`BoundPlan` per connection
 (the last API and client id it saw) and asks :class:`Plans` again only when those or the quotas change.
 """
 

@@ -4,7 +4,7 @@ Runs inside Spark's Python workers (``groupBy(...).applyInPandas(replay_group)``
 ``(proxy, scope, kind, bucket)``. Nothing here computes a quota: every decision comes from
 :class:`quotas.manager.QuotaManager` (resolution via :class:`quotas.entities.QuotaStore`, rates via
 :class:`quotas.rate.SampledRate`, tokens via :class:`quotas.token_bucket.TokenBucket` and
-:func:`quotas.token_bucket.admit`), exactly the calls :mod:`proxy.policy` makes. So a replay of the config that
+:func:`quotas.token_bucket.admit`), exactly the calls :mod:`proxy.rules.policy` makes. So a replay of the config that
 was live reproduces the logged decisions, and a replay of a proposed config shows what the proxy would do.
 
 What a replay cannot know: clients that would have been throttled would also have slowed down, so the traffic

@@ -10,7 +10,7 @@ Two generators, for two purposes:
   ``saturated`` and a ``released`` event (overlapping bursts on one broker make one episode), and most of the
   noisy tenant's Produce requests on that broker in between are held (action ``fair_share``, a wait of 20-300 ms).
 * :class:`ProxySimulator` - exact, for tests: feeds events through the proxy's own
-  :class:`quotas.manager.QuotaManager` the way :mod:`proxy.policy` does and fills the logged decision columns,
+  :class:`quotas.manager.QuotaManager` the way :mod:`proxy.rules.policy` does and fills the logged decision columns,
   so a test can check the job's totals and the replay against decisions made by the quota code itself.
 
 CLI: ``python -m spark_analysis.synthetic OUT_DIR --events 10000000 [--span 3600] [--users 200] [--seed 1]
@@ -334,7 +334,7 @@ def _add_fair_share(
 
 
 class ProxySimulator:
-    """Makes the logged decisions for raw traffic exactly as :mod:`proxy.policy` would, with the quota code.
+    """Makes the logged decisions for raw traffic exactly as :mod:`proxy.rules.policy` would, with the quota code.
 
     Input events carry traffic only (ts_ms, user, client_id, api_key, api_version, bytes_in, bytes_out,
     upstream_ms, mutations / topic_partitions, new_pids, optional req_ts_ms and scope); the simulator fills
@@ -367,7 +367,7 @@ class ProxySimulator:
             if c is not None:
                 note(BY_KEY[key].name, value, c.limit, c.throttle_ms)
 
-        # The proxy's own order (proxy.policy): request-time kinds, producer ids, mutations, response-time kinds.
+        # The proxy's own order (proxy.rules.policy): request-time kinds, producer ids, mutations, response-time kinds.
         if api >= 0:
             for kind in charged_at(api, "request", self.keys):
                 charge(kind.key, amount(kind, api, request_bytes=e.get("bytes_in", 0)), req_ts)

@@ -4,7 +4,7 @@ tests and the benchmarks (``bench/``, which imports them from here, never the ot
 * ``measure``: what the cluster received or served, measured where the bytes land, and the arithmetic of samples;
 * ``traffic``: the clients that make the load (Kafka's perf tools, librdkafka) and check what landed;
 * ``process_tree``: the CPU and peak memory of a process tree;
-* ``connection_rig``: a real ``proxy.connection.Connection`` with stand-in sockets, and Produce frames for it;
+* ``connection_rig``: a real ``proxy.wire.connection.Connection`` with stand-in sockets, and Produce frames for it;
 * ``request_bodies``: a valid body of every API the proxy decodes, for the fuzzers.
 * ``kube_objects``: the Kubernetes objects that run the proxy (the manifest, the Helm chart), checked alike.
 

@@ -1,4 +1,4 @@
-"""One real ``proxy.connection.Connection``, with the real policy, and stand-in sockets: a Produce request and its
+"""One real ``proxy.wire.connection.Connection``, with the real policy, and stand-in sockets: a Produce request and its
 answer go through it in process, no broker and no event loop's I/O. The unit tests drive the connection's
 counters, reads and turns with it; the benchmarks count what one Produce costs on it (``bench.produce_walk``: the
 files it walks through; ``bench.request_cpu`` and ``bench.instructions``: its CPU and instructions).
@@ -16,13 +16,13 @@ from config.model import ProxyConfig
 from protocol.api_versions import decode_caps
 from protocol.frames import RequestBytesPool
 from protocol.headers import encode_response_header
-from proxy.brokers import BrokerDirectory
-from proxy.connection import Connection, Services
-from proxy.policy import Policy
-from proxy.responses import TopicIds
+from proxy.rules.policy import Policy
 from proxy.server import DECODED_APIS
-from proxy.sockets import ClientSide, UpstreamSide
 from proxy.stats import Stats
+from proxy.wire.brokers import BrokerDirectory
+from proxy.wire.connection import Connection, Services
+from proxy.wire.responses import TopicIds
+from proxy.wire.sockets import ClientSide, UpstreamSide
 
 _SIZE = struct.Struct(">i")
 PRODUCE_VERSION = 11

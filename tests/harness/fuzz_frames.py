@@ -1,5 +1,5 @@
 """Deterministic fuzz cases for every walk the proxy makes over a client's bytes (issue #35), and the in-process rig
-that drives them through a real :class:`proxy.connection.Connection` with every quota kind on.
+that drives them through a real :class:`proxy.wire.connection.Connection` with every quota kind on.
 
 Why a rig of its own: the contract is that a malformed request closes its connection with one WARNING line and no
 traceback, whichever reader meets it first (the request header, acks, the wait the broker may take, the protected
@@ -49,12 +49,12 @@ from protocol.frames import RequestBytesPool
 from protocol.headers import encode_response_header
 from protocol.sasl_identity import ANONYMOUS
 from protocol.topic_guard import GUARDED_APIS, ProtectedTopics
-from proxy.brokers import BrokerDirectory
-from proxy.connection import Connection, Services
-from proxy.policy import Policy
-from proxy.responses import TopicIds
+from proxy.rules.policy import Policy
 from proxy.server import DECODED_APIS
 from proxy.stats import Stats
+from proxy.wire.brokers import BrokerDirectory
+from proxy.wire.connection import Connection, Services
+from proxy.wire.responses import TopicIds
 from tests.harness.connection_rig import Transport
 
 _SIZE = struct.Struct(">i")

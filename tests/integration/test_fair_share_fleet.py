@@ -10,7 +10,7 @@ B limits the flooder on the brokers it saturates.
 
 Asserted as test_fair_share does: the victim's p99 over the flood after its first seconds under a second
 (unprotected: seconds), nothing of the victim's lost, the flood still getting through, and B's log saying it limited
-a broker. Without the reports (2026-12-05, proxy/fleet_member.py and proxy/server.py as on main, two runs) B never
+a broker. Without the reports (2026-12-05, proxy/fleet/member.py and proxy/server.py as on main, two runs) B never
 limited, the flood took 21-25 MiB/s and the victim's p99 was 5.8 and 6.3 s; with them, four runs: 0.11, 0.80, 1.03
 and 2.30 s. The bound is tight for a fleet on a loaded 2-core host (one proxy: 0.14 s): B sees only the flood's 1-MB
 requests, so its target delay is half their baseline and, holding the flood, it gets few samples a tick; its cuts

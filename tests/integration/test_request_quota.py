@@ -1,6 +1,6 @@
 """KIP-124 request quota (``request_percentage``) through the proxy against the real cluster.
 
-What the proxy charges (proxy/policy.py, quotas.kinds.thread_ms): an estimate of the broker thread time each
+What the proxy charges (proxy/rules/policy.py, quotas.kinds.thread_ms): an estimate of the broker thread time each
 request costs, from its API and sizes, never a wait the client asked for (Fetch max_wait, JoinGroup/SyncGroup,
 Produce acks=all), and Produce and Fetch as much as any other API (issue #36). Raw requests on bare sockets
 (KafkaWire) where the test must control exactly what is in flight and read every throttle_time_ms; librdkafka where

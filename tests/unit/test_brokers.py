@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from protocol.addresses import BrokerEndpoint
-from proxy.brokers import BrokerDirectory, NoBrokerPort
+from proxy.wire.brokers import BrokerDirectory, NoBrokerPort
 
 
 class FakeListeners:

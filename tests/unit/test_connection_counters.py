@@ -1,7 +1,8 @@
 """The per-API request and latency counters a connection bumps, as the metrics endpoint exports them.
 
-A real ``proxy.connection.Connection`` with the real policy and stand-in transports (``tests.harness.connection_rig``):
-Produce round trips, then a Metadata request, so the API the connection remembers changes.
+A real ``proxy.wire.connection.Connection`` with the real policy and stand-in transports
+(``tests.harness.connection_rig``): Produce round trips, then a Metadata request, so the API the connection
+remembers changes.
 """
 
 from __future__ import annotations

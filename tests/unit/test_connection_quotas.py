@@ -42,7 +42,7 @@ def test_ip_quotas_through_the_client_quota_apis():
     )
 
     from config.quota_sources import QuotaSources
-    from proxy import client_quota_api
+    from proxy.rules import client_quota_api
     from quotas.connections import IpQuotas
     from quotas.entities import QuotaEntity, QuotaStore
 

@@ -1,4 +1,4 @@
-"""proxy.fleet_member.FleetSync's member id: the workers of one host are members of their own."""
+"""proxy.fleet.member.FleetSync's member id: the workers of one host are members of their own."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from config.model import ProxyConfig
-from proxy.fleet_member import FleetSync
-from proxy.fleet_parts import fleet_parts, wall_ms
+from proxy.fleet.member import FleetSync
+from proxy.fleet.parts import fleet_parts, wall_ms
 from quotas.entities import QuotaStore
 from quotas.manager import QuotaManager
 
@@ -144,7 +144,7 @@ def test_a_stopping_member_writes_a_farewell_record_and_does_not_wait_on_a_silen
     FAREWELL_WAIT_S, no more, and the lease then runs out as if the member had died."""
     import time
 
-    from proxy import fleet_member
+    from proxy.fleet import member as fleet_member
     from quotas.fleet_leases import FAREWELL_LEASE_MS, LeaseRecord
 
     config = fleet_config(monkeypatch, "me")
@@ -212,7 +212,7 @@ def _mac(sync: FleetSync, value: bytes) -> list[tuple[str, bytes]]:
 
 
 def test_a_member_writes_a_light_report_when_it_has_news_and_refreshes_it_while_it_lasts(monkeypatch):
-    from proxy.fleet_member import LIGHT_REFRESH_MS, LIGHT_VALID_MS
+    from proxy.fleet.member import LIGHT_REFRESH_MS, LIGHT_VALID_MS
     from quotas.fleet_fair import LightReport
 
     clock = [1_000_000]
@@ -241,7 +241,7 @@ def test_a_member_writes_a_light_report_when_it_has_news_and_refreshes_it_while_
 
 
 def test_another_members_light_report_makes_this_one_limit_its_flooder(monkeypatch):
-    from proxy.fleet_member import LIGHT_VALID_MS
+    from proxy.fleet.member import LIGHT_VALID_MS
     from quotas.fleet_fair import LightReport
 
     clock = [1_000_000]
@@ -282,7 +282,7 @@ def test_a_malformed_light_report_is_counted_and_warned_of_once_never_a_tracebac
     clock = [1_000_000]
     _a, b, shares = _light_fleet(monkeypatch, clock)
     bad = MAGIC + b"\xff" * 40
-    with caplog.at_level("WARNING", logger="proxy.fleet_member"):
+    with caplog.at_level("WARNING", logger="proxy.fleet.member"):
         for _ in range(3):
             b.take(b.topic, None, bad, _mac(b, bad))
         b.take(b.topic, None, b"KTX\x01", _mac(b, b"KTX\x01"))  # nobody's record at all

@@ -18,7 +18,7 @@ from protocol.frames import FrameError
 from protocol.headers import HeaderError
 from protocol.sasl_identity import SaslSequenceError
 from protocol.text import printable
-from proxy import client_quota_api
+from proxy.rules import client_quota_api
 from quotas.entities import QuotaStore
 from tests.harness.request_bodies import BODIES
 from tests.support import REPO
@@ -67,7 +67,7 @@ def test_every_connection_error_kind_is_one_the_operations_page_lists():
     raised = {cls.kind for cls in _family(ProtocolError)}
     closed = {
         kind
-        for source in ("connection.py", "connection_life.py", "server.py")
+        for source in ("wire/connection.py", "wire/connection_life.py", "server.py")
         for kind in re.findall(r"\.close\(.*, \"(\w+)\"\)$", (REPO / "proxy" / source).read_text(), re.M)
     }
     assert {"bad_frame", "sasl", "malformed_request", "protocol"} <= raised

@@ -94,9 +94,48 @@ def test_no_import_circle():
     assert circles == []
 
 
+PROXY_MAY_IMPORT = {
+    "proxy.rules": {"proxy.rules", "proxy.stats", "proxy.decision_log", "proxy.fleet.parts", "proxy.wire.responses"},
+    "proxy.wire": {"proxy.wire", "proxy.rules", "proxy.stats"},
+    "proxy.fleet": {"proxy.fleet"},
+    "proxy.decision_log": {"proxy.decision_log"},
+    "proxy.stats": set(),
+    "proxy.build_info": set(),
+    "proxy.metrics": {"proxy.stats", "proxy.wire.loop_lag"},
+}
+"""Inside ``proxy/``, a package's modules may import these (a name stands for the package or module and what is
+under it): the rules decide without the wire, but for the topic-id table the responses learn
+(``proxy.wire.responses.TopicIds``), and are built with the fleet's parts, never its sync; they write the decision
+log; the wire asks the rules;
+the fleet's sync, the decision log and the counters import none of the others. The server and the CLI, above
+them all, are not listed: they compose the rest."""
+
+
+def _within(name: str, allowed: set[str]) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def test_the_proxy_packages_import_one_way():
+    wrong = []
+    for m, deps in _graph().items():
+        rule = next((k for k in PROXY_MAY_IMPORT if m == k or m.startswith(k + ".")), None)
+        if rule is None:
+            continue
+        wrong += [
+            f"{m} imports {d}" for d in sorted(deps) if d.startswith("proxy") and not _within(d, PROXY_MAY_IMPORT[rule])
+        ]
+    assert wrong == []
+
+
+def test_the_proxy_packages_rule_can_fail():
+    graph = _graph()
+    assert "proxy.rules.policy" in graph["proxy.wire.connection"]  # the wire asks the rules: allowed one way
+    assert not _within("proxy.wire.connection", PROXY_MAY_IMPORT["proxy.rules"])
+
+
 def test_the_check_sees_imports_at_all():
     graph = _graph()
-    assert "proxy.verdicts" in graph["proxy.policy"] and "quotas.kinds" in graph["spark_analysis.job"]
+    assert "proxy.rules.verdicts" in graph["proxy.rules.policy"] and "quotas.kinds" in graph["spark_analysis.job"]
 
 
 TEST_SUPPORT = ("tests.support", "tests.harness")
@@ -176,7 +215,7 @@ def test_the_test_and_bench_checks_see_what_they_forbid():
 
 
 WIRED_AT_START = frozenset({"store", "on_alter", "ledger"})
-"""Attributes that wire the fleet into the quota path: given to their owner's constructor (``proxy.fleet_parts``),
+"""Attributes that wire the fleet into the quota path: given to their owner's constructor (``proxy.fleet.parts``),
 never set on another object after it is built (issue 49)."""
 
 
@@ -209,9 +248,9 @@ def test_the_wiring_check_sees_a_patch():
     ]
 
 
-DECISION_BUILDERS = frozenset({"proxy.decisions", "proxy.policy"})
-"""Where a :class:`proxy.decisions.Decision`'s fields are assigned: its own module (its methods, which the rules that
-charge after the policy's step call) and the policy that builds it. A rule reports; it does not fill fields in."""
+DECISION_BUILDERS = frozenset({"proxy.rules.decisions", "proxy.rules.policy"})
+"""Where a :class:`proxy.rules.decisions.Decision`'s fields are assigned: its own module (its methods, which the rules
+that charge after the policy's step call) and the policy that builds it. A rule reports; it does not fill fields in."""
 
 
 def _assigned_attributes(tree: ast.AST) -> list[ast.Attribute]:
@@ -235,7 +274,7 @@ def _assigned_attributes(tree: ast.AST) -> list[ast.Attribute]:
 def _decision_only_fields(modules: dict[str, Path]) -> set[str]:
     """Decision's slots that no other class of the project has a field of the same name (a name shared with
     another class, ``state`` say, cannot be told apart without types)."""
-    tree = ast.parse(modules["proxy.decisions"].read_text(encoding="utf-8"))
+    tree = ast.parse(modules["proxy.rules.decisions"].read_text(encoding="utf-8"))
     cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Decision")
     slots_node = next(
         n.value for n in cls.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "__slots__"

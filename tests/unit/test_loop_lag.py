@@ -1,4 +1,4 @@
-"""The event-loop lag histogram and the timeline (proxy/loop_lag.py, issue 37)."""
+"""The event-loop lag histogram and the timeline (proxy/wire/loop_lag.py, issue 37)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 from prometheus_client import generate_latest
 
 from proxy import metrics
-from proxy.loop_lag import BUCKETS_S, TIMELINE_INTERVAL_S, LoopLag
 from proxy.stats import Stats
+from proxy.wire.loop_lag import BUCKETS_S, TIMELINE_INTERVAL_S, LoopLag
 
 
 def test_observations_land_in_cumulative_buckets():

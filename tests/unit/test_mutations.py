@@ -437,7 +437,7 @@ def test_random_splits_merge_back_in_order(api_version, n, data, broker_ms, prox
 
 @pytest.mark.parametrize(("api", "version"), ALL)
 def test_results_say_what_the_cluster_did_with_each_topic_at_every_version(api, version):
-    """What the proxy learns counts from (proxy.topic_counts): names, ids and created partitions where the version
+    """What the proxy learns counts from (proxy.rules.topic_counts): names, ids and created partitions where the version
     carries them, and every error code."""
     specs = [topic_spec(i) for i in range(3)]
     body = bytes(build_request(api, version, specs).encode())

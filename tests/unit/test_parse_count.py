@@ -45,8 +45,8 @@ import protocol.headers, protocol.inflight, protocol.record_batches, protocol.to
 from config.model import ProxyConfig
 from protocol.principal import ConnectionIdentity
 from protocol.session import Session
-from proxy.policy import Policy
-from proxy.responses import TopicIds
+from proxy.rules.policy import Policy
+from proxy.wire.responses import TopicIds
 from proxy.stats import Stats, Traffic
 
 assert not any(m.__file__.endswith(".so") for n, m in list(sys.modules.items())

@@ -1,4 +1,4 @@
-"""proxy.policy.Policy without a socket or a cluster: an injected clock, a plain object as the connection.
+"""proxy.rules.policy.Policy without a socket or a cluster: an injected clock, a plain object as the connection.
 
 Every quota kind's decision (charged at request or at response, never-charged APIs, replica fetches), the
 throttle written into the response and the mute that follows it, shadow mode, and KIP-599 splitting and
@@ -24,9 +24,9 @@ from protocol.apis import Api
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending, produce_acks
 from protocol.request import read_request
-from proxy.policy import Decision, Policy
+from proxy.rules.policy import Decision, Policy
+from proxy.rules.verdicts import Answer, Defer, Replace
 from proxy.stats import Stats, Traffic
-from proxy.verdicts import Answer, Defer, Replace
 from quotas.entities import QuotaEntity
 from quotas.kinds import (
     BIT,
@@ -78,7 +78,7 @@ class FakeMute:
 
 
 class FakeConn:
-    """All a policy may touch of a connection (proxy.verdicts.PolicyConnection)."""
+    """All a policy may touch of a connection (proxy.rules.verdicts.PolicyConnection)."""
 
     def __init__(self, principal: str = "alice", client_id: str = "app") -> None:
         self.id, self.peer, self.label, self.client_id = "1", "127.0.0.1:1", "broker 1", client_id
@@ -979,7 +979,7 @@ def test_a_produce_is_charged_the_replicated_term_by_its_topics_replication_fact
     """Issue 50: with the topic's replication factor known from the Metadata the proxy passed on, an acks=1 Produce
     to a replicated topic is charged the followers' work and an acks=-1 one to an unreplicated topic is not; a topic
     the proxy knows nothing of goes by its acks."""
-    from proxy.responses import TopicIds
+    from proxy.wire.responses import TopicIds
 
     clock = Clock()
     policy = _policy(clock, request_percentage=1000)

@@ -2,7 +2,7 @@
 
 The connection awaits ``defer.decide()``; a Defer built around anything but a function fails only there, at
 run time, for every request it covers (KIP-936 holds once did exactly that). These tests take the verdicts the
-policy really returns and run them the way ``proxy.connection.Connection._decide`` does.
+policy really returns and run them the way ``proxy.wire.connection.Connection._decide`` does.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from config.model import ProxyConfig
 from protocol.headers import parse_request_header
 from protocol.request import read_request
-from proxy.policy import Decision, Policy
+from proxy.rules.policy import Decision, Policy
+from proxy.rules.verdicts import Defer
 from proxy.stats import Stats
-from proxy.verdicts import Defer
 
 HOLD_MAX_MS = 300
 

@@ -21,7 +21,7 @@ from config.load import ConfigError
 from config.model import ProxyConfig
 from config.reload import RELOADABLE, RESTART_ONLY, is_reloadable, plan_reload, with_setting
 from config.reload import setting as get_setting
-from proxy.fair_seat import FairSeat
+from proxy.rules.fair_seat import FairSeat
 from proxy.server import Proxy
 
 SECRET = "s" * 32
@@ -287,7 +287,7 @@ def test_fair_share_turned_off_then_on_again_counts_a_live_connection_on_the_new
     from protocol.apis import Api
     from protocol.headers import RequestHeader
     from protocol.request import Request
-    from proxy.decisions import ConnState
+    from proxy.rules.decisions import ConnState
 
     conn = SimpleNamespace(label="broker 1", peer="127.0.0.1", upstream_addr=("127.0.0.1", 9))
     st = ConnState(SimpleNamespace(principal="ANONYMOUS"))
@@ -313,8 +313,8 @@ def test_fair_share_in_shadow_mode_lets_a_request_go_and_records_the_wait_it_wou
     from protocol.apis import Api
     from protocol.headers import RequestHeader
     from protocol.request import Request
-    from proxy.decisions import ConnState, Decision
-    from proxy.verdicts import Defer
+    from proxy.rules.decisions import ConnState, Decision
+    from proxy.rules.verdicts import Defer
 
     conn = SimpleNamespace(label="broker 1", peer="127.0.0.1", upstream_addr=("127.0.0.1", 9))
     header = RequestHeader(Api.PRODUCE, 9, 1, "flooder", 0)

@@ -2,7 +2,7 @@
 ``batch.num.messages=1``) is held by ``request_percentage`` at the request that crosses the quota, as a broker
 that reads one request a connection at a time holds it, not thousands of requests later.
 
-One real ``proxy.connection.Connection`` with the real policy (tests.harness.connection_rig), stand-in sockets and
+One real ``proxy.wire.connection.Connection`` with the real policy (tests.harness.connection_rig), stand-in sockets and
 the running event loop: nothing is answered, so any holding must come from decisions made on arrival.
 """
 

@@ -211,7 +211,7 @@ def test_costs_that_name_no_api_or_a_negative_figure_are_refused_naming_the_fiel
 def test_the_policy_charges_by_the_configured_costs_and_a_reload_moves_them():
     """``quotas.request_costs`` is reloadable: the policy's table follows the configuration."""
     from config.model import ProxyConfig
-    from proxy.policy import Policy
+    from proxy.rules.policy import Policy
     from proxy.stats import Stats
     from quotas.kinds import BUILTIN_COSTS
 

@@ -22,8 +22,8 @@ from protocol.session import needs_whole_body
 from protocol.skim import layout
 from protocol.tail_watch import TailWatch
 from protocol.throttle_field import raise_in_body, throttle_offset
-from proxy.brokers import BrokerDirectory
-from proxy.responses import StreamedTail
+from proxy.wire.brokers import BrokerDirectory
+from proxy.wire.responses import StreamedTail
 from quotas.kinds import CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, charged_at
 
 GOLDEN = {

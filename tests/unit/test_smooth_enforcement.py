@@ -19,10 +19,10 @@ from kafka.protocol.consumer import FetchRequest
 
 from config.model import ProxyConfig
 from protocol.request import read_request
-from proxy.pacing import PACE_RECHECK_MS
-from proxy.policy import Decision, Policy
+from proxy.rules.pacing import PACE_RECHECK_MS
+from proxy.rules.policy import Decision, Policy
+from proxy.rules.verdicts import Defer, Replace
 from proxy.stats import Stats
-from proxy.verdicts import Defer, Replace
 from quotas.entities import QuotaEntity, QuotaStore
 from quotas.manager import Bound, QuotaManager, Windows
 from tests.harness.request_bodies import fetch_request

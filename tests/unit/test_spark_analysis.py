@@ -1,7 +1,7 @@
 """spark_analysis: config loading, recommendations maths, and the job over a small log written by DecisionLog.
 
 The decisions in the log are made by the proxy's own quota code (``ProxySimulator`` drives QuotaManager the way
-proxy/policy.py does), so the checks are: the job names the throttled entity with exactly those totals, and the
+proxy/rules/policy.py does), so the checks are: the job names the throttled entity with exactly those totals, and the
 what-if replay of a config reproduces, charge by charge, the throttles the quota code computes directly.
 """
 
@@ -284,7 +284,7 @@ def _request(ms, user, client, *, api=0, action="pass", throttle=0, scope="broke
 
 
 def _held(ms, user, client, broker, wait, limit, level, *, api=0, values=None):
-    """A request fair share held ``wait`` ms on ``broker`` (the columns proxy/decision_recording.py fills)."""
+    """A request fair share held ``wait`` ms on ``broker`` (the columns proxy/rules/decision_recording.py fills)."""
     fair = {"fair_broker": broker, "fair_limit": limit, "fair_level": level, "fair_delay_ms": 3.0}
     return _request(
         ms, user, client, api=api, action="fair_share", throttle=wait, scope=broker, values=values, fair=fair

@@ -13,8 +13,8 @@ from protocol.endpoint_apis import carries_endpoints_tail
 from protocol.headers import RequestHeader
 from protocol.inflight import Pending
 from protocol.session import needs_whole_body
-from proxy.brokers import BrokerDirectory
-from proxy.responses import TopicIds, inspect_response
+from proxy.wire.brokers import BrokerDirectory
+from proxy.wire.responses import TopicIds, inspect_response
 
 
 async def _no_listener(node_id: int, port: int) -> int:

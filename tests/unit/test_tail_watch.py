@@ -156,8 +156,8 @@ def test_a_section_that_does_not_parse_is_an_error():
 
 # --- the proxy side: StreamedTail over a whole frame ------------------------------------------
 
-from proxy.brokers import BrokerDirectory  # noqa: E402
-from proxy.responses import StreamedTail  # noqa: E402
+from proxy.wire.brokers import BrokerDirectory  # noqa: E402
+from proxy.wire.responses import StreamedTail  # noqa: E402
 
 
 async def _no_listener(node_id: int, port: int) -> int:

@@ -16,7 +16,7 @@ import pytest
 from config.load import ConfigError, load_config
 from protocol.principal import ConnectionIdentity, MappingRuleError, NoMatchingRule, PrincipalMapper, subject_dn
 from protocol.sasl_identity import ANONYMOUS
-from proxy.tls import client_context, peer_principal, server_context
+from proxy.wire.tls import client_context, peer_principal, server_context
 
 # ---- throwaway PKI --------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""proxy.topic_counts.RecentTopics: what the cluster answered the proxy's own mutations, for a while."""
+"""proxy.rules.topic_counts.RecentTopics: what the cluster answered the proxy's own mutations, for a while."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from proxy.topic_counts import RecentTopics
+from proxy.rules.topic_counts import RecentTopics
 
 
 def test_a_created_topic_is_known_by_name_and_id_until_it_expires():

@@ -29,9 +29,9 @@ from protocol.topic_guard import (
     check,
     filter_listing,
 )
-from proxy.policy import Decision, Policy
+from proxy.rules.policy import Decision, Policy
+from proxy.rules.verdicts import Answer, Replace
 from proxy.stats import Stats, Traffic
-from proxy.verdicts import Answer, Replace
 from quotas.fleet_reports import MAC_HEADER, authentic, record_mac
 
 OWN = "__ktp_fleet_prod"
@@ -493,8 +493,8 @@ def test_only_records_with_a_members_mac_are_authentic():
 
 
 def test_the_fleet_ignores_and_counts_a_forged_quota_record(monkeypatch):
-    from proxy.fleet_member import FleetSync
-    from proxy.fleet_parts import fleet_parts
+    from proxy.fleet.member import FleetSync
+    from proxy.fleet.parts import fleet_parts
     from quotas.fleet_reports import encode_quota_record
 
     monkeypatch.setenv("KTP_TEST_SECRET", "s" * 32)

@@ -1,5 +1,5 @@
 """One connection's pipelined requests are handled a bounded number per turn of the event loop (issue 30, item 2:
-no connection monopolises the loop). A real ``proxy.connection.Connection`` with stand-in transports."""
+no connection monopolises the loop). A real ``proxy.wire.connection.Connection`` with stand-in transports."""
 
 from __future__ import annotations
 

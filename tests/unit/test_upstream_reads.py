@@ -1,5 +1,5 @@
 """How a connection reads its broker: as chunks (the loop's bytes, each usually one whole small response) until
-the client's first Fetch, then into its receive buffer. A real ``proxy.connection.Connection`` with the real
+the client's first Fetch, then into its receive buffer. A real ``proxy.wire.connection.Connection`` with the real
 policy and stand-in transports (``tests.harness.connection_rig``); the integration suites run both paths against a
 real cluster (producers stay on chunks, consumers switch)."""
 

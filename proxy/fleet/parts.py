@@ -2,7 +2,7 @@
 
 Why a module of its own: the policy's quota manager must enforce the member's lease (its store resolves shares),
 record every charge for the other members (its ledger) and publish every quota alter (the sources' outbox), and the
-fleet's sync (``proxy.fleet_member.FleetSync``) reads and feeds the same three. Built here first and handed to both
+fleet's sync (``proxy.fleet.member.FleetSync``) reads and feeds the same three. Built here first and handed to both
 through their constructors, nothing reaches into another object after it is built to wire it (issue 49).
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.decisions import Decision
+from proxy.rules.decisions import Decision
 from quotas.manager import Bound, QuotaManager
 from quotas.plans import Charged
 

@@ -17,9 +17,9 @@ from protocol.request import Request, read_request
 from protocol.text import printable
 from protocol.topic_guard import ProtectedTopics, Refusal
 from protocol.topic_guard import check as check_topics
-from proxy.decisions import SIZE, ConnState, Decision, ResponseMerge, Verdict, local_frame
+from proxy.rules.decisions import SIZE, ConnState, Decision, ResponseMerge, Verdict, local_frame
+from proxy.rules.verdicts import Answer, Defer, PolicyConnection, Replace
 from proxy.stats import Stats
-from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 its partitions, split into what is admitted and what is refused, and its answer learnt from.
 
 Why a module of its own: Kafka keeps this rule in ``ControllerMutationQuotaManager``, apart from the byte and
-request quotas, and it is the one charge that needs the cluster asked first (``proxy.partition_counts``, the I/O
+request quotas, and it is the one charge that needs the cluster asked first (``proxy.rules.partition_counts``, the I/O
 side) and that rewrites both the request and its answer (``protocol.mutations``, the wire side).
 """
 
@@ -16,10 +16,10 @@ from protocol.apis import Api
 from protocol.headers import RequestHeader
 from protocol.mutations import MutationRequest
 from protocol.text import printable
-from proxy.decisions import SIZE, Buffer, Decision, Verdict, local_frame
-from proxy.partition_counts import PartitionCounts
-from proxy.topic_counts import RecentTopics
-from proxy.verdicts import Answer, Defer, PolicyConnection, Replace
+from proxy.rules.decisions import SIZE, Buffer, Decision, Verdict, local_frame
+from proxy.rules.partition_counts import PartitionCounts
+from proxy.rules.topic_counts import RecentTopics
+from proxy.rules.verdicts import Answer, Defer, PolicyConnection, Replace
 from quotas.manager import QuotaManager
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class MutationQuota:
     """Charges mutations to the quota manager; ``charge_validate_only`` follows reloads (shadow mode is the
-    decision's own, :attr:`proxy.decisions.Decision.shadow`)."""
+    decision's own, :attr:`proxy.rules.decisions.Decision.shadow`)."""
 
     def __init__(self, quotas: QuotaManager, counts: PartitionCounts, now_ms: Callable[[], int]) -> None:
         self.quotas = quotas
@@ -98,7 +98,7 @@ class MutationQuota:
         return Replace(d, SIZE.pack(len(sub)) + sub, whole=True)
 
     def learn(self, request: MutationRequest, counts: list[int], body: Buffer) -> bytes:
-        """Keep what the cluster answered it created, grew or deleted (:class:`proxy.topic_counts.RecentTopics`),
+        """Keep what the cluster answered it created, grew or deleted (:class:`proxy.rules.topic_counts.RecentTopics`),
         so the next mutation of those topics is charged their real count even before the client's broker has
         caught up with the controller; ``body`` (the response body going to the client) is returned as it is."""
         answer = bytes(body)  # a view of the receive buffer, or the merged answer (bytes already: not copied)

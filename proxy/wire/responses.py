@@ -26,7 +26,7 @@ from protocol.headers import response_body_offset
 from protocol.inflight import Pending
 from protocol.tail_watch import TailWatch
 from protocol.topic_guard import LISTING_APIS, ProtectedTopics, drop_listed, filter_listing
-from proxy.brokers import BrokerDirectory
+from proxy.wire.brokers import BrokerDirectory
 
 MAX_REPLICATION_TOPICS = 100_000
 """Topics whose replication factor is kept at most (past it the table starts afresh: a cluster this large is learnt

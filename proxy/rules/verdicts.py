@@ -1,11 +1,11 @@
 """What the policy may answer for a request, and the little of a connection it may touch.
 
 Why a module of its own: the connection applies verdicts and the policy makes them; with the types here the policy
-never imports the connection (the connection holds the concrete ``proxy.policy.Policy``: compiled, its methods are
+never imports the connection (the connection holds the concrete ``proxy.rules.policy.Policy``: compiled, its methods are
 called natively), and :class:`PolicyConnection` names the whole of what a policy may read or do to a connection
 (so a policy can be unit-tested against a plain object, without sockets).
 
-A verdict (``proxy.policy.Verdict``, the one type the connection executes) is one of: ``None`` (forward the frame,
+A verdict (``proxy.rules.policy.Verdict``, the one type the connection executes) is one of: ``None`` (forward the frame,
 nothing to follow), a decision object (forward, and hand the response to ``on_response`` with it),
 :class:`Replace`, :class:`Answer`, or :class:`Defer`.
 """
@@ -20,9 +20,9 @@ from protocol.request import Request
 from proxy.stats import Traffic
 
 V = TypeVar("V")
-"""What a deferred decision gives (``proxy.decisions.Verdict``: typed there, where the policy's Decision is)."""
+"""What a deferred decision gives (``proxy.rules.decisions.Verdict``: typed there, where the policy's Decision is)."""
 D = TypeVar("D")
-"""The policy's decision carried to the response (``proxy.decisions.Decision``)."""
+"""The policy's decision carried to the response (``proxy.rules.decisions.Decision``)."""
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class Defer(Generic[V]):
     ``wait_s`` seconds during which the connection is muted (a KIP-936 hold)."""
 
     decide: Callable[[], Awaitable[V]]
-    """Gives the verdict (``proxy.decisions.Verdict``)."""
+    """Gives the verdict (``proxy.rules.decisions.Verdict``)."""
     wait_s: float = 0.0
     request: Request | None = None
     """The request it decides, set by the connection that carries the wait out: the

@@ -1,6 +1,6 @@
 """What the policy decides for one request, and what it keeps per connection: the types its modules share.
 
-Why a module of its own: the dispatcher (``proxy.policy``), the producer-id charge, smooth pacing, the KIP-599
+Why a module of its own: the dispatcher (``proxy.rules.policy``), the producer-id charge, smooth pacing, the KIP-599
 mutation quota, the guard's answers and the recording all read and fill one :class:`Decision`; here none of them
 imports another to reach it. Compiled with them (``proxy.build_info.COMPILED``): its fields are read natively.
 """
@@ -14,7 +14,7 @@ from typing import Final, TypeAlias
 from protocol.apis import response_header_is_flexible
 from protocol.headers import RequestHeader, encode_response_header
 from protocol.record_batches import Shape
-from proxy.verdicts import Answer, Defer, Identity, Replace
+from proxy.rules.verdicts import Answer, Defer, Identity, Replace
 from quotas.fair_share import Tenant
 from quotas.kinds import BIT, CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE
 from quotas.manager import Bound
@@ -214,7 +214,7 @@ class Decision:
         have given; the decision is recorded as shadow."""
         self.pace_marks: list[tuple[Bound, float]] | None = None
         """Smooth enforcement, a paced request: per pacing bucket it owes, where that bucket's refill total stands
-        once the request is paid (``QuotaManager.pace_mark``); ``proxy.pacing.paced`` asks again how long that is
+        once the request is paid (``QuotaManager.pace_mark``); ``proxy.rules.pacing.paced`` asks again how long that is
         at the rate then in force."""
 
     def note(self, key: str, amount: float, limit: float, throttle_ms: int) -> None:
@@ -230,7 +230,7 @@ class Decision:
     def mutations_charged(
         self, now_ms: int, partitions: list[int], mutations: int, rejected: int, limit: float, throttle_ms: int
     ) -> None:
-        """KIP-599's charge (``proxy.mutation_quota``), made once the cluster said what the request would change
+        """KIP-599's charge (``proxy.rules.mutation_quota``), made once the cluster said what the request would change
         (``now_ms``: when; ``partitions``: per topic in the request)."""
         self.charged_ms = now_ms
         self.topic_partitions = partitions
@@ -240,7 +240,7 @@ class Decision:
         self.noted |= _MUTATION_BIT
 
     def producer_ids_charged(self, new: int, limit: float, throttle_ms: int) -> None:
-        """KIP-936's charge (``proxy.producer_id_charge``): ``new`` producer ids new to the user."""
+        """KIP-936's charge (``proxy.rules.producer_id_charge``): ``new`` producer ids new to the user."""
         self.new_pids = new
         self.note(PRODUCER_IDS_RATE, new, limit, throttle_ms)
         self.noted |= _PIDS_BIT
@@ -256,4 +256,4 @@ class Decision:
 
 
 Verdict: TypeAlias = Decision | Replace[Decision] | Answer[Decision] | Defer["Verdict"] | None
-"""Everything :meth:`Policy.on_request` may return (``proxy.verdicts``): the one type the connection executes."""
+"""Everything :meth:`Policy.on_request` may return (``proxy.rules.verdicts``): the one type the connection executes."""

@@ -1,7 +1,7 @@
 """The two sockets of a client connection, as asyncio protocols: every event goes straight to the connection.
 
 Why a module of its own: these are the loop's callbacks (reads, end of file, backpressure), nothing more; what a
-read means is the connection's (``proxy.connection``). The connection is a :class:`SideOwner`, a native base
+read means is the connection's (``proxy.wire.connection``). The connection is a :class:`SideOwner`, a native base
 class declared here, so that compiled (``proxy.build_info.COMPILED``) each callback is a native call and this
 module never imports the connection (no import circle).
 """
@@ -15,7 +15,7 @@ from protocol.session import Pause
 
 
 class SideOwner:
-    """What a socket hands its events to: :class:`proxy.connection.Connection` overrides every method."""
+    """What a socket hands its events to: :class:`proxy.wire.connection.Connection` overrides every method."""
 
     def client_connected(self) -> None:
         raise NotImplementedError

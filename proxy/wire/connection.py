@@ -34,11 +34,11 @@ from protocol.inflight import Pending
 from protocol.request import Request
 from protocol.session import RAW, Pause
 from protocol.text import printable
-from proxy.connection_life import ConnectionLife, Services
-from proxy.policy import Decision, Verdict
-from proxy.responses import AddressEdit, StreamedTail, inspect_response
+from proxy.rules.policy import Decision, Verdict
+from proxy.rules.verdicts import Answer, Defer, Replace
 from proxy.stats import ApiCounters
-from proxy.verdicts import Answer, Defer, Replace
+from proxy.wire.connection_life import ConnectionLife, Services
+from proxy.wire.responses import AddressEdit, StreamedTail, inspect_response
 
 log = logging.getLogger(__name__)
 
@@ -311,8 +311,8 @@ class Connection(ConnectionLife):
             self.upstream.transport.set_protocol(self.upstream)  # the loop reads on with the buffered callbacks
 
     def response_chunk(self, data: bytes) -> None:
-        """A read from the broker as ``bytes`` (see proxy.sockets.UpstreamChunks). The usual one is exactly one small
-        response, with nothing pending before it: that is the frame, handed on as it is. Anything else is
+        """A read from the broker as ``bytes`` (see proxy.wire.sockets.UpstreamChunks). The usual one is exactly one
+        small response, with nothing pending before it: that is the frame, handed on as it is. Anything else is
         copied into the receive buffer and taken from there, as a buffered read would have been."""
         if self.closed:
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mute import KeyedHolds
 from protocol.record_batches import NO_PRODUCER_ID
 from protocol.request import Request
-from proxy.decisions import Decision, PidMemo
+from proxy.rules.decisions import Decision, PidMemo
 from quotas.manager import Bound, QuotaManager
 from quotas.producer_ids import ProducerIdTracker
 

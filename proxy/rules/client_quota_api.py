@@ -27,8 +27,8 @@ from config.quota_sources import QuotaSources
 from protocol.apis import Api, DecodeError, decode_body
 from protocol.headers import RequestHeader
 from protocol.text import printable
-from proxy.decisions import Decision, local_frame
-from proxy.verdicts import Answer, PolicyConnection
+from proxy.rules.decisions import Decision, local_frame
+from proxy.rules.verdicts import Answer, PolicyConnection
 from quotas.connections import CONNECTION_CREATION_RATE, IpQuotaError, IpQuotas
 from quotas.entities import (
     ENTITY_IP,

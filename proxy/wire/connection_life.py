@@ -1,6 +1,6 @@
 """A client connection's life: admission, its broker link, pausing its sides, timeouts, draining and closing.
 
-Why a module of its own: ``proxy.connection`` is the hot path (requests in, responses out); what happens once or
+Why a module of its own: ``proxy.wire.connection`` is the hot path (requests in, responses out); what happens once or
 once a second per connection (admitted or refused, the broker connection made, a timeout checked, closed) is its
 base class here, so each file holds one job. Compiled with it (``proxy.build_info.COMPILED``): the connection's
 calls into this class are native. Which timeout fires is the session's decision (``Session.expiry``); carrying
@@ -26,12 +26,12 @@ from protocol.frames import INITIAL_RECEIVE_BYTES, FrameReader, FrameReceiver, R
 from protocol.principal import CertificateError, ConnectionIdentity, NoMatchingRule, PrincipalMapper
 from protocol.session import Pause, Session
 from protocol.text import printable
-from proxy.brokers import BrokerDirectory
-from proxy.policy import Policy
-from proxy.responses import StreamedTail, TopicIds
-from proxy.sockets import ClientSide, Side, SideOwner, UpstreamChunks, UpstreamSide
+from proxy.rules.policy import Policy
 from proxy.stats import ApiCounters, Stats, Traffic
-from proxy.tls import peer_principal
+from proxy.wire.brokers import BrokerDirectory
+from proxy.wire.responses import StreamedTail, TopicIds
+from proxy.wire.sockets import ClientSide, Side, SideOwner, UpstreamChunks, UpstreamSide
+from proxy.wire.tls import peer_principal
 from quotas.connections import Refusal
 
 log = logging.getLogger("proxy.connection")  # one logger for the connection's lines, whichever file says them
@@ -61,12 +61,12 @@ class Services:
     principal_mapper: PrincipalMapper | None = None
     upstream_ssl: ssl.SSLContext | None = None
     timeline: list[Any] | None = None
-    """Where the per-request timeline's records go (``proxy.loop_lag``), None when it is off (the default)."""
+    """Where the per-request timeline's records go (``proxy.wire.loop_lag``), None when it is off (the default)."""
 
 
 class ConnectionLife(SideOwner):
     """A client connection's life: admitted or refused, its broker link made, its sides paused and resumed, its
-    timeouts, draining and closing. :class:`proxy.connection.Connection` adds what flows through it; the methods
+    timeouts, draining and closing. :class:`proxy.wire.connection.Connection` adds what flows through it; the methods
     declared here and overridden there are the flow's (native calls, compiled)."""
 
     def __init__(self, services: Services, candidates: list[tuple[str, int]], label: str) -> None:
@@ -111,11 +111,11 @@ class ConnectionLife(SideOwner):
         self.traffic = Traffic()  # since the last decision-log summary of this connection
         # Every attribute is annotated: compiled (mypyc), an attribute holds only its declared type, and one
         # inferred from a first ``None`` would refuse what the policy stores later.
-        self.policy_state: Any = None  # the policy's own per-connection memo (proxy.verdicts.PolicyConnection)
+        self.policy_state: Any = None  # the policy's own per-connection memo (proxy.rules.verdicts.PolicyConnection)
         self.mute = ChannelMute(asyncio.get_running_loop(), lambda: self.pause(self.client, Pause.MUTED), self._unmuted)
         self._early: list[bytes] = []  # bytes that arrived before the upstream connection was up
         self._answered_at = 0.0  # when the broker's last answer was read (fair share's service times)
-        self._timeline: list[Any] | None = services.timeline  # None unless diagnosing (proxy.loop_lag)
+        self._timeline: list[Any] | None = services.timeline  # None unless diagnosing (proxy.wire.loop_lag)
         if self._timeline is not None:  # which broker the connection's requests go to, for per-broker round trips
             self._timeline.append(("conn", self.id, self.label))
         self.draining = False
@@ -328,7 +328,7 @@ class ConnectionLife(SideOwner):
 
     # -- requests: client → broker -----------------------------------------------------------------
 
-    # -- the flow's, overridden by proxy.connection.Connection ---------------------------------------
+    # -- the flow's, overridden by proxy.wire.connection.Connection ---------------------------------------
     def _may_stream(self, head: memoryview) -> bool:
         raise NotImplementedError
 

@@ -1,7 +1,7 @@
 """Fair share's seat in the policy: each request's work counted to its tenant on its broker, held while the broker is
 limited and the tenant over its share; each answer's service time fed to the broker's loop (``quotas.fair_share``).
 
-Why a module of its own: it is one job of the dispatcher (``proxy.policy``), like smooth pacing or KIP-599, and
+Why a module of its own: it is one job of the dispatcher (``proxy.rules.policy``), like smooth pacing or KIP-599, and
 the one that runs with no quota configured at all, so it has its own fast path. What it does per request:
 
 - **every request** (but SASL, ApiVersions and the quota APIs, never charged) is counted to its tenant: its bytes
@@ -27,8 +27,8 @@ from config.model import FairShareConfig
 from protocol.apis import Api
 from protocol.inflight import Pending
 from protocol.request import Request
-from proxy.decisions import ConnState
-from proxy.verdicts import PolicyConnection
+from proxy.rules.decisions import ConnState
+from proxy.rules.verdicts import PolicyConnection
 from quotas.fair_share import MUTATION_WORK, REQUEST_WORK, TICK_MS, BrokerLoad, FairShare, FairShareSettings, Tenant
 
 FETCH_APIS: Final = frozenset({Api.FETCH, Api.SHARE_FETCH})

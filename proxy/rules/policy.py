@@ -22,10 +22,10 @@ proxy's throttle after the response is sent. With ``quotas.enforce: false`` (sha
 and counted, and nothing is rewritten, rejected or muted.
 
 This module is the dispatcher: it routes a request to the job that decides it and carries the decision to the
-response. The jobs have modules of their own: the plan and binding lookup (``quotas.plans``), the producer-id
-charge (``proxy.producer_id_charge``), smooth pacing (``proxy.pacing``), KIP-599 (``proxy.mutation_quota``, its
-cluster asks in ``proxy.partition_counts``), the protected topics' answers (``proxy.guard_answers``), the quota
-APIs (``proxy.client_quota_api``) and recording (``proxy.decision_recording``).
+response. The jobs have modules of their own: the plan and binding lookup (``quotas.plans``), and beside this one
+in ``proxy.rules``: the producer-id charge (``producer_id_charge``), smooth pacing (``pacing``), KIP-599
+(``mutation_quota``, its cluster asks in ``partition_counts``), the protected topics' answers (``guard_answers``),
+the quota APIs (``client_quota_api``) and recording (``decision_recording``).
 """
 
 from __future__ import annotations
@@ -46,20 +46,20 @@ from protocol.headers import RequestHeader, response_body_offset
 from protocol.inflight import Pending
 from protocol.request import Request
 from protocol.topic_guard import ProtectedTopics
-from proxy import client_quota_api
-from proxy.decision_recording import DecisionRecorder
-from proxy.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
-from proxy.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
-from proxy.fleet_parts import FleetParts
-from proxy.guard_answers import GuardAnswers
-from proxy.mutation_quota import MutationQuota
-from proxy.pacing import fetch_room, owed_ms, pace_marks, wait_slice_s
-from proxy.partition_counts import PartitionCounts
-from proxy.producer_id_charge import charge_producer_ids
-from proxy.responses import TopicIds
+from proxy.fleet.parts import FleetParts
+from proxy.rules import client_quota_api
+from proxy.rules.decision_recording import DecisionRecorder
+from proxy.rules.decisions import SIZE, Buffer, ConnState, Decision, Verdict, ms
+from proxy.rules.fair_seat import FETCH_APIS, BrokerSample, FairSeat, TenantSample
+from proxy.rules.guard_answers import GuardAnswers
+from proxy.rules.mutation_quota import MutationQuota
+from proxy.rules.pacing import fetch_room, owed_ms, pace_marks, wait_slice_s
+from proxy.rules.partition_counts import PartitionCounts
+from proxy.rules.producer_id_charge import charge_producer_ids
+from proxy.rules.topic_counts import RecentTopics
+from proxy.rules.verdicts import Defer, PolicyConnection, Replace
 from proxy.stats import Stats
-from proxy.topic_counts import RecentTopics
-from proxy.verdicts import Defer, PolicyConnection, Replace
+from proxy.wire.responses import TopicIds
 from quotas.connections import IpQuotas
 from quotas.entities import QuotaStore
 from quotas.fair_share import BrokerLoad, Tenant
@@ -94,7 +94,7 @@ class Policy:
         fleet: FleetParts | None = None,
         topics: TopicIds | None = None,
     ) -> None:
-        """``fleet``: quota scope ``fleet``'s lease holder, ledger and alter outbox (``proxy.fleet_parts``), which
+        """``fleet``: quota scope ``fleet``'s lease holder, ledger and alter outbox (``proxy.fleet.parts``), which
         the quota manager and the quota sources are built with. ``topics``: what the proxy learnt of the cluster's
         topics from the Metadata it passed on (a Produce's replication factor, for the request quota)."""
         self.stats = stats
@@ -133,13 +133,14 @@ class Policy:
         """What each request costs the brokers' threads (``request_percentage``): ``quotas.request_costs``, else the
         built-in table."""
         self.fair: FairSeat | None = None
-        """Capacity-aware fair share (``proxy.fair_seat``); None while ``quotas.fair_share.enabled`` is false."""
+        """Capacity-aware fair share (``proxy.rules.fair_seat``); None while ``quotas.fair_share.enabled`` is false."""
         self.fair_enforce = True
         self.reload(config)
 
     @property
     def lag_rechecks_s(self) -> tuple[float, ...]:
-        """Waits before asking again about a topic the client's broker does not know (``proxy.partition_counts``)."""
+        """Waits before asking again about a topic the client's broker does not know
+        (``proxy.rules.partition_counts``)."""
         return self.partition_counts.lag_rechecks_s
 
     @lag_rechecks_s.setter
@@ -240,7 +241,7 @@ class Policy:
 
     def _gate(self, conn: PolicyConnection, request: Request, now: float, st: ConnState | None = None) -> Verdict:
         """Fair share's step before the quotas' decision: the request counted to its tenant, and held while its
-        tenant is over its share of a limited broker (``proxy.fair_seat``)."""
+        tenant is over its share of a limited broker (``proxy.rules.fair_seat``)."""
         fair = self.fair
         if fair is None:
             return self._decide(conn, request, now, None, 0, st)
@@ -559,7 +560,7 @@ class Policy:
             fair.answer(st, pending, nbytes, now, start)
 
     def fair_snapshot(self) -> tuple[list[BrokerSample], list[TenantSample]]:
-        """Fair share's metrics (``proxy.fair_seat.FairSeat.snapshot``); empty while it is off."""
+        """Fair share's metrics (``proxy.rules.fair_seat.FairSeat.snapshot``); empty while it is off."""
         fair = self.fair
         return ([], []) if fair is None else fair.snapshot(self.config.metrics.max_entity_series)
 

@@ -30,7 +30,7 @@ from typing import Any
 from config.model import ProxyConfig
 from config.quota_sources import QuotaSources
 from protocol.topic_guard import ProtectedTopics
-from proxy.fleet_parts import FleetParts, topic_name
+from proxy.fleet.parts import FleetParts, topic_name
 from quotas.fair_share import FairShare
 from quotas.fleet_fair import MAGIC as LIGHT_MAGIC
 from quotas.fleet_fair import LightReport
@@ -103,7 +103,7 @@ class FleetSync:
         guard: ProtectedTopics | None = None,
         fair_share: Callable[[], FairShare | None] | None = None,
     ) -> None:
-        """``parts``: the member's lease holder, ledger and alter outbox (``proxy.fleet_parts``), which ``manager``
+        """``parts``: the member's lease holder, ledger and alter outbox (``proxy.fleet.parts``), which ``manager``
         and ``sources`` were built with. ``fair_share``: the policy's fair share now (None while it is off); a
         getter, since a reload turns it on or off."""
         assert isinstance(manager.store, LeasedStore) and manager.store.holder is parts.holder, (

@@ -14,7 +14,7 @@ from ssl import SSLContext
 
 from kafka.protocol.admin import DescribeClientQuotasRequest, DescribeClientQuotasResponse
 
-from proxy.discovery import ask_once
+from proxy.wire.discovery import ask_once
 from quotas.entities import QUOTA_KEYS, QuotaEntity, QuotaEntityError, QuotaValueError, validate_quota
 
 log = logging.getLogger(__name__)

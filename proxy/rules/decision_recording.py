@@ -2,7 +2,7 @@
 
 Why a module of its own: what the policy decided is recorded the same way whatever decided it (a byte rate, a
 producer id, a mutation), and the log's opening is configuration, not a decision. The dispatcher hands every
-finished :class:`proxy.decisions.Decision` to :meth:`DecisionRecorder.record`; compiled with it
+finished :class:`proxy.rules.decisions.Decision` to :meth:`DecisionRecorder.record`; compiled with it
 (``proxy.build_info.COMPILED``): the usual pass costs one counter bump and one attribute read.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from config.load import ConfigError
 from config.model import ProxyConfig
-from proxy.decisions import Decision
+from proxy.rules.decisions import Decision
+from proxy.rules.verdicts import PolicyConnection
 from proxy.stats import Stats
-from proxy.verdicts import PolicyConnection
 from quotas.decision_events import fair_share_event, request_event, summary_event
 from quotas.fair_share import MIB, BrokerLoad
 from quotas.kinds import keys_of

@@ -1,7 +1,7 @@
 """The cluster asked, on the client's own broker link, how many partitions a KIP-599 mutation would change.
 
 Why a module of its own: this is the policy's only I/O and its only waiting (``conn.ask``, ``asyncio.sleep``);
-the mutation quota (``proxy.mutation_quota``) decides on the counts without either, as h11 keeps every wait in
+the mutation quota (``proxy.rules.mutation_quota``) decides on the counts without either, as h11 keeps every wait in
 its I/O layer. The asks go on the client's own link, so the view and the authorisation are the client's.
 """
 
@@ -17,8 +17,8 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from protocol.apis import Api, decode_body
 from protocol.mutations import CreateTopic, MutationRequest, NewPartitions, TopicMutation
-from proxy.topic_counts import RecentTopics
-from proxy.verdicts import PolicyConnection
+from proxy.rules.topic_counts import RecentTopics
+from proxy.rules.verdicts import PolicyConnection
 
 _METADATA_VERSION: Final = 12
 _PROBE_CREATE_VERSION: Final = 5  # the first CreateTopics version whose answer says how many partitions a topic gets
