@@ -220,6 +220,12 @@ class Baseline:
         self.epoch_s = now_s
         self.count = 0
 
+    def trusted(self) -> bool:
+        """Whether this minimum has lived through a whole epoch (:data:`BASELINE_EPOCH_MS`): one learnt in a proxy's
+        first seconds may be a flood's queue (a fresh proxy, or one restarted mid-incident, sees no unloaded request
+        first), and only a trusted one may raise the target (:meth:`BrokerLoad.tick`)."""
+        return self.prev != math.inf
+
     def add(self, service_ms: float, now_s: float) -> float:
         """Record a sample; the baseline after it (``inf`` until :data:`MIN_BASELINE_SAMPLES`)."""
         if now_s - self.epoch_s >= _EPOCH_S:
@@ -304,6 +310,8 @@ class BrokerLoad:
         "baselines",
         "delays",
         "tick_base",
+        "tick_trusted",
+        "trusted_base",
         "carried",
         "limit",
         "level",
@@ -339,6 +347,11 @@ class BrokerLoad:
         self.tick_base = math.inf
         """The smallest baseline among the tick's samples: it sets a target that scales with a slow broker's quickest
         requests (not their median: a flood's megabyte requests have baselines of tens of milliseconds)."""
+        self.tick_trusted = math.inf
+        """The smallest of the tick's baselines that have lived a whole epoch (:meth:`Baseline.trusted`): only these
+        raise the target. A fresh proxy in a flood learnt 8-87 ms baselines from requests already queued behind it,
+        and a target of half that (4-43 ms) held the flood at 5-35 MiB/s a broker for seconds (issue 48's
+        isolation bench, 2026-12-07)."""
         self.carried = 0
         self.limit = 0.0
         """Work bytes/s admitted at most; 0: unlimited (not saturated, or nobody to protect)."""
@@ -361,7 +374,9 @@ class BrokerLoad:
         self.q_avg = 0.0
         """The delay averaged over :data:`Q_TAU_MS` (growth and release read it)."""
         self.base = 0.0
-        """The last tick's smallest baseline (ms): the target is at least half of it."""
+        """The last tick's smallest baseline (ms), trusted or not: what the metrics show."""
+        self.trusted_base = math.inf
+        """The last tick's smallest trusted baseline (ms; ``inf``: none yet): the target is at least half of it."""
         self.target = settings.target_delay_ms
         self.cuts = 0
         self.grows = 0
@@ -409,6 +424,8 @@ class BrokerLoad:
             delays.append(service_ms - base)
             if base < self.tick_base:
                 self.tick_base = base
+            if base < self.tick_trusted and b.prev != math.inf:  # Baseline.trusted, inline: on every answer
+                self.tick_trusted = base
 
     # -------------------------------------------------------------------------------------------- tenants
     def tenant(self, key: str, weight: float, now_ms: int) -> Tenant:
@@ -508,20 +525,21 @@ class BrokerLoad:
             self.carried += 1
             if self.carried >= MAX_CARRY_TICKS:
                 delays.clear()
-                self.tick_base = math.inf
+                self.tick_base = self.tick_trusted = math.inf
                 self.carried = 0
             q = -1.0
         else:
             q = _median(delays)
             self.base = self.tick_base
+            self.trusted_base = self.tick_trusted
             self.q = q
             self.q_avg += _alpha(tick_ms, Q_TAU_MS) * (q - self.q_avg)
             delays.clear()
-            self.tick_base = math.inf
+            self.tick_base = self.tick_trusted = math.inf
             self.carried = 0
         s = self.settings
         d = s.target_delay_ms
-        base = self.base
+        base = self.trusted_base
         if self.remote_light:
             # In a fleet, the smallest baseline any member measures here: a member whose only tenant sends 1-MB
             # batches knows only their long one, and would hold the broker at many times the delay the victim's
@@ -529,7 +547,7 @@ class BrokerLoad:
             for until, _demand, other in self.remote_light.values():
                 if 0.0 < other < base and until > now_ms:
                     base = other
-        if 0.5 * base > d:
+        if 0.5 * base > d and base != math.inf:
             d = 0.5 * base
         self.target = d
 
@@ -791,8 +809,11 @@ class FairShare:
 
     def baselines(self) -> dict[str, float]:
         """Per broker of :meth:`light`, the smallest baseline this member measured there in its last tick with
-        enough samples (ms; absent when none yet): what a fleet member tells the others with its light tenants."""
-        return {key: b.base for key, b in self.brokers.items() if b.light_sum > 0 and b.base > 0}
+        enough samples that has lived a whole epoch (ms; absent when none yet: :meth:`Baseline.trusted`): what a fleet
+        member tells the others with its light tenants."""
+        return {
+            key: b.trusted_base for key, b in self.brokers.items() if b.light_sum > 0 and 0 < b.trusted_base < math.inf
+        }
 
     def note_remote(
         self, member: str, light: dict[str, float], members: int, until_ms: int, base: dict[str, float] | None = None
