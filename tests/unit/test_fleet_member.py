@@ -228,7 +228,7 @@ def test_a_member_writes_a_light_report_when_it_has_news_and_refreshes_it_while_
     assert set(rep.light) == {"broker 1"} and 150 * 1024 < rep.light["broker 1"] < 250 * 1024
     assert rep.base == {}  # no baseline measured yet: none told
     assert a.light_report(clock[0] + 250) is None  # nothing new: not before the refresh
-    shares["a"].brokers["broker 1"].base = 1.75  # its smallest baseline there, told with its light tenants
+    shares["a"].brokers["broker 1"].trusted_base = 1.75  # its smallest trusted baseline, told with its light ones
     assert LightReport.decode(a.light_report(clock[0] + LIGHT_REFRESH_MS) or b"").base == {"broker 1": 1.75}
     shares["a"].broker("broker 1", clock[0]).light_sum = 0.0
     shares["a"].broker("broker 2", clock[0]).light_sum = 1.0  # news: a broker not told yet
