@@ -232,7 +232,10 @@ def parse_phases(text: str) -> list[str]:
 # Phases compared as a pair (fair share on beside off, no victim): in canonical order one side would always run
 # second, after the other's flood and its disk write-back, and the first full run read lone-fair 0.76-0.84 of
 # lone-nofair with fair share never engaging. Even rounds swap each pair, so an order effect shows as a spread.
-SWAPPED_PAIRS = (("lone-fair", "lone-nofair"), ("steady-fair", "steady-nofair"))
+SWAPPED_PAIRS = (("lone-fair", "lone-nofair"), ("steady-fair", "steady-nofair"), ("flood-noquota", "flood-hand"))
+"""Pairs read side by side, swapped in even rounds so that neither side always runs first after the warm-up or the
+other's flood (a round-1 fair-share phase started on brokers still busy from the warm-up read 5-100 x its later
+rounds, 2026-12-07). flood-hand takes its rate from the latest flood-noquota (:func:`hand_quota`)."""
 
 
 def round_order(phases: Sequence[str], rnd: int) -> list[str]:
@@ -735,9 +738,10 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | No
 
 def hand_quota(results: Sequence[Result], rnd: int, fallback_mib: float) -> tuple[int, float, str]:
     """flood-hand's producer_byte_rate per broker and controller_mutation_rate, and a note saying where they come
-    from: what the flooder got under fair share in round ``rnd``'s flood-noquota, else ``fallback_mib`` MiB/s per
-    broker and MUTATION_QUOTA."""
-    src = next((r for r in results if r.round == rnd and r.phase == "flood-noquota" and r.flood_mib_s), None)
+    from: what the flooder got under fair share in round ``rnd``'s flood-noquota (or, in a round that runs
+    flood-hand first, the latest round's before it), else ``fallback_mib`` MiB/s per broker and MUTATION_QUOTA."""
+    done = [r for r in results if r.round <= rnd and r.phase == "flood-noquota" and r.flood_mib_s]
+    src = max(done, key=lambda r: r.round) if done else None
     if src is None:
         byte_rate, mutation_rate = round(fallback_mib * MIB), float(MUTATION_QUOTA)
         source = "--hand-rate: no flood-noquota in this round"
@@ -747,7 +751,7 @@ def hand_quota(results: Sequence[Result], rnd: int, fallback_mib: float) -> tupl
         # total as it was. A quota must be > 0, and a flood with no mutation loop measured none.
         byte_rate = max(1, round((src.flood_mib_s or 0) * MIB / 3))
         mutation_rate = max(0.1, round(src.mutations_per_s or 0, 2))
-        source = f"round {rnd}'s flood-noquota"
+        source = f"round {src.round}'s flood-noquota"
     note = (
         f"hand quota producer_byte_rate {byte_rate / MIB:.2f} MiB/s per broker, controller_mutation_rate "
         f"{mutation_rate:g}/s ({source})"
