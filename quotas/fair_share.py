@@ -220,12 +220,6 @@ class Baseline:
         self.epoch_s = now_s
         self.count = 0
 
-    def trusted(self) -> bool:
-        """Whether this minimum has lived through a whole epoch (:data:`BASELINE_EPOCH_MS`): one learnt in a proxy's
-        first seconds may be a flood's queue (a fresh proxy, or one restarted mid-incident, sees no unloaded request
-        first), and only a trusted one may raise the target (:meth:`BrokerLoad.tick`)."""
-        return self.prev != math.inf
-
     def add(self, service_ms: float, now_s: float) -> float:
         """Record a sample; the baseline after it (``inf`` until :data:`MIN_BASELINE_SAMPLES`)."""
         if now_s - self.epoch_s >= _EPOCH_S:
@@ -348,10 +342,11 @@ class BrokerLoad:
         """The smallest baseline among the tick's samples: it sets a target that scales with a slow broker's quickest
         requests (not their median: a flood's megabyte requests have baselines of tens of milliseconds)."""
         self.tick_trusted = math.inf
-        """The smallest of the tick's baselines that have lived a whole epoch (:meth:`Baseline.trusted`): only these
-        raise the target. A fresh proxy in a flood learnt 8-87 ms baselines from requests already queued behind it,
-        and a target of half that (4-43 ms) held the flood at 5-35 MiB/s a broker for seconds (issue 48's
-        isolation bench, 2026-12-07)."""
+        """The smallest of the tick's baselines that have lived a whole epoch (:data:`BASELINE_EPOCH_MS`; their
+        ``prev`` is set): only these raise the target, as one learnt in a proxy's first seconds may be a flood's
+        queue (a fresh proxy, or one restarted mid-incident, sees no unloaded request first). One in a flood learnt
+        8-87 ms baselines, and a target of half that (4-43 ms) held the flood at 5-35 MiB/s a broker for seconds
+        (issue 48's isolation bench, 2026-12-07)."""
         self.carried = 0
         self.limit = 0.0
         """Work bytes/s admitted at most; 0: unlimited (not saturated, or nobody to protect)."""
@@ -424,7 +419,7 @@ class BrokerLoad:
             delays.append(service_ms - base)
             if base < self.tick_base:
                 self.tick_base = base
-            if base < self.tick_trusted and b.prev != math.inf:  # Baseline.trusted, inline: on every answer
+            if base < self.tick_trusted and b.prev != math.inf:  # lived a whole epoch (tick_trusted)
                 self.tick_trusted = base
 
     # -------------------------------------------------------------------------------------------- tenants
@@ -809,7 +804,7 @@ class FairShare:
 
     def baselines(self) -> dict[str, float]:
         """Per broker of :meth:`light`, the smallest baseline this member measured there in its last tick with
-        enough samples that has lived a whole epoch (ms; absent when none yet: :meth:`Baseline.trusted`): what a fleet
+        enough samples that has lived a whole epoch (ms; absent when none yet: ``tick_trusted``): what a fleet
         member tells the others with its light tenants."""
         return {
             key: b.trusted_base for key, b in self.brokers.items() if b.light_sum > 0 and 0 < b.trusted_base < math.inf
