@@ -215,6 +215,10 @@ class FairShareConfig(_Strict):
     """Bytes of work per second a limited broker always admits, whatever the delay (its floor)."""
     burst_seconds: float = Field(default=0.1, gt=0, le=60)
     """A held tenant's bucket, in seconds of its share: the largest burst it is let through at once."""
+    slow_start: bool = True
+    """A tenant surging beside another on an open broker is paced from its first large request at 2 MiB/s, doubled
+    each tick the delay stays low, before any round trip has shown the broker saturating. False lets a surge in
+    unpaced until the delay shows (a flood's first second: tens of MiB)."""
     tenant: Literal["user_client", "user", "address"] = "user_client"
     """What one tenant is: ``user_client``, the quota entity (user and client id, as Kafka's quotas key them);
     ``user``, the principal alone (an authenticated tenant cannot multiply its share by inventing client ids);

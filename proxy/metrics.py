@@ -78,6 +78,7 @@ _FAIR_BROKER = (
 _FAIR_BROKER_COUNTERS = (
     ("cuts", "Times the broker's limit was cut"),
     ("grows", "Times the broker's limit grew"),
+    ("starts", "Tenants slow-started on this broker: surging beside a settled tenant, paced before any signal"),
     ("samples", "Answers of this broker taken as samples of its service time"),
 )
 
@@ -89,11 +90,11 @@ def fair_share_families(snapshot: FairSnapshot) -> Iterator[Metric]:
     counters = {
         n: CounterMetricFamily(f"ktp_fair_share_{n}", doc, labels=["broker"]) for n, doc in _FAIR_BROKER_COUNTERS
     }
-    for broker, limit, level, q, q_avg, base, target, n, cuts, grows, samples in brokers:
+    for broker, limit, level, q, q_avg, base, target, n, cuts, grows, starts, samples in brokers:
         values = (1.0 if limit > 0 else 0.0, limit, level, q / 1000, q_avg / 1000, base / 1000, target / 1000, n)
         for (name, _doc), value in zip(_FAIR_BROKER, values, strict=True):
             gauges[name].add_metric([broker], float(value))
-        for (name, _doc), value in zip(_FAIR_BROKER_COUNTERS, (cuts, grows, samples), strict=True):
+        for (name, _doc), value in zip(_FAIR_BROKER_COUNTERS, (cuts, grows, starts, samples), strict=True):
             counters[name].add_metric([broker], float(value))
     labels = ["broker", "user", "client_id"]
     demand = GaugeMetricFamily(

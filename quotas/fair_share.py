@@ -156,6 +156,32 @@ create/delete loop of 2-partition topics at ~53 partition mutations a second cos
 of appends per broker did (docs/fair-share.md), ~0.25-0.5 MiB a partition mutation, so ~0.5-1 MiB a 2-partition
 topic over the cluster: 256 KiB a topic on each broker it reaches is the low end of that."""
 
+SURGE_FACTOR: Final = 2.0
+"""Slow start (:meth:`BrokerLoad.start`): on an open broker where somebody else is active, a tenant whose work in one
+tick passes this many times its demand, plus the broker's room (:attr:`FairShareSettings.min_limit` a second), is
+surging, and is paced before any signal says whether the broker can take it. Why: a broker limits nobody until its
+delay shows, and by then a flood of 1-MB batches had forwarded 47-85 MiB in its first second (a smooth quota, 2-3):
+the brokers were still digesting it tens of seconds later (issue 48's isolation bench, 2026-12-07)."""
+START_ROOM: Final = 2.0 * MIB
+"""Work per second a tenant may bring unpaced beside others before it is surging (:data:`SURGE_FACTOR`), and what a
+start paces the surging tenants at together, at least (more if ``min_work_rate`` is more): a light tenant (the
+isolation bench's victim, 0.07-0.14 MiB/s a broker with its requests' work; 1.6 MiB/s for the unit tests' heaviest,
+800 1-KiB records a second) is inside it; a flood's first 1-MB batch is not. Twice the 1.15 MiB/s a broker that a
+smooth quota set by hand at fair share's settled rate held the bench's flood to: a start is not meant to hold a
+flood below where the control law would."""
+START_BURST: Final = 1.0 * MIB
+"""Work a *settled* tenant (known for :data:`DEMAND_TAU_MS`) may bring in one tick beyond the room and twice its
+demand: a light producer's batch after a pause (librdkafka's largest, 1 MB) is not a surge. A new tenant has no
+such allowance: its demand is not known, and the flood's first batches are exactly that."""
+START_GROWTH: Final = 2.0
+"""A surging tenant's provisional rate is multiplied by this each tick the delay stays at or below the target (TCP's
+slow start): a lone burst or a new steady producer is back to its own pace within a second; a flood meets the delay
+at a few MiB/s a broker, and the control law takes over from there, not from what it forced in before."""
+START_BLIND_TICKS: Final = 3
+"""With no signal (nobody on the broker sends requests that measure it: a consumer beside the surge, say), a starting
+tenant's rate still doubles, once every this many ticks: a start with nothing to protect it from ends in a second
+or two."""
+
 # ------------------------------------------------------------------------------------------ what is sampled
 SAMPLED_APIS: Final = {0: 0, 2: 2, 3: 3, 8: 4, 9: 4, 10: 4, 12: 4, 18: 4}
 """API key -> sample family: Produce (acks=1; acks=all is family 1), ListOffsets, Metadata, and the quick group
@@ -206,6 +232,9 @@ class FairShareSettings(NamedTuple):
     """A held tenant's bucket, in seconds of its share: the largest burst it gets (as smooth pacing's)."""
     tenant: str = "user_client"
     """What a tenant is: ``user_client`` (the quota entity: user and client id), ``user``, or ``address``."""
+    slow_start: bool = True
+    """Pace a surging tenant before any signal (:meth:`BrokerLoad.start`); off, a surge goes in unpaced until the
+    delay shows."""
 
 
 class Baseline:
@@ -253,6 +282,8 @@ class Tenant:
         "work_total",
         "sparse",
         "born_ms",
+        "allow",
+        "starting",
     )
 
     def __init__(self, key: str, broker: BrokerLoad, weight: float, now_ms: int) -> None:
@@ -279,6 +310,11 @@ class Tenant:
         self.sparse = True
         """Sparse (:data:`SPARSE_SHARE`): protected from the heavy tenants' level while it stays light."""
         self.born_ms = now_ms
+        self.allow = broker.room
+        """Work it may bring in the current tick, unpaced, before it is surging (:data:`SURGE_FACTOR`); ``inf`` where
+        a surge would harm nobody (it is alone on the broker, or the broker is limited and divides already)."""
+        self.starting = False
+        """In slow start (:meth:`BrokerLoad.start`): paced at a part of the broker's start rate."""
 
     def rate(self) -> float:
         """Its pacing rate now (work bytes/s), or 0 when it is not paced."""
@@ -331,6 +367,11 @@ class BrokerLoad:
         "samples_total",
         "state",
         "epoch",
+        "room",
+        "starting",
+        "start_rate",
+        "start_blind",
+        "starts",
     )
 
     def __init__(self, key: str, settings: FairShareSettings, now_ms: int) -> None:
@@ -400,6 +441,18 @@ class BrokerLoad:
         (:data:`FLEET_LIGHT`): what it tells the fleet."""
         self.members = 1
         """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
+        self.room = math.inf
+        """Work a tenant may bring in a tick beyond :data:`SURGE_FACTOR` times its demand before it is surging
+        (:attr:`Tenant.allow`): ``min_limit`` a second while the broker is open and somebody is active on it (here or,
+        in a fleet, on another member); ``inf`` otherwise."""
+        self.starting: list[Tenant] = []
+        """The tenants in slow start (:meth:`start`): they share :attr:`start_rate`."""
+        self.start_rate = 0.0
+        """What the starting tenants are paced at together (work bytes/s), doubled each quiet tick."""
+        self.start_blind = 0
+        """Ticks of the current start with no signal since its rate last doubled (:data:`START_BLIND_TICKS`)."""
+        self.starts = 0
+        """Slow starts so far (a metric's count)."""
 
     # -------------------------------------------------------------------------------------------- samples
     def sample(self, cls: int, service_ms: float, sent_s: float, now_s: float) -> None:
@@ -433,6 +486,8 @@ class BrokerLoad:
                 t = self.tenants[key] = Tenant(key, self, weight, now_ms)
                 if self.level > 0:
                     t.pace(self.level * weight, self.settings.burst_seconds, now_ms)
+                elif self.room == math.inf and len(self.tenants) > 1 and self.settings.slow_start:
+                    self._arm(t, now_ms)
         return t
 
     def charge(self, t: Tenant, work: float, now_ms: int) -> float:
@@ -445,7 +500,9 @@ class BrokerLoad:
         self.arrived += work
         bucket = t.bucket
         if bucket is None or not t.paced:
-            return -1.0
+            if t.arrived <= t.allow:
+                return -1.0
+            bucket = self.start(t, now_ms)
         bucket.record(work, now_ms)
         tokens = bucket.tokens(now_ms)
         if tokens >= 0:
@@ -484,10 +541,119 @@ class BrokerLoad:
         bucket = t.bucket
         return math.inf if bucket is None or not t.paced else bucket.tokens(now_ms)
 
+    # -------------------------------------------------------------------------------------------- slow start
+    def start(self, t: Tenant, now_ms: int) -> TokenBucket:
+        """``t`` surges on this open broker (:data:`SURGE_FACTOR`): pace it from now at a part of the start rate,
+        ``min_limit`` a second (or twice its demand, if more) shared by every tenant starting here, which doubles each
+        tick the delay stays low (:meth:`_ramp`). Tenants that start together share it: a flood spread over twenty
+        client ids starts as one. Returns its bucket (the surging request is charged to it)."""
+        rate = self._start_floor()
+        # Twice its demand, if more, once that is known (a tenant's demand climbs to its rate over DEMAND_TAU_MS:
+        # a flood a few ticks old is no steady producer bursting)
+        own = SURGE_FACTOR * t.demand if now_ms - t.born_ms >= DEMAND_TAU_MS else 0.0
+        if own > rate:
+            rate = own
+        if rate > self.start_rate:
+            self.start_rate = rate
+        t.starting = True
+        t.allow = math.inf
+        self.starting.append(t)
+        self.starts += 1
+        self._pace_starting(now_ms)
+        self.changed_ms = now_ms  # samples of requests sent before it do not say what the paced surge costs
+        self.changed_s = now_ms / 1000
+        bucket = t.bucket
+        assert bucket is not None  # paced just now
+        return bucket
+
+    def _start_floor(self) -> float:
+        """:data:`START_ROOM`, or this member's part of ``min_work_rate`` when that is more (work bytes/s)."""
+        part = self.settings.min_limit / self.members
+        return part if part > START_ROOM else START_ROOM
+
+    def _pace_starting(self, now_ms: int) -> None:
+        weights = 0.0
+        for t in self.starting:
+            weights += t.weight
+        burst = self.settings.burst_seconds
+        for t in self.starting:
+            t.pace(self.start_rate * t.weight / weights, burst, now_ms)
+
+    def _ramp(self, q: float, now_ms: int) -> None:
+        """A tick of slow start with the delay at or below the target (``q``; -1: no signal): the start ends once no
+        starting tenant is held back (its work fits), else the rate doubles (:data:`START_GROWTH`; without a signal,
+        every :data:`START_BLIND_TICKS`)."""
+        held = False
+        for t in self.starting:
+            if t.held_tick:
+                held = True
+                break
+        if not held:
+            self._end_start(True)
+            return
+        if q < 0:
+            self.start_blind += 1
+            if self.start_blind < START_BLIND_TICKS:
+                return
+        self.start_blind = 0
+        self.start_rate *= START_GROWTH
+        self._pace_starting(now_ms)
+        self.changed_ms = now_ms
+        self.changed_s = now_ms / 1000
+
+    def _end_start(self, unpace: bool) -> None:
+        """Slow start ends: the starting tenants unpaced (their work fits, or nobody is there to protect), or handed
+        to the division (``unpace`` false: the broker is limited now)."""
+        for t in self.starting:
+            t.starting = False
+            if unpace:
+                t.paced = False  # a request still held asks again, finds it unpaced, and goes (wait_ms)
+        self.starting = []
+        self.start_rate = 0.0
+        self.start_blind = 0
+
+    def _arm(self, new: Tenant, now_ms: int) -> None:
+        """``new`` arrives on an open broker where the tick found at most one tenant active: if one is, it may surge
+        into the newcomer from now, not from the next tick (a victim and a flood that start together: the flood's
+        first tick, unpaced, is megabytes)."""
+        for t in self.tenants.values():
+            if t is not new and now_ms - t.last_ms < ACTIVE_MS:
+                break
+        else:
+            return
+        room = self._start_floor() * (TICK_MS / 1000)
+        self.room = room
+        per_tick = SURGE_FACTOR * TICK_MS / 1000
+        for t in self.tenants.values():
+            if not t.starting:
+                t.allow = room + per_tick * t.demand + (START_BURST if now_ms - t.born_ms >= DEMAND_TAU_MS else 0.0)
+
+    def _room(self, active: list[Tenant], now_ms: int) -> None:
+        """Each tenant's :attr:`Tenant.allow` for the next tick: finite only while the broker is open and somebody
+        else is active on it (here or, in a fleet, a light tenant of another member's): a lone tenant is never
+        slowed, and on a limited broker the division paces newcomers. Not only a *settled* somebody: a victim and a
+        flood that start together (the isolation bench's phases) would then never meet, and the flood's first second
+        would go in unpaced."""
+        n = len(active)
+        sole = active[0] if n == 1 else None
+        if self.remote_light:
+            n += 1
+            sole = None
+        room = math.inf
+        if self.limit <= 0 and n > 0 and self.settings.slow_start:
+            room = self._start_floor() * (TICK_MS / 1000)
+        self.room = room
+        per_tick = SURGE_FACTOR * TICK_MS / 1000
+        for t in self.tenants.values():
+            if room == math.inf or t is sole or t.starting:
+                t.allow = math.inf
+            else:
+                t.allow = room + per_tick * t.demand + (START_BURST if now_ms - t.born_ms >= DEMAND_TAU_MS else 0.0)
+
     # -------------------------------------------------------------------------------------------- the tick
     def tick(self, now_ms: int, tick_ms: int = TICK_MS) -> str:
-        """One control step: demand, signal, law, division. Returns the state (``open``, ``cut``, ``grow``,
-        ``hold``)."""
+        """One control step: demand, signal, law, division. Returns the state (``open``, ``start``, ``cut``,
+        ``grow``, ``hold``)."""
         alpha = _alpha(tick_ms, DEMAND_TAU_MS)
         per_s = 1000.0 / tick_ms
         active: list[Tenant] = []
@@ -547,20 +713,42 @@ class BrokerLoad:
         self.target = d
 
         was_open = self.limit <= 0
+        if self.starting and len(active) < 2 and not self.remote_light:
+            self._end_start(True)  # the surge is alone here: nobody to protect from it
+        if was_open and self.starting and (q < 0 or q <= d):
+            self._ramp(q, now_ms)
         if was_open and (q < 0 or q <= d) and self.members == 1:
-            # The usual tick of a healthy broker: nothing to cut, nobody paced, no fleet to tell; no floor to find.
+            # The usual tick of a healthy broker: nothing to cut, no fleet to tell; no floor to find.
             for t in self.tenants.values():
                 t.held_tick = False
             self.light_sum = 0.0
-            self.state = "open"
+            self.state = "start" if self.starting else "open"
+            self._room(active, now_ms)
             return self.state
-        self.state = self._law(q, d, self._floor(active, now_ms), used, now_ms)
+        start_base = 0.0
+        if self.starting:
+            # Cut from what the start admits, not from what the surge brought before it was paced (the arrivals)
+            start_base = self.start_rate
+            for t in active:
+                if not t.starting:
+                    start_base += t.demand
+        floor = self._floor(active, now_ms)
+        self.state = self._law(q, d, floor, used, now_ms, start_base)
         self._divide(active, now_ms, was_open)
+        if self.starting:
+            if self.limit > 0:
+                self._end_start(False)  # the division paces them now
+            elif q > d and floor <= 0:
+                self._end_start(True)  # the delay is up, but nobody here is light: nobody to protect
+            else:
+                self.state = "start"
+        self._room(active, now_ms)
         return self.state
 
-    def _law(self, q: float, d: float, floor: float, used: float, now_ms: int) -> str:
+    def _law(self, q: float, d: float, floor: float, used: float, now_ms: int, start_base: float = 0.0) -> str:
         """The control law on :attr:`limit` (``q``: the tick's delay, -1 without enough samples; ``d``: the
-        target; ``floor``: :meth:`_floor`; ``used``: work admitted in the tick, per second)."""
+        target; ``floor``: :meth:`_floor`; ``used``: work admitted in the tick, per second; ``start_base``: in slow
+        start, what it admits per second)."""
         limit = self.limit
         quiet = q >= 0 and q < d and self.q_avg < GROW_BELOW * d
         if limit > 0 and (floor <= 0 or (quiet and now_ms - self.held_ms >= RELEASE_MS)):
@@ -576,15 +764,19 @@ class BrokerLoad:
         if q > d and floor > 0:
             if now_ms < self.next_cut_ms:
                 return "hold" if limit > 0 else "open"
+            took = limit
             if limit <= 0:  # saturated from open: start from what the broker was taking
-                limit = self.admitted_rate if self.admitted_rate > used else used
+                limit = took = self.admitted_rate if self.admitted_rate > used else used
+                if 0 < start_base < limit:
+                    limit = start_base  # what a slow start admits: the surge's arrivals were never let in
             cut = 1.0 - DECREASE * (q - d) / d
             new = limit * (cut if cut > MAX_CUT else MAX_CUT)
             if new < floor:
                 new = floor
             if new < limit or self.limit <= 0:
                 if self.limit <= 0:
-                    self.peak = limit
+                    # what the broker was asked to take (a light tenant is sparse against it, not against a start)
+                    self.peak = took
                 self.cut_from = limit
                 self.limit = new
                 self.changed_ms = now_ms
@@ -726,8 +918,16 @@ class BrokerLoad:
             if t.sparse:
                 if LIGHT_HEADROOM * t.demand > rate:
                     rate = LIGHT_HEADROOM * t.demand
-                if now_ms - t.born_ms < GRACE_MS and grace > rate:
-                    rate = grace
+                age = now_ms - t.born_ms
+                if age < GRACE_MS:
+                    if grace > rate:
+                        rate = grace
+                    # Its demand, an average started at zero, reads a new tenant's rate low (a tenth after a tick):
+                    # its mean since it came is the better guess (a victim that starts beside a flood's slow start
+                    # meets a limit cut within a second, and was held at twice its first ticks' average)
+                    mean = LIGHT_HEADROOM * t.work_total * 1000.0 / (age if age > TICK_MS else TICK_MS)
+                    if mean > rate:
+                        rate = mean
             t.pace(rate, burst, now_ms)
 
 
@@ -794,8 +994,13 @@ class FairShare:
         for b in self.brokers.values():
             b.settings = settings
             b.epoch += 1
+            if not settings.slow_start:  # turned off: a start in course ends, and nobody can surge into one
+                b._end_start(True)
+                b.room = math.inf
             for t in b.tenants.values():
                 t.weight = self.weights.get(t.key, 1.0)
+                if not settings.slow_start:
+                    t.allow = math.inf
 
     def light(self) -> dict[str, float]:
         """Per broker, this member's light tenants' demand now (work bytes/s), with, in a fleet, its tenants too small

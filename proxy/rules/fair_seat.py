@@ -39,7 +39,12 @@ one that does can only name a tenant of its own)."""
 
 def settings_of(config: FairShareConfig) -> FairShareSettings:
     return FairShareSettings(
-        config.enabled, config.target_delay_ms, float(config.min_work_rate), config.burst_seconds, config.tenant
+        config.enabled,
+        config.target_delay_ms,
+        float(config.min_work_rate),
+        config.burst_seconds,
+        config.tenant,
+        config.slow_start,
     )
 
 
@@ -70,8 +75,9 @@ def tenant_labels(kind: str, key: str) -> tuple[str, str]:
     return key, ""
 
 
-BrokerSample = tuple[str, float, float, float, float, float, float, int, int, int, int]
-"""(broker, limit, level, delay ms, averaged delay ms, baseline ms, target ms, tenants, cuts, grows, samples)."""
+BrokerSample = tuple[str, float, float, float, float, float, float, int, int, int, int, int]
+"""(broker, limit, level, delay ms, averaged delay ms, baseline ms, target ms, tenants, cuts, grows, starts,
+samples)."""
 TenantSample = tuple[str, str, str, float, float, int, float, int]
 """(broker, user, client id, demand B/s, share B/s (0: not paced), sparse, held seconds total, held total)."""
 
@@ -175,7 +181,7 @@ class FairSeat:
         for b in list(self.state.brokers.values()):
             brokers.append(
                 (b.key, b.limit, b.level, b.q, b.q_avg, b.base, b.target, len(b.tenants), b.cuts, b.grows,
-                 b.samples_total)
+                 b.starts, b.samples_total)
             )  # fmt: skip
             ts = list(b.tenants.values())
             if len(ts) > top:

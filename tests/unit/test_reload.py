@@ -102,6 +102,7 @@ RELOADS: dict[str, tuple[Any, Probe, Any]] = {
     "quotas.fair_share.min_work_rate": (4096, lambda p: _fair(p).state.settings.min_limit, 4096.0),
     "quotas.fair_share.burst_seconds": (0.5, lambda p: _fair(p).state.settings.burst_seconds, 0.5),
     "quotas.fair_share.tenant": ("user", lambda p: _fair(p).kind, "user"),
+    "quotas.fair_share.slow_start": (False, lambda p: _fair(p).state.settings.slow_start, False),
     "quotas.fair_share.weights": (
         [{"client-id": "batch", "weight": 0.5}],
         lambda p: _fair(p).state.weights,
