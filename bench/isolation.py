@@ -29,14 +29,16 @@ steady-*) set the product's default enforcement, ``smooth``: tests.support's Pro
 tests written before smooth became the default, and the alone and older quota phases keep that, as every earlier
 run of this benchmark had.
 
-Phases (each ``--seconds`` long; the first ``--settle`` seconds, while connections open and a windowed quota's
-first burst passes, are not counted; fresh topics each; after each phase with a flooder a ``--cooldown`` pause,
-then a wait, at most 60 s, until the kernel has written the flood's dirty pages back):
+Phases (each ``--seconds`` long from the flooder's start, the victim started ``VICTIM_LEAD_S`` before it; the first
+``--settle`` seconds, while connections open and a windowed quota's first burst passes, are not counted; fresh
+topics each; after each phase with a flooder a ``--cooldown`` pause, then a wait, at most 60 s, until the kernel
+has written the flood's dirty pages back):
 
   alone-proxy    victim alone, through the proxy (no quota): the reference every ratio divides by
   alone-direct   victim alone, straight to the cluster
   flood-noquota  victim + flood through the proxy, no quota, the default config: fair share on
   flood-noquota-off  the same with quotas.fair_share.enabled: false (what the proxy did before issue 48)
+  flood-nostart  the same with fair share on but quotas.fair_share.slow_start: false (what a surge did before it)
   flood-direct   victim + flood straight to the cluster, no quota anywhere
   flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (ProxyProcess's, not the product's)
   flood-smooth   victim + flood through the proxy, quotas.enforcement: smooth, smooth_burst_seconds 0.1
@@ -147,12 +149,18 @@ MUTATION_QUOTA = 5
 SAMPLE_S = 0.1
 DIRTY_LIMIT = 64 * MIB  # a cool-down ends once the page cache holds less than this to write back
 TAIL_S = 0.5  # the last half second of a phase: clients winding down
+VICTIM_LEAD_S = 5.0
+"""The victim starts this long before the flooder, and a phase's clock (its windows, its settled window) starts with
+the flooder: the first 5-s window is the flood starting, not the victim's own first requests on a fresh topic, which
+read 704 and 801 ms at p99 with no flood at all (alone-proxy, rounds 1 and 3, 2026-12-07), as high as any flood's
+first window beside them."""
 
 PHASES = (
     "alone-proxy",
     "alone-direct",
     "flood-noquota",
     "flood-noquota-off",
+    "flood-nostart",
     "flood-direct",
     "flood-kafka",
     "flood-smooth",
@@ -175,6 +183,7 @@ LABELS = {
     "alone-direct": "victim alone, straight to the cluster",
     "flood-noquota": "victim + flood, proxy, no quota, fair share on (default config)",
     "flood-noquota-off": "victim + flood, proxy, no quota, fair share off",
+    "flood-nostart": "victim + flood, proxy, no quota, fair share on, slow start off",
     "flood-direct": "victim + flood, straight to the cluster, no quota",
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
@@ -232,7 +241,11 @@ def parse_phases(text: str) -> list[str]:
 # Phases compared as a pair (fair share on beside off, no victim): in canonical order one side would always run
 # second, after the other's flood and its disk write-back, and the first full run read lone-fair 0.76-0.84 of
 # lone-nofair with fair share never engaging. Even rounds swap each pair, so an order effect shows as a spread.
-SWAPPED_PAIRS = (("lone-fair", "lone-nofair"), ("steady-fair", "steady-nofair"), ("flood-noquota", "flood-hand"))
+SWAPPED_PAIRS = (
+    ("lone-fair", "lone-nofair"),
+    ("steady-fair", "steady-nofair"),
+    ("flood-noquota", "flood-hand"),
+)
 """Pairs read side by side, swapped in even rounds so that neither side always runs first after the warm-up or the
 other's flood (a round-1 fair-share phase started on brokers still busy from the warm-up read 5-100 x its later
 rounds, 2026-12-07). flood-hand takes its rate from the latest flood-noquota (:func:`hand_quota`)."""
@@ -722,6 +735,7 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | No
     configs: dict[str, dict[str, object]] = {
         "alone-proxy": {},
         "alone-proxy-again": {},
+        "flood-nostart": {**SMOOTH, "quotas.fair_share.slow_start": False},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
         # The same static quota with fair share off: whether fair share, engaging on top of a quota that already
@@ -807,6 +821,15 @@ def run_phase(
     with contextlib.ExitStack() as stack:
         for s in samplers.values():
             stack.enter_context(s)
+        lead = VICTIM_LEAD_S if victim else 0.0
+        consumer = (  # the consumer victim is a victim: not in a phase without one
+            _spawn("consumer", bootstrap, consumer_topic, str(seconds + lead), str(consumer_out))
+            if victim and consumer_topic is not None
+            else None
+        )
+        producer = _spawn("victim", bootstrap, victim_topic, str(seconds + lead), str(victim_out)) if victim else None
+        time.sleep(lead)
+        flood_at = time.monotonic()
         flooder = None
         if flood == CONSUMER_FLOOD:
             if backlog is None:
@@ -815,23 +838,18 @@ def run_phase(
         elif flood is not None:
             args = (flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", flood, str(steady_rate))
             flooder = _spawn("flood", bootstrap, *args)
-        consumer = (  # the consumer victim is a victim: not in a phase without one
-            _spawn("consumer", bootstrap, consumer_topic, str(seconds), str(consumer_out))
-            if victim and consumer_topic is not None
-            else None
-        )
-        producer = _spawn("victim", bootstrap, victim_topic, str(seconds), str(victim_out)) if victim else None
         for proc, what in ((producer, "victim"), (consumer, "consumer"), (flooder, "flooder")):
             if proc is not None:
-                _wait(proc, seconds + 90, what)
+                _wait(proc, seconds + lead + 90, what)
     res.load_after = os.getloadavg()[0]
     f = json.loads(flood_out.read_text()) if flood is not None else None
-    # The settled window on the victim's clock, else the flooder's (one clock: time.monotonic on one machine).
-    t0 = json.loads(victim_out.read_text())["start"] if victim else f["start"] if f is not None else time.monotonic()
+    # The phase's clock starts with the flooder's (one clock: time.monotonic on one machine); in a phase with a
+    # victim and no flooder, when a flooder would have been spawned (VICTIM_LEAD_S after the victim).
+    t0 = f["start"] if f is not None else flood_at
     lo, hi = t0 + settle, t0 + seconds - TAIL_S
     res.window_lo = lo
     if victim:
-        _read_victim(res, victim_out, lo, hi)
+        _read_victim(res, victim_out, lo, hi, t0)
     if consumer is not None:
         c = json.loads(consumer_out.read_text())
         rows = [r for r in c["rows"] if lo <= r[0] < hi]
@@ -862,14 +880,14 @@ def run_phase(
     return res
 
 
-def _read_victim(res: Result, path: Path, lo: float, hi: float) -> None:
+def _read_victim(res: Result, path: Path, lo: float, hi: float, t0: float) -> None:
     """The victim's latencies in the settled window [lo, hi), and its p99 per WINDOW_S window: over that window,
-    and from its start (the first window holds the flood starting)."""
+    and from the phase's start ``t0`` (the first window holds the flood starting)."""
     v = json.loads(path.read_text())
     res.latencies_ms = [x * 1000 for x in settled_latencies(v["rows"], lo, hi)]
     res.rdk_latencies_ms = [r[2] * 1000 for r in v["rows"] if lo <= r[0] < hi and r[2] == r[2]]
     res.window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], lo, hi) if w]
-    res.start_window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], v["start"], hi) if w]
+    res.start_window_p99_ms = [percentile(w, 99) * 1000 for w in windows(v["rows"], t0, hi) if w]
     if v["error_count"] or v["undelivered"]:
         res.notes.append(f"victim: {v['error_count']} errors {v['errors'][:2]}, {v['undelivered']} undelivered")
 
@@ -1144,6 +1162,7 @@ def target_lines(results: list[Result]) -> list[str]:
         "flood-hand",
         "flood-noquota",
         "flood-noquota-off",
+        "flood-nostart",
         "flood-direct",
         "flood-consumer",
         "flood-consumer-off",
