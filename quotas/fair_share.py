@@ -158,10 +158,10 @@ topic over the cluster: 256 KiB a topic on each broker it reaches is the low end
 
 SURGE_FACTOR: Final = 2.0
 """Slow start (:meth:`BrokerLoad.start`): on an open broker where somebody else is active, a tenant whose work in one
-tick passes this many times its demand, plus the broker's room (:attr:`FairShareSettings.min_limit` a second), is
-surging, and is paced before any signal says whether the broker can take it. Why: a broker limits nobody until its
-delay shows, and by then a flood of 1-MB batches had forwarded 47-85 MiB in its first second (a smooth quota, 2-3):
-the brokers were still digesting it tens of seconds later (issue 48's isolation bench, 2026-12-07)."""
+tick passes this many times its demand, plus the broker's room (:data:`START_ROOM` a second), is surging, and is
+paced before any signal says whether the broker can take it. Why: a broker limits nobody until its delay shows, and
+by then a flood of 1-MB batches had forwarded 47-85 MiB in its first second (a smooth quota, 2-3): the brokers were
+still digesting it tens of seconds later (issue 48's isolation bench, 2026-12-07)."""
 START_ROOM: Final = 2.0 * MIB
 """Work per second a tenant may bring unpaced beside others before it is surging (:data:`SURGE_FACTOR`), and what a
 start paces the surging tenants at together, at least (more if ``min_work_rate`` is more): a light tenant (the
@@ -443,8 +443,8 @@ class BrokerLoad:
         """Members of the fleet sharing this broker's floor (:attr:`FairShareSettings.min_limit` is the fleet's)."""
         self.room = math.inf
         """Work a tenant may bring in a tick beyond :data:`SURGE_FACTOR` times its demand before it is surging
-        (:attr:`Tenant.allow`): ``min_limit`` a second while the broker is open and somebody is active on it (here or,
-        in a fleet, on another member); ``inf`` otherwise."""
+        (:attr:`Tenant.allow`): :data:`START_ROOM` a second (or this member's part of ``min_limit``, if more) while
+        the broker is open and somebody is active on it (here or, in a fleet, on another member); ``inf`` otherwise."""
         self.starting: list[Tenant] = []
         """The tenants in slow start (:meth:`start`): they share :attr:`start_rate`."""
         self.start_rate = 0.0
@@ -544,7 +544,8 @@ class BrokerLoad:
     # -------------------------------------------------------------------------------------------- slow start
     def start(self, t: Tenant, now_ms: int) -> TokenBucket:
         """``t`` surges on this open broker (:data:`SURGE_FACTOR`): pace it from now at a part of the start rate,
-        ``min_limit`` a second (or twice its demand, if more) shared by every tenant starting here, which doubles each
+        :data:`START_ROOM` (or this member's part of ``min_limit``, or twice its demand, if more) shared by every
+        tenant starting here, which doubles each
         tick the delay stays low (:meth:`_ramp`). Tenants that start together share it: a flood spread over twenty
         client ids starts as one. Returns its bucket (the surging request is charged to it)."""
         rate = self._start_floor()
@@ -621,12 +622,7 @@ class BrokerLoad:
                 break
         else:
             return
-        room = self._start_floor() * (TICK_MS / 1000)
-        self.room = room
-        per_tick = SURGE_FACTOR * TICK_MS / 1000
-        for t in self.tenants.values():
-            if not t.starting:
-                t.allow = room + per_tick * t.demand + (START_BURST if now_ms - t.born_ms >= DEMAND_TAU_MS else 0.0)
+        self._allow(self._start_floor() * (TICK_MS / 1000), None, now_ms)
 
     def _room(self, active: list[Tenant], now_ms: int) -> None:
         """Each tenant's :attr:`Tenant.allow` for the next tick: finite only while the broker is open and somebody
@@ -642,6 +638,12 @@ class BrokerLoad:
         room = math.inf
         if self.limit <= 0 and n > 0 and self.settings.slow_start:
             room = self._start_floor() * (TICK_MS / 1000)
+        self._allow(room, sole, now_ms)
+
+    def _allow(self, room: float, sole: Tenant | None, now_ms: int) -> None:
+        """:attr:`room` (per tick; ``inf``: nobody may surge) and each tenant's :attr:`Tenant.allow` from it: the room,
+        twice its demand's share of a tick, and for a tenant known a second, a batch after a pause
+        (:data:`START_BURST`); ``inf`` for the ``sole`` tenant active and the ones already starting."""
         self.room = room
         per_tick = SURGE_FACTOR * TICK_MS / 1000
         for t in self.tenants.values():
