@@ -154,7 +154,12 @@ MUTATION_WORK: Final = 256 * 1024
 request's topics are counted without decoding their partition counts). Measured on the isolation bench: a
 create/delete loop of 2-partition topics at ~53 partition mutations a second cost the victim about what 4-8 MiB/s
 of appends per broker did (docs/fair-share.md), ~0.25-0.5 MiB a partition mutation, so ~0.5-1 MiB a 2-partition
-topic over the cluster: 256 KiB a topic on each broker it reaches is the low end of that."""
+topic over the cluster: 256 KiB a topic on each broker it reaches is the low end of that. Charged on every broker
+the tenant is active on, not only the one the request went to (:meth:`FairShare.charge_mutation`)."""
+SPREAD_BROKERS: Final = 256
+"""A mutation's work is charged on at most this many brokers besides its own (:meth:`FairShare.charge_mutation`):
+a cluster's brokers, with room for the bootstrap listeners' loops; the loop runs per mutation request, and
+:meth:`FairShare.broker` keeps up to 4096 loops."""
 
 SURGE_FACTOR: Final = 2.0
 """Slow start (:meth:`BrokerLoad.start`): on an open broker where somebody else is active, a tenant whose work in one
@@ -1053,6 +1058,41 @@ class FairShare:
 
     def tenant(self, broker: BrokerLoad, key: str, now_ms: int) -> Tenant:
         return broker.tenant(key, self.weights.get(key, 1.0), now_ms)
+
+    def charge_mutation(self, t: Tenant, work: float, spread: float, now_ms: int) -> tuple[Tenant, float]:
+        """A topic mutation request from ``t``: ``work`` (the request, its mutations' work included) charged on its
+        own broker, and ``spread`` (its mutations' :data:`MUTATION_WORK`) on every other broker where the same tenant
+        is active. Returns the tenant (``t``, or the same tenant on another broker) and pacing mark whose wait is the
+        longest (mark -1: it may go now): the request waits for the broker whose share it overdraws most.
+
+        Why every broker: the controller's records reach them all, and a topic's partitions land on several, so a
+        churn costs each broker, not only the one the admin client asked. Charged on that one alone, the churn was
+        held only while that broker was limited: in issue 48's bench the flood's admin client asked a broker whose
+        limit stayed at 58 MiB/s, and its create/delete loop ran at 49-63 mutations a second (7-14 where its broker
+        held it) while the other brokers' loops cut the flood's Produce for the stalls the churn caused there."""
+        own = t.broker
+        worst, mark = t, own.charge(t, work, now_ms)
+        longest = own.wait_ms(t, mark, now_ms) if mark >= 0 else 0
+        if spread <= 0:
+            return worst, mark
+        n = 0
+        for b in self.brokers.values():
+            if b is own:
+                continue
+            n += 1
+            if n > SPREAD_BROKERS:
+                break
+            other = b.tenants.get(t.key)
+            if other is None or (
+                now_ms - other.last_ms >= ACTIVE_MS and not other.held_tick and now_ms - other.held_ms >= HELD_MS
+            ):
+                continue  # not active there (held counts: a paced producer's next request may be seconds away)
+            m = b.charge(other, spread, now_ms)
+            if m >= 0:
+                w = b.wait_ms(other, m, now_ms)
+                if w > longest:
+                    worst, mark, longest = other, m, w
+        return worst, mark
 
     def tick(self, now_ms: int) -> None:
         """Run every broker's control step, once per :data:`TICK_MS` (called more often, it returns at once: the

@@ -5,8 +5,8 @@ Why a module of its own: it is one job of the dispatcher (``proxy.rules.policy``
 the one that runs with no quota configured at all, so it has its own fast path. What it does per request:
 
 - **every request** (but SASL, ApiVersions and the quota APIs, never charged) is counted to its tenant: its bytes
-  plus ``REQUEST_WORK``, a mutation request ``MUTATION_WORK`` a topic more; a Fetch's answer is counted when it
-  arrives;
+  plus ``REQUEST_WORK``, a mutation request ``MUTATION_WORK`` a topic more (on every broker its tenant is active on:
+  ``FairShare.charge_mutation``); a Fetch's answer is counted when it arrives;
 - while the broker is limited, a Produce or a mutation request over its tenant's share **waits** before the broker
   sees it (the connection reads nothing behind it, as with smooth pacing), asked again at least every
   ``PACE_RECHECK_MS`` so the wait follows the share; a Fetch asks for no more than the tenant's bucket holds
@@ -142,8 +142,8 @@ class FairSeat:
         if key == Api.PRODUCE:
             return t, t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
         if key == Api.CREATE_TOPICS or key == Api.DELETE_TOPICS or key == Api.CREATE_PARTITIONS:
-            work = float(len(frame) - 4 + REQUEST_WORK + MUTATION_WORK * request.mutation_topics())
-            return t, t.broker.charge(t, work, now_ms)
+            spread = float(MUTATION_WORK * request.mutation_topics())  # charged on every broker it is active on
+            return state.charge_mutation(t, float(len(frame) - 4 + REQUEST_WORK) + spread, spread, now_ms)
         t.broker.charge(t, float(len(frame) - 4 + REQUEST_WORK), now_ms)
         return t, -1.0  # counted (its debt paces the tenant's next held request), never held itself
 

@@ -703,3 +703,45 @@ def test_slow_start_turned_off_ends_a_start_in_course():
     fs.configure(FairShareSettings(min_limit=1 * MIB, slow_start=False))
     assert not flood.starting and not flood.paced and b.starting == []
     assert b.charge(flood, 1_000_000, 160) < 0, "off, a surge goes unpaced"
+
+
+# ------------------------------------------------------------------------------------------ topic mutations
+def _tenant_held_on(fs: FairShare, broker: str, key: str, now: int):
+    """``key`` on ``broker``, which is limited and paces it at 64 KiB/s with its bucket emptied (held there)."""
+    b = fs.broker(broker, now)
+    t = fs.tenant(b, key, now)
+    b.limit = 64 * KIB
+    t.pace(64 * KIB, 0.1, now)
+    b.charge(t, 64 * KIB, now)
+    return t
+
+
+def test_a_topic_mutation_waits_for_the_broker_where_its_tenant_is_held_not_only_the_one_it_asked():
+    """A churn costs every broker (the controller's records reach them all): its work is charged to the tenant on
+    each broker it is active on, and the request waits for the share it overdraws most. Before, it was charged on
+    the broker it asked alone: open there, the create/delete loop ran at 49-63 mutations a second beside a flood
+    that the other brokers held (issue 48's bench)."""
+    fs = FairShare(FairShareSettings(min_limit=1 * MIB, slow_start=False))
+    asked = fs.broker("broker 1", 0)
+    admin = fs.tenant(asked, "flooder", 0)  # the flood's admin client: broker 1 is open
+    held = _tenant_held_on(fs, "broker 2", "flooder", 0)
+    idle = fs.broker("broker 3", 0)
+    gone = fs.tenant(idle, "flooder", 0)
+    gone.last_ms = -10_000  # left broker 3 long ago: not charged there
+    before = held.work_total
+    spread = 2 * 256 * KIB  # two topics
+    t, mark = fs.charge_mutation(admin, 1024 + spread, spread, 100)
+    assert t is held and mark >= 0, "it waits for broker 2's share"
+    assert held.broker.wait_ms(held, mark, 100) > 5_000  # ~512 KiB over at 64 KiB/s
+    assert held.work_total - before == spread and admin.work_total == 1024 + spread
+    assert gone.work_total == 0.0
+    assert fs.charge_mutation(admin, 1024, 0.0, 200) == (admin, -1.0), "no topics: its own broker alone"
+
+
+def test_a_topic_mutation_goes_at_once_where_no_broker_holds_its_tenant():
+    fs = FairShare(FairShareSettings(min_limit=1 * MIB, slow_start=False))
+    mine = fs.tenant(fs.broker("broker 1", 0), "app", 0)
+    elsewhere = fs.tenant(fs.broker("broker 2", 0), "app", 0)
+    t, mark = fs.charge_mutation(mine, 1024 + 256 * KIB, 256 * KIB, 10)
+    assert (t, mark) == (mine, -1.0)
+    assert elsewhere.work_total == 256 * KIB  # counted as its demand there all the same

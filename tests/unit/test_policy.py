@@ -24,6 +24,7 @@ from protocol.apis import Api
 from protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from protocol.inflight import Pending, produce_acks
 from protocol.request import read_request
+from proxy.rules.decisions import ConnState
 from proxy.rules.policy import Decision, Policy
 from proxy.rules.verdicts import Answer, Defer, Replace
 from proxy.stats import Stats, Traffic
@@ -386,6 +387,28 @@ def test_decisions_are_counted_by_quota_action_and_shadow():
     assert counts[(PRODUCER_BYTE_RATE, "pass", False)] == 1
     assert counts[(PRODUCER_BYTE_RATE, "throttle", False)] == 1
     assert sum(counts.values()) == 2
+
+
+def test_fair_share_holds_a_topic_deletion_for_the_broker_where_its_tenant_is_over_its_share():
+    """A tenant held on broker 2 deletes topics through broker 1, which is open: the deletion waits for broker 2's
+    share (a churn costs every broker). Before, it went at once: a flood's create/delete loop ran at 49-63
+    mutations a second through an open broker while the others held its Produce (issue 48's bench)."""
+    clock = Clock()
+    policy = _policy(clock, producer_byte_rate=1 << 40)  # a quota that never binds
+    assert policy.fair is not None
+    on_1, on_2 = FakeConn(), FakeConn()
+    on_2.label = "broker 2"
+    header, frame = _produce(2000)
+    now_ms = int(clock() * 1000)
+    held, _ = policy.fair.request(on_2, ConnState(on_2.identity), read_request(header, frame), now_ms)  # type: ignore[arg-type]
+    assert held is not None and held.broker.key == "broker 2"
+    held.broker.limit = 64 * 1024.0  # broker 2 limited, the tenant paced at 64 KiB/s, its bucket emptied
+    held.pace(64 * 1024.0, 0.1, now_ms)
+    held.broker.charge(held, 64 * 1024.0, now_ms)
+    header, frame = _delete_topics(["t1", "t2"])
+    verdict = policy.on_request(on_1, read_request(header, frame), clock())  # type: ignore[arg-type]
+    assert isinstance(verdict, Defer), f"went at once: {verdict!r}"
+    assert verdict.wait_s > 0
 
 
 def test_a_throttle_fair_share_gave_is_counted_as_fair_shares_not_the_static_quotas_it_passed():
