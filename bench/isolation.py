@@ -39,6 +39,8 @@ has written the flood's dirty pages back):
   flood-noquota  victim + flood through the proxy, no quota, the default config: fair share on
   flood-noquota-off  the same with quotas.fair_share.enabled: false (what the proxy did before issue 48)
   flood-nostart  the same with fair share on but quotas.fair_share.slow_start: false (what a surge did before it)
+  flood-target   the same with fair share's target_delay_ms at ``--fair-target`` (default 0.5 against the default's
+                 1): the point on the trade-off between the victim's tail and the flood's bytes
   flood-direct   victim + flood straight to the cluster, no quota anywhere
   flood-kafka    victim + flood through the proxy, quotas.enforcement: kafka (ProxyProcess's, not the product's)
   flood-smooth   victim + flood through the proxy, quotas.enforcement: smooth, smooth_burst_seconds 0.1
@@ -161,6 +163,7 @@ PHASES = (
     "flood-noquota",
     "flood-noquota-off",
     "flood-nostart",
+    "flood-target",
     "flood-direct",
     "flood-kafka",
     "flood-smooth",
@@ -184,6 +187,7 @@ LABELS = {
     "flood-noquota": "victim + flood, proxy, no quota, fair share on (default config)",
     "flood-noquota-off": "victim + flood, proxy, no quota, fair share off",
     "flood-nostart": "victim + flood, proxy, no quota, fair share on, slow start off",
+    "flood-target": "victim + flood, proxy, no quota, fair share on at --fair-target ms",
     "flood-direct": "victim + flood, straight to the cluster, no quota",
     "flood-kafka": "victim + flood, proxy, enforcement kafka",
     "flood-smooth": "victim + flood, proxy, enforcement smooth (burst 0.1 s)",
@@ -726,9 +730,10 @@ def _flood_quotas(byte_rate: float, mutation_rate: float) -> dict[str, object]:
     return {"quotas.entities": [{"entity": {"client-id": FLOOD_ID}, "quotas": quotas}]}
 
 
-def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | None:
+def proxy_config(phase: str, hand: tuple[int, float] | None = None, target_ms: float = 0.5) -> dict | None:
     """The proxy's config for a phase (None: the phase goes straight to the cluster). ``hand``: flood-hand's
-    producer_byte_rate per broker and controller_mutation_rate (:func:`hand_quota`)."""
+    producer_byte_rate per broker and controller_mutation_rate (:func:`hand_quota`); ``target_ms``: flood-target's
+    ``quotas.fair_share.target_delay_ms``."""
     if phase in DIRECT:
         return None
     quotas = _flood_quotas(BYTE_QUOTA, MUTATION_QUOTA)
@@ -736,6 +741,7 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None) -> dict | No
         "alone-proxy": {},
         "alone-proxy-again": {},
         "flood-nostart": {**SMOOTH, "quotas.fair_share.slow_start": False},
+        "flood-target": {**SMOOTH, "quotas.fair_share.target_delay_ms": target_ms},
         "flood-kafka": {**quotas, "quotas.enforcement": "kafka"},
         "flood-smooth": {**quotas, "quotas.enforcement": "smooth", "quotas.smooth_burst_seconds": 0.1},
         # The same static quota with fair share off: whether fair share, engaging on top of a quota that already
@@ -1163,6 +1169,7 @@ def target_lines(results: list[Result]) -> list[str]:
         "flood-noquota",
         "flood-noquota-off",
         "flood-nostart",
+        "flood-target",
         "flood-direct",
         "flood-consumer",
         "flood-consumer-off",
@@ -1285,6 +1292,12 @@ def main(argv: list[str] | None = None) -> int:
         "victim's time inside the proxy per phase; kept in the workdir with --keep",
     )
     ap.add_argument(
+        "--fair-target",
+        type=float,
+        default=0.5,
+        help="flood-target's quotas.fair_share.target_delay_ms (default 0.5; the product's default is 1)",
+    )
+    ap.add_argument(
         "--hand-rate",
         type=float,
         default=2.0,
@@ -1351,7 +1364,7 @@ def main(argv: list[str] | None = None) -> int:
         for rnd, phase in ((r, p) for r in range(1, args.rounds + 1) for p in round_order(phases, r)):
             parts = flood_parts(phase, args.flood)
             hand = hand_quota(results, rnd, args.hand_rate) if phase == "flood-hand" else None
-            cfg = proxy_config(phase, hand[:2] if hand else None)
+            cfg = proxy_config(phase, hand[:2] if hand else None, args.fair_target)
             proxy = None
             if phase == "flood-broker":
                 _set_broker_quotas(cluster, add=True)

@@ -12,7 +12,8 @@ import pytest
 from tests.support import REPO
 
 PHASES = (
-    "alone-proxy, alone-direct, flood-noquota, flood-noquota-off, flood-nostart, flood-direct, flood-kafka, "
+    "alone-proxy, alone-direct, flood-noquota, flood-noquota-off, flood-nostart, flood-target, flood-direct, "
+    "flood-kafka, "
     "flood-smooth, flood-smooth-off, flood-hand, flood-broker, flood-paced, flood-paced-even, flood-consumer, "
     "flood-consumer-off, flood-ids, lone-fair, lone-nofair, steady-fair, steady-nofair, alone-proxy-again"
 )
