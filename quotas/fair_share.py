@@ -1068,7 +1068,7 @@ class FairShare:
         Why every broker: the controller's records reach them all, and a topic's partitions land on several, so a
         churn costs each broker, not only the one the admin client asked. Charged on that one alone, the churn was
         held only while that broker was limited: in issue 48's bench the flood's admin client asked a broker whose
-        limit stayed at 58 MiB/s, and its create/delete loop ran at 49-63 mutations a second (7-14 where its broker
+        limit stayed at 58 MiB/s, and its create/delete loop ran at 49-63 mutations a second (4-15 where its broker
         held it) while the other brokers' loops cut the flood's Produce for the stalls the churn caused there."""
         own = t.broker
         worst, mark = t, own.charge(t, work, now_ms)
