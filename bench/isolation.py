@@ -730,7 +730,11 @@ def _flood_quotas(byte_rate: float, mutation_rate: float) -> dict[str, object]:
     return {"quotas.entities": [{"entity": {"client-id": FLOOD_ID}, "quotas": quotas}]}
 
 
-def proxy_config(phase: str, hand: tuple[int, float] | None = None, target_ms: float = 0.5) -> dict | None:
+FAIR_TARGET_MS = 0.5
+"""flood-target's ``quotas.fair_share.target_delay_ms`` unless ``--fair-target`` says (the product's default is 1)."""
+
+
+def proxy_config(phase: str, hand: tuple[int, float] | None = None, target_ms: float = FAIR_TARGET_MS) -> dict | None:
     """The proxy's config for a phase (None: the phase goes straight to the cluster). ``hand``: flood-hand's
     producer_byte_rate per broker and controller_mutation_rate (:func:`hand_quota`); ``target_ms``: flood-target's
     ``quotas.fair_share.target_delay_ms``."""
@@ -1294,8 +1298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fair-target",
         type=float,
-        default=0.5,
-        help="flood-target's quotas.fair_share.target_delay_ms (default 0.5; the product's default is 1)",
+        default=FAIR_TARGET_MS,
+        help=f"flood-target's quotas.fair_share.target_delay_ms (default {FAIR_TARGET_MS}; the product's is 1)",
     )
     ap.add_argument(
         "--hand-rate",
