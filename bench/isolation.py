@@ -69,7 +69,9 @@ has written the flood's dirty pages back):
   alone-proxy-again  victim alone, through the proxy, once more: how far the machine drifted meanwhile
 
 Even rounds run lone-nofair before lone-fair and steady-nofair before steady-fair (``round_order``), so neither
-side of a pair always comes second.
+side of a pair always comes second. flood-hand always runs after its round's flood-noquota: it needs that phase's
+rate, and a hand quota at another round's rate compared two different floods (run E, 2026-12-07: round 2 set
+3.0 MiB/s by hand against fair share's 17.5).
 
 Before the phases, unmeasured (``--warmup`` s each): victim + flood straight to the cluster (fresh brokers' JIT),
 then the victim alone through a proxy (the first phase after a flood read slow in every run without it).
@@ -248,11 +250,12 @@ def parse_phases(text: str) -> list[str]:
 SWAPPED_PAIRS = (
     ("lone-fair", "lone-nofair"),
     ("steady-fair", "steady-nofair"),
-    ("flood-noquota", "flood-hand"),
 )
 """Pairs read side by side, swapped in even rounds so that neither side always runs first after the warm-up or the
 other's flood (a round-1 fair-share phase started on brokers still busy from the warm-up read 5-100 x its later
-rounds, 2026-12-07). flood-hand takes its rate from the latest flood-noquota (:func:`hand_quota`)."""
+rounds, 2026-12-07). Not flood-noquota and flood-hand: flood-hand takes its rate from the same round's
+flood-noquota (:func:`hand_quota`), so it must run second; the cool-down and dirty-page wait between them is
+what keeps the first flood out of the second's figures."""
 
 
 def round_order(phases: Sequence[str], rnd: int) -> list[str]:
@@ -762,10 +765,9 @@ def proxy_config(phase: str, hand: tuple[int, float] | None = None, target_ms: f
 
 def hand_quota(results: Sequence[Result], rnd: int, fallback_mib: float) -> tuple[int, float, str]:
     """flood-hand's producer_byte_rate per broker and controller_mutation_rate, and a note saying where they come
-    from: what the flooder got under fair share in round ``rnd``'s flood-noquota (or, in a round that runs
-    flood-hand first, the latest round's before it), else ``fallback_mib`` MiB/s per broker and MUTATION_QUOTA."""
-    done = [r for r in results if r.round <= rnd and r.phase == "flood-noquota" and r.flood_mib_s]
-    src = max(done, key=lambda r: r.round) if done else None
+    from: what the flooder got under fair share in round ``rnd``'s flood-noquota, else ``fallback_mib`` MiB/s per
+    broker and MUTATION_QUOTA (never another round's: that would compare two different floods)."""
+    src = next((r for r in results if r.round == rnd and r.phase == "flood-noquota" and r.flood_mib_s), None)
     if src is None:
         byte_rate, mutation_rate = round(fallback_mib * MIB), float(MUTATION_QUOTA)
         source = "--hand-rate: no flood-noquota in this round"
@@ -1141,6 +1143,15 @@ def fair_share_lines(results: Sequence[Result], steady_mib: float) -> list[str]:
         out.append(
             f"- Lone flooder, fair share on / off in the same round: {_mr(ratios, '.3f')} of its MiB/s at the leaders "
             f"— target ≥ 0.95: met in {met} of {len(ratios)} rounds."
+        )
+    fair = {k: r.p99 for k, r in _rounds(results, "flood-noquota").items() if r.latencies_ms}
+    hand = {k: r.p99 for k, r in _rounds(results, "flood-hand").items() if r.latencies_ms}
+    versus = [fair[k] / hand[k] for k in fair if k in hand]
+    if versus:
+        out.append(
+            f"- Victim p99, fair share ÷ a hand-set smooth quota at the rate fair share gave the flood, same round: "
+            f"{_mr(versus, '.2f')} — target ≤ 1.25: median {'met' if spread(versus)[1] <= 1.25 else 'NOT met'}"
+            f", {sum(1 for x in versus if x <= 1.25)} of {len(versus)} rounds."
         )
     for phase in ("steady-fair", "steady-nofair"):
         worst = [min(r.tenant_mib_s.values()) / steady_mib for r in _rounds(results, phase).values() if r.tenant_mib_s]
