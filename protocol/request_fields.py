@@ -24,9 +24,9 @@ class FetchFields:
     REPLICA_ID_UNTIL: Final = 15
     """The first version without ``replica_id`` at :attr:`REPLICA_ID_AT`."""
     MAX_BYTES_SINCE: Final = 3
-    MAX_BYTES_AT: Final = 12
+    MAX_BYTES_AT: Final = 3 * _I32.size
     """Behind replica_id, max_wait_ms and min_bytes (v3–14)."""
-    MAX_BYTES_AT_NO_REPLICA: Final = 8
+    MAX_BYTES_AT_NO_REPLICA: Final = 2 * _I32.size
     """Behind max_wait_ms and min_bytes (v15+)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any, Final, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias
 
 from mypy_extensions import i64
 
@@ -45,11 +45,24 @@ NSTRUCT: Final = 4
 TAGS: Final = 5
 
 
-class Op:
+class _Plain:
+    """A plain class's ``repr``, ``Name(a=..., b=...)`` from its ``_FIELDS``: Op and Layout are plain classes only
+    to be fast compiled, and would otherwise each spell out the ``__repr__`` a dataclass writes. (Not from
+    ``__slots__``: compiled, a class keeps no ``__slots__`` attribute.)"""
+
+    __slots__ = ()
+    _FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self._FIELDS)})"
+
+
+class Op(_Plain):
     """One skip operation. A plain class rather than a tuple: compiled, its fields are read natively, where a
     tuple's items are generic reads."""
 
-    __slots__ = ("kind", "size", "compact", "inner")
+    _FIELDS = ("kind", "size", "compact", "inner")
+    __slots__ = _FIELDS
 
     def __init__(self, kind: int, size: int = 0, compact: bool = False, inner: tuple[Op, ...] = ()) -> None:
         self.kind = kind
@@ -60,19 +73,17 @@ class Op:
         self.inner = inner
         """ARRAY, NSTRUCT: the element's operations."""
 
-    def __repr__(self) -> str:
-        return f"Op({self.kind}, size={self.size}, compact={self.compact}, inner={self.inner!r})"
-
 
 Ops: TypeAlias = tuple[Op, ...]
 """A compiled walk: the operations of a sequence of fields, in wire order."""
 
 
-class Layout:
+class Layout(_Plain):
     """Byte spans of a message's top-level fields, relative to the start of the body. (A plain class, not a
     dataclass: compiled, a dataclass keeps its generated, interpreted ``__init__``.)"""
 
-    __slots__ = ("fields", "tags", "tags_offset", "end")
+    _FIELDS = ("fields", "tags", "tags_offset", "end")
+    __slots__ = _FIELDS
 
     def __init__(
         self, fields: dict[str, tuple[int, int]], tags: dict[int, tuple[int, int]], tags_offset: int | None, end: int
@@ -83,9 +94,6 @@ class Layout:
         self.tags_offset = tags_offset
         """Start of the top-level tagged-field section (flexible versions only)."""
         self.end = end
-
-    def __repr__(self) -> str:
-        return f"Layout(fields={self.fields}, tags={self.tags}, tags_offset={self.tags_offset}, end={self.end})"
 
 
 def present(field: Any, version: int) -> bool:

@@ -44,13 +44,21 @@ import itertools
 import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias
 
 from quotas.rate import SampledRate, byte_rate_throttle_ms
 
 DEFAULT_IP = "<default>"
 
-NEVER_SPOKE = "never_spoke"
-IDLE = "idle"
+RefusalReason: TypeAlias = Literal[
+    "max_connections", "max_connections_per_ip", "connection_creation_rate", "ip_connection_rate", "open_files"
+]
+"""Why a connection is refused: the first four are Kafka's settings by the proxy's names, ``open_files`` is
+``max_fds``. A fixed vocabulary, because it is a metric label (``ktp_connections_refused_total{reason}``)."""
+ShedKind: TypeAlias = Literal["never_spoke", "idle"]
+"""Which connection was shed: a fixed vocabulary, because it is a metric label."""
+NEVER_SPOKE: Final[ShedKind] = "never_spoke"
+IDLE: Final[ShedKind] = "idle"
 _IDLE_SEARCH = 1024
 """Connections that spoke looked at per search for an idle one (the rest are looked at by later searches: those
 looked at go to the end), so that making room costs a bounded time however many an address holds."""
@@ -60,9 +68,7 @@ looked at go to the end), so that making room costs a bounded time however many 
 class Refusal:
     """Why a new connection is not served; ``close_after_ms`` > 0: hold it (unread) that long, then close."""
 
-    reason: str
-    """One of ``max_connections``, ``max_connections_per_ip``, ``connection_creation_rate`` (proxy-wide),
-    ``ip_connection_rate``, ``open_files`` (``max_fds``): a fixed vocabulary, used as a metric label."""
+    reason: RefusalReason
     detail: str
     close_after_ms: int = 0
 
@@ -73,15 +79,14 @@ class Shed:
 
     key: Hashable
     ip: str
-    kind: str
-    """``never_spoke`` or ``idle``: a fixed vocabulary, used as a metric label."""
+    kind: ShedKind
     held: int
     """Connections its address still holds, after this one."""
     for_ip: str
     """The address room was made for."""
 
 
-def _fds_of(victim: tuple[Hashable, str, str]) -> int:
+def _fds_of(victim: tuple[Hashable, str, ShedKind]) -> int:
     """What shedding ``victim`` frees: one fd if it never spoke, two (with its broker connection) if it did."""
     return 1 if victim[2] == NEVER_SPOKE else 2
 
@@ -145,7 +150,7 @@ class ConnectionQuotas:
     def admit(self, key: Hashable, ip: str, now_ms: int) -> Refusal | None:
         """A new connection ``key`` from ``ip``: None when it may be served (it is then counted until
         :meth:`closed`); connections shed to make room for it are then in :meth:`take_shed`."""
-        victim: tuple[Hashable, str, str] | None = None
+        victim: tuple[Hashable, str, ShedKind] | None = None
         if self._full(1, 1):
             victim = self._victim(ip, now_ms, admitting=True)
             if victim is None or self._full(0, 1 - _fds_of(victim)):  # one shed must be enough
@@ -235,7 +240,7 @@ class ConnectionQuotas:
 
     def _victim(
         self, for_ip: str, now_ms: int, admitting: bool, exclude: Hashable = None
-    ) -> tuple[Hashable, str, str] | None:
+    ) -> tuple[Hashable, str, ShedKind] | None:
         """A connection of the biggest address to close for one of ``for_ip`` (key, ip, kind), None for none;
         never ``exclude``. Admitting, the biggest must hold two more than ``for_ip`` (after the shed it still
         holds at least as many): an address never sheds another for its own growth unless that one holds more.
@@ -264,7 +269,7 @@ class ConnectionQuotas:
                 break
         return None
 
-    def _drop(self, victim: tuple[Hashable, str, str], for_ip: str) -> None:
+    def _drop(self, victim: tuple[Hashable, str, ShedKind], for_ip: str) -> None:
         key, ip, kind = victim
         self._forget(key)
         self._shed.append(Shed(key, ip, kind, self.per_ip(ip), for_ip))

@@ -40,6 +40,10 @@ INIT_PRODUCER_ID: Final = 22
 
 @dataclass(frozen=True, slots=True)
 class QuotaKind:
+    """One kind of quota in the catalogue: what Kafka calls it, what it charges, how it throttles. The quota
+    manager, the metrics and the decision log's columns read the kinds from :data:`KINDS`, so a new kind is one
+    entry here, not a change in each of them."""
+
     key: str
     """Kafka's quota key (``kafka-configs --add-config <key>=...``)."""
     name: str

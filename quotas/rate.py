@@ -121,16 +121,6 @@ class SampledRate:
         self._cur_last = 0.0
         self._cur_start = 0.0
 
-    @property
-    def samples(self) -> int:
-        """Number of samples (``quota.window.num``)."""
-        return self._samples
-
-    @property
-    def sample_window_ms(self) -> float:
-        """Length of one sample (``quota.window.size.seconds`` in ms); also the request-quota throttle cap."""
-        return self._window_ms
-
     def _flush(self) -> None:
         """Write the current slot's value and last event into the arrays."""
         if self._size:
