@@ -1130,23 +1130,25 @@ def _rounds(results: Sequence[Result], phase: str) -> dict[int, Result]:
     return {r.round: r for r in results if r.phase == phase}
 
 
+def _same_round_ratios(results: Sequence[Result], a: str, b: str, fig) -> list[float]:
+    """``fig`` of phase ``a`` ÷ ``fig`` of phase ``b``, per round that has both (``fig`` None or 0: no figure)."""
+    tops = {k: x for k, r in _rounds(results, b).items() if (x := fig(r))}
+    return [x / tops[k] for k, r in _rounds(results, a).items() if (x := fig(r)) and k in tops]
+
+
 def fair_share_lines(results: Sequence[Result], steady_mib: float) -> list[str]:
-    """Issue 48's two promises to tenants that harm nobody, over the rounds: a lone flooder keeps ≥ 95 % of its
-    MiB/s at the leaders with fair share on (against off, in the same round), and each of two steady tenants gets
-    ≥ 95 % of its rate."""
+    """Issue 48's promises read over the rounds: a lone flooder keeps ≥ 95 % of its MiB/s at the leaders with fair
+    share on (against off, in the same round); the victim's p99 under fair share is within 1.25 × of a hand-set
+    quota at the rate fair share gave the flood (same round); each of two steady tenants gets ≥ 95 % of its rate."""
     out = []
-    on = {k: r.flood_mib_s for k, r in _rounds(results, "lone-fair").items() if r.flood_mib_s}
-    off = {k: r.flood_mib_s for k, r in _rounds(results, "lone-nofair").items() if r.flood_mib_s}
-    ratios = [x / off[k] for k, x in on.items() if k in off]
+    ratios = _same_round_ratios(results, "lone-fair", "lone-nofair", lambda r: r.flood_mib_s)
     if ratios:
         met = sum(1 for x in ratios if x >= 0.95)
         out.append(
             f"- Lone flooder, fair share on / off in the same round: {_mr(ratios, '.3f')} of its MiB/s at the leaders "
             f"— target ≥ 0.95: met in {met} of {len(ratios)} rounds."
         )
-    fair = {k: r.p99 for k, r in _rounds(results, "flood-noquota").items() if r.latencies_ms}
-    hand = {k: r.p99 for k, r in _rounds(results, "flood-hand").items() if r.latencies_ms}
-    versus = [fair[k] / hand[k] for k in fair if k in hand]
+    versus = _same_round_ratios(results, "flood-noquota", "flood-hand", lambda r: r.p99 if r.latencies_ms else None)
     if versus:
         out.append(
             f"- Victim p99, fair share ÷ a hand-set smooth quota at the rate fair share gave the flood, same round: "
