@@ -63,6 +63,10 @@ has written the flood's dirty pages back):
   lone-fair      the flooder alone (no victim), through the proxy, no quota, fair share on: what fair share costs
                  a flood that harms nobody (issue 48: it keeps ≥ 95 % of lone-nofair's MiB/s at the leaders)
   lone-nofair    the same, fair share off
+  lone-alt       the same flooder, one proxy, fair share turned on and off by a reload every ALT_SLICE_S: the lone
+                 bound read where the brokers' minute-to-minute speed cannot move it (two phases a minute apart
+                 read the brokers answering in 389 against 263 ms p50 with fair share holding no request, run K
+                 2026-12-07); odd rounds start on, even rounds off
   steady-fair    the two steady tenants alone (no victim), through the proxy, no quota, fair share on: tenants that
                  use about the same are never limited (issue 48: each gets ≥ 95 % of ``--steady-rate``)
   steady-nofair  the same, fair share off
@@ -153,6 +157,12 @@ MUTATION_QUOTA = 5
 SAMPLE_S = 0.1
 DIRTY_LIMIT = 64 * MIB  # a cool-down ends once the page cache holds less than this to write back
 TAIL_S = 0.5  # the last half second of a phase: clients winding down
+ALT_SLICE_S = 6.0
+"""lone-alt: fair share is turned on or off (a reload: config/reload.py puts ``quotas.fair_share`` in force at once)
+every this many seconds from the flooder's start."""
+ALT_SKIP_S = 2.0
+"""lone-alt: the first seconds of each slice are not counted: the brokers still answer the other state's requests
+(1-MB batches answered in 0.3-0.4 s, five in flight per connection), and the leaders' logs take what was queued."""
 VICTIM_LEAD_S = 5.0
 """The victim starts this long before the flooder, and a phase's clock (its windows, its settled window) starts with
 the flooder: the first 5-s window is the flood starting, not the victim's own first requests on a fresh topic, which
@@ -179,6 +189,7 @@ PHASES = (
     "flood-ids",
     "lone-fair",
     "lone-nofair",
+    "lone-alt",
     "steady-fair",
     "steady-nofair",
     "alone-proxy-again",
@@ -203,13 +214,14 @@ LABELS = {
     "flood-ids": "victim + flood over 20 client ids, proxy, no quota, fair share on",
     "lone-fair": "flooder alone, proxy, no quota, fair share on",
     "lone-nofair": "flooder alone, proxy, no quota, fair share off",
+    "lone-alt": f"flooder alone, proxy, no quota, fair share on and off by turns every {ALT_SLICE_S:g} s",
     "steady-fair": "two steady tenants alone, proxy, no quota, fair share on",
     "steady-nofair": "two steady tenants alone, proxy, no quota, fair share off",
     "alone-proxy-again": "victim alone, through the proxy, again (drift)",
 }
 DIRECT = frozenset({"alone-direct", "flood-direct", "flood-broker", "flood-paced", "flood-paced-even"})
 """The phases that go straight to the cluster, no proxy."""
-NO_VICTIM = frozenset({"lone-fair", "lone-nofair", "steady-fair", "steady-nofair"})
+NO_VICTIM = frozenset({"lone-fair", "lone-nofair", "lone-alt", "steady-fair", "steady-nofair"})
 """The phases without a victim: what fair share costs tenants that harm nobody."""
 
 
@@ -592,6 +604,19 @@ class Result:
     lag_max_ms: float | None = None  # the proxy's event-loop lag (timeline on), settled window
     lag_over_10ms: int | None = None  # lag samples ≥ 10 ms in the settled window
     victim_in_proxy_p99_ms: float | None = None  # timeline: frame read → forwarded + answer read → handed on
+    alt_slices: list[tuple[bool, float]] = field(default_factory=list)  # lone-alt: (fair share on, MiB/s) per slice
+
+    def alt_mib_s(self, on: bool) -> float | None:
+        """lone-alt: the flooder's MiB/s at the leaders over the counted part of the slices with fair share ``on``
+        (every slice counts the same length)."""
+        xs = [x for state, x in self.alt_slices if state == on]
+        return sum(xs) / len(xs) if xs else None
+
+    @property
+    def alt_ratio(self) -> float | None:
+        """lone-alt: fair share on ÷ off, MiB/s at the leaders over the same phase's interleaved slices."""
+        on, off = self.alt_mib_s(True), self.alt_mib_s(False)
+        return on / off if on is not None and off else None
 
     @property
     def flood_ratio(self) -> float | None:
@@ -797,6 +822,58 @@ def _fill_topic(cluster, topic: str, nbytes: int) -> None:
     _wait(_spawn("fill", cluster.bootstrap, topic, str(nbytes)), 300, "fill")
 
 
+class Alternator:
+    """lone-alt's switch: from when it is entered (the flooder's spawn), every ALT_SLICE_S it rewrites the proxy's
+    configuration file with ``quotas.fair_share.enabled`` set and sends SIGHUP (the file watch reloads it once more
+    within a second, to the same state: a no-op). ``switches``: (time.monotonic() after the signal, on) each time."""
+
+    def __init__(self, proxy, first_on: bool) -> None:
+        self.proxy = proxy
+        self.first_on = first_on
+        self.switches: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lone-alt", daemon=True)
+
+    def _set(self, on: bool) -> None:
+        import signal
+
+        import yaml
+
+        path = self.proxy.config_path
+        doc = yaml.safe_load(path.read_text())
+        doc.setdefault("quotas", {}).setdefault("fair_share", {})["enabled"] = on
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(doc))
+        tmp.replace(path)
+        self.proxy.proc.send_signal(signal.SIGHUP)
+        self.switches.append((time.monotonic(), on))
+
+    def _run(self) -> None:
+        on, due = self.first_on, time.monotonic()
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            self._set(on)
+            on, due = not on, due + ALT_SLICE_S
+
+    def __enter__(self) -> Alternator:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def slices(self, lo: float, hi: float) -> list[tuple[bool, float, float]]:
+        """(on, start, end) of each slice's counted part (from ALT_SKIP_S after its switch) inside [lo, hi); a part
+        shorter than half a slice's is left out."""
+        ends = [t for t, _ in self.switches[1:]] + [hi]
+        out = []
+        for (t, on), end in zip(self.switches, ends, strict=True):
+            a, b = max(lo, t + ALT_SKIP_S), min(hi, end)
+            if b - a >= (ALT_SLICE_S - ALT_SKIP_S) / 2:
+                out.append((on, a, b))
+        return out
+
+
 def run_phase(
     cluster,
     workdir: Path,
@@ -812,10 +889,12 @@ def run_phase(
     backlog: str | None = None,
     steady_rate: float = 0.0,
     quota_bytes: float = BYTE_QUOTA,
+    alternator: Alternator | None = None,
 ) -> Result:
     """One phase: the victim (unless ``victim`` is false), the consumer victim on ``consumer_topic``, and the
     flooder ``flood`` (:func:`flood_parts`; CONSUMER_FLOOD reads ``backlog``; ``steady_rate``: each steady
-    tenant's bytes/s), all on ``bootstrap`` for ``seconds``."""
+    tenant's bytes/s), all on ``bootstrap`` for ``seconds``. ``alternator``: turns fair share on and off from the
+    flooder's spawn (lone-alt)."""
     tag = uuid.uuid4().hex[:6]
     prefix = f"iso-{phase}-{tag}"
     assignment = _assignment(cluster)
@@ -850,6 +929,8 @@ def run_phase(
         elif flood is not None:
             args = (flood_topic, str(seconds), str(flood_out), f"{prefix}-mut", flood, str(steady_rate))
             flooder = _spawn("flood", bootstrap, *args)
+        if alternator is not None:
+            stack.enter_context(alternator)
         for proc, what in ((producer, "victim"), (consumer, "consumer"), (flooder, "flooder")):
             if proc is not None:
                 _wait(proc, seconds + lead + 90, what)
@@ -877,6 +958,14 @@ def run_phase(
             res.flood_read_mib_s = sum(r[2] for r in f["rows"] if lo <= r[0] < hi) / (hi - lo) / MIB
         else:
             _read_flood(res, f, samplers.values(), lo, hi, "mutations" in flood)
+            if alternator is not None:
+                res.alt_slices = [
+                    (
+                        on,
+                        sum(value_at(s.samples, b) - value_at(s.samples, a) for s in samplers.values()) / (b - a) / MIB,
+                    )
+                    for on, a, b in alternator.slices(lo, hi)
+                ]
             if flood == "steady":
                 _read_tenants(res, f, settle, seconds - TAIL_S)
             caught_up = _wait_replicated(cluster, flood_topic, assignment)
@@ -1110,6 +1199,7 @@ def summary_table(results: list[Result]) -> list[str]:
         ("flooder MiB/s at the leaders", per_round(lambda r: r.flood_mib_s, ".1f")),
         ("flooder / its quota", per_round(lambda r: r.flood_ratio if r.phase in QUOTA_PHASES else None, ".2f")),
         ("mutations/s", per_round(lambda r: r.mutations_per_s, ".1f")),
+        ("fair share on ÷ off, interleaved slices", per_round(lambda r: r.alt_ratio, ".3f")),
         ("flood consumer MiB/s", per_round(lambda r: r.flood_read_mib_s, ".0f")),
         ("steady tenants MiB/s", lambda rs: tenants(rs) or "–"),
         ("consumer victim MiB/s", per_round(lambda r: r.consumer_mib_s, ".0f")),
@@ -1147,6 +1237,15 @@ def fair_share_lines(results: Sequence[Result], steady_mib: float) -> list[str]:
         out.append(
             f"- Lone flooder, fair share on / off in the same round: {_mr(ratios, '.3f')} of its MiB/s at the leaders "
             f"— target ≥ 0.95: met in {met} of {len(ratios)} rounds."
+        )
+    alt = [x for r in results if (x := r.alt_ratio) is not None]
+    if alt:
+        met = sum(1 for x in alt if x >= 0.95)
+        slices = sum(len(r.alt_slices) for r in results)
+        out.append(
+            f"- Lone flooder, fair share on ÷ off in interleaved {ALT_SLICE_S:g}-s slices of one phase (lone-alt, "
+            f"{slices} slices): {_mr(alt, '.3f')} — target ≥ 0.95: median "
+            f"{'met' if spread(alt)[1] >= 0.95 else 'NOT met'}, {met} of {len(alt)} rounds."
         )
     versus = _same_round_ratios(results, "flood-noquota", "flood-hand", lambda r: r.p99 if r.latencies_ms else None)
     if versus:
@@ -1234,6 +1333,14 @@ def progress_line(res: Result) -> str:
             else ""
         )
         + (f", mutations {res.mutations_per_s:.1f}/s" if res.mutations_per_s is not None else "")
+        + (
+            f"; fair share on {res.alt_mib_s(True) or 0:.1f} / off {res.alt_mib_s(False) or 0:.1f} MiB/s = "
+            f"{res.alt_ratio or 0:.3f} (slices: "
+            + " ".join(f"{'on' if on else 'off'} {x:.0f}" for on, x in res.alt_slices)
+            + ")"
+            if res.alt_slices
+            else ""
+        )
         + (f"; flood consumer {res.flood_read_mib_s:.0f} MiB/s" if res.flood_read_mib_s is not None else "")
         + (f"; steady tenants MiB/s {_tenants(res)}" if res.tenant_mib_s else "")
         + (
@@ -1411,6 +1518,7 @@ def main(argv: list[str] | None = None) -> int:
                     backlog=backlog,
                     steady_rate=args.steady_rate * MIB,
                     quota_bytes=hand[0] if hand else BYTE_QUOTA,
+                    alternator=Alternator(proxy, first_on=rnd % 2 == 1) if phase == "lone-alt" and proxy else None,
                 )
             finally:
                 if proxy is not None:

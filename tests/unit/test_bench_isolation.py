@@ -15,7 +15,7 @@ PHASES = (
     "alone-proxy, alone-direct, flood-noquota, flood-noquota-off, flood-nostart, flood-target, flood-direct, "
     "flood-kafka, "
     "flood-smooth, flood-smooth-off, flood-hand, flood-broker, flood-paced, flood-paced-even, flood-consumer, "
-    "flood-consumer-off, flood-ids, lone-fair, lone-nofair, steady-fair, steady-nofair, alone-proxy-again"
+    "flood-consumer-off, flood-ids, lone-fair, lone-nofair, lone-alt, steady-fair, steady-nofair, alone-proxy-again"
 )
 
 
