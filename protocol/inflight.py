@@ -188,6 +188,16 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, b
     """The ``acks`` of a Produce request: after the (nullable) transactional id, from v3 on. ``base``: where the
     header starts in ``frame``. Raises :class:`~protocol.varint.TruncatedError` (a ProtocolError) when the body
     is too short to hold it."""
+    return produce_acks_and_timeout(frame, header, base)[0]
+
+
+def produce_acks_and_timeout(
+    frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0
+) -> tuple[int, int]:
+    """A Produce's ``acks`` (:func:`produce_acks`) and its ``timeout_ms`` as :func:`requested_wait_ms` says it (never
+    negative; 0 when the body ends before it), read together: the timeout follows acks, so the transactional id
+    before both is skipped once (``protocol.request.read_request``; skipped again for the timeout, it was a tenth
+    of the instructions a no-quota Produce cost the session). Raises as :func:`produce_acks`."""
     if header.body_offset is None:
         raise TruncatedError("Produce request body offset unknown")
     pos = header.body_offset + base
@@ -197,12 +207,17 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader, b
             pos = _skip_leading_string(buf, pos, header.api_version >= ProduceFields.COMPACT_SINCE)
         if pos + 2 > len(buf):
             raise IndexError
-        return _i16(buf, pos)
+        acks = _i16(buf, pos)
     except (IndexError, TruncatedError):  # a ProtocolError naming the request, never an IndexError
         raise TruncatedError(
             f"Produce v{header.api_version} too short to hold acks (body of {len(buf) - header.body_offset - base} "
             "bytes)"
         ) from None
+    pos += 2
+    if pos + 4 > len(buf):
+        return acks, 0
+    timeout = _i32(buf, pos)
+    return acks, timeout if timeout > 0 else 0
 
 
 def expects_response(frame: bytes | bytearray | memoryview, header: RequestHeader, base: int = 0) -> bool:

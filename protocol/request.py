@@ -17,7 +17,7 @@ from typing import Any, Final
 from protocol.apis import Api
 from protocol.errors import MalformedRequest
 from protocol.headers import RequestHeader
-from protocol.inflight import produce_acks
+from protocol.inflight import produce_acks_and_timeout
 from protocol.record_batches import (
     RecordBatchError,
     Shape,
@@ -34,9 +34,9 @@ _I32: Final = struct.Struct(">i")
 class Request:
     """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 
-    __slots__ = ("header", "frame", "answered", "acks", "_spans")
+    __slots__ = ("header", "frame", "answered", "acks", "timeout_ms", "_spans")
 
-    def __init__(self, header: RequestHeader, frame: Any, answered: bool, acks: int = 1) -> None:
+    def __init__(self, header: RequestHeader, frame: Any, answered: bool, acks: int = 1, timeout_ms: int = 0) -> None:
         self.header = header
         self.frame = frame
         """The whole frame, size prefix included (``bytes``, or a view of a large one: copy that to keep it); its
@@ -47,6 +47,9 @@ class Request:
         """A Produce's ``acks``, read once here (1 for every other API): its answer's baseline class
         (``quotas.fair_share.sample_class``) tells acks=all from acks=1, the request quota charges an acks=0
         Produce nothing."""
+        self.timeout_ms = timeout_ms
+        """A Produce's ``timeout_ms`` (``protocol.inflight.requested_wait_ms``: never negative), read with its acks
+        (0 for every other API): the session's hung-broker allowance for it."""
         self._spans: list[tuple[int, int]] | None = None
 
     def record_spans(self) -> list[tuple[int, int]]:
@@ -126,7 +129,7 @@ class Request:
         frame = self.frame
         if type(frame) is bytes:
             return self
-        kept = Request(self.header, bytes(frame), self.answered, self.acks)
+        kept = Request(self.header, bytes(frame), self.answered, self.acks, self.timeout_ms)
         kept._spans = self._spans
         return kept
 
@@ -135,6 +138,6 @@ def read_request(header: RequestHeader, frame: Any) -> Request:
     """A request frame whose header is read: its acks (a Produce's) and whether an answer comes. Raises the
     protocol's errors for a Produce too short to hold acks."""
     if header.api_key == Api.PRODUCE:
-        acks = produce_acks(frame, header, 4)
-        return Request(header, frame, acks != 0, acks)
+        acks, timeout_ms = produce_acks_and_timeout(frame, header, 4)
+        return Request(header, frame, acks != 0, acks, timeout_ms)
     return Request(header, frame, True)

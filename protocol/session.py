@@ -215,7 +215,9 @@ class Session:
             header = request.header
             if decision is not None and not whole:
                 whole = self._needs_walk(header.api_key, header.api_version)
-            pending = Pending(header, now, decision, wait_ms=requested_wait_ms(frame, header, 4), whole=whole)
+            # A Produce's timeout was read with its acks (the policy never replaces a Produce's frame).
+            wait_ms = request.timeout_ms if header.api_key == Api.PRODUCE else requested_wait_ms(frame, header, 4)
+            pending = Pending(header, now, decision, wait_ms=wait_ms, whole=whole)
             pending.sample = sample_class(header.api_key, request.acks, len(frame) - 4)
             self.inflight.push(pending)
 

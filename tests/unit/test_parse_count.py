@@ -54,7 +54,7 @@ assert not any(m.__file__.endswith(".so") for n, m in list(sys.modules.items())
 
 READERS = {
     "header": (protocol.headers, "_parse_request_header"),
-    "acks": (protocol.inflight, "produce_acks"),
+    "acks": (protocol.inflight, "produce_acks_and_timeout"),  # with the timeout that follows it
     "topics": (protocol.record_batches, "produce_topics_head"),
     "producer ids": (protocol.record_batches, "producer_ids_and_shape"),
     "producer id (memo)": (protocol.record_batches, "single_producer_id"),
