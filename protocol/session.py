@@ -136,6 +136,7 @@ class Session:
         "client_id",
         "version_caps",
         "sasl_hold",
+        "_sasl_seen",
         "_held_requests",
         "_holds",
         "deferred",
@@ -153,6 +154,12 @@ class Session:
         self.version_caps = version_caps
         self.sasl_hold = False
         """A SaslHandshake v0 is unanswered: what follows it is read only after its answer."""
+        self._sasl_seen = identity.attempt is not None
+        """A SASL exchange may be in course (a SaslHandshake came through here, or was under way when the session
+        began): only then is ``identity.attempt`` read, for every request and response. Why: the identity is not
+        compiled, so each read of it is a generic attribute lookup (~180 instructions, twice a round trip), and an
+        attempt starts nowhere but at :meth:`ConnectionIdentity.on_handshake_request`, which only :meth:`receive`
+        calls."""
         self._held_requests: deque[bytes] | None = None
         self._holds: set[str] = set()
         """Why the frames in ``_held_requests`` wait, besides the mute and ``sasl_hold`` (Pause.DECIDING, TURN)."""
@@ -173,7 +180,7 @@ class Session:
         """Read one request frame: a :class:`Request` for the policy; the frame itself when it is forwarded
         untouched (a raw SASL token); None when it was answered here (see :meth:`ready_answers`). Raises a
         :class:`~protocol.errors.ProtocolError` for a frame that cannot be followed."""
-        if self.identity.attempt is not None and self.identity.raw_request_expected:  # (no exchange: one read)
+        if self._sasl_seen and self.identity.attempt is not None and self.identity.raw_request_expected:
             self.identity.on_raw_token_request(bytes(memoryview(frame)[4:]))
             self.inflight.push(Pending(RAW, now))
             return frame
@@ -190,6 +197,7 @@ class Session:
                 raise ValueError(f"version is beyond what the proxy decodes (max v{cap})")
             request = read_request(header, frame)
             if header.api_key == Api.SASL_HANDSHAKE:
+                self._sasl_seen = True
                 self.identity.on_handshake_request(
                     decode_handshake_request(_body(frame, header), header.api_version), header.api_version
                 )
@@ -355,7 +363,7 @@ class Session:
         pending = self.inflight.head()
         assert pending is not None  # may_stream said yes: a request is waiting
         self.inflight.pop(pending.header.correlation_id)
-        if self.identity.attempt is not None:
+        if self._sasl_seen and self.identity.attempt is not None:
             self.identity.on_other_response()
         return pending
 
@@ -383,7 +391,7 @@ class Session:
                 released, self.sasl_hold = self.sasl_hold, False
             else:
                 self.identity.on_authenticate_response(*decode_authenticate_response(body, header.api_version))
-        elif self.identity.attempt is not None:
+        elif self._sasl_seen and self.identity.attempt is not None:
             self.identity.on_other_response()
         return pending, released
 
