@@ -580,7 +580,7 @@ class Policy:
         # A slice and a compare, both native when compiled (bytes.startswith is a generic method call: ~1,000
         # instructions, as much as the rest of the request quota's charge).
         if (
-            head
+            len(head) > 0  # not ``head``: compiled, a bytes' truth is a generic call
             and st.produce_stamp == topics.stamp
             and isinstance(frame, bytes)
             and frame[at : at + len(head)] == head
