@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 
 class ChannelMute:
@@ -35,7 +36,9 @@ class ChannelMute:
         self._pause = pause
         self._resume = resume
         self._until = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Any = None
+        """The mute's timer (None: none runs). ``Any``: compiled, an annotation is checked at run time, and uvloop's
+        ``TimerHandle`` is not asyncio's."""
         self.held = False
         """A request over quota is being served: nothing after it is read until :meth:`served`."""
 

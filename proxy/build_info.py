@@ -45,6 +45,7 @@ COMPILED = (
     "proxy.rules.pacing",  # smooth enforcement: every paced Fetch
     "proxy.rules.fair_seat",  # fair share's per-request steps
     "mute.holds",  # the policy asks it about KIP-936 holds on every Produce
+    "mute.channel",  # the connection reads its ``held`` after every request (uncompiled, a generic attribute read)
     # Every attribute of the connection is annotated (one mypy inferred from a first None refused what the policy
     # stored later) and its transports are typed Any (uvloop's are not asyncio's classes).
     "proxy.wire.connection",
