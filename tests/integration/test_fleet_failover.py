@@ -164,6 +164,11 @@ def test_a_member_dies_and_its_clients_move_on_losing_and_duplicating_nothing(cl
     members = [
         fresh_proxy(
             **{
+                # The static quota's fidelity across the fleet is what is measured: fair share (on by default) saw
+                # these brokers saturate under the suite's load and held the quota'd producer to its share, 0.3-0.4
+                # MiB/s of work among 2 tenants (CI 2026-12-07: 0.889 x quota).
+                # tests/integration/test_fair_share_fleet.py tests fair share in a fleet.
+                "quotas.fair_share.enabled": False,
                 "quotas.scope": "fleet",
                 "fleet.name": fleet,
                 "fleet.member": f"m{i}",

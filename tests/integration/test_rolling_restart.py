@@ -57,6 +57,11 @@ def test_two_rolling_restarts_lose_duplicate_and_reorder_nothing_and_hold_the_qu
                 **{
                     "listen.bootstrap_port": bootstraps[i],
                     "listen.broker_ports": [first, first + 9],
+                    # The static quota's fidelity across the fleet is what is measured: fair share (on by default) saw
+                    # these brokers saturate under the suite's load and held the quota'd producer to its share, 0.3-0.4
+                    # MiB/s of work among 2 tenants (CI 2026-12-07: 0.889 x quota).
+                    # tests/integration/test_fair_share_fleet.py tests fair share in a fleet.
+                    "quotas.fair_share.enabled": False,
                     "quotas.scope": "fleet",
                     "quotas.enforcement": "smooth",
                     "fleet.name": fleet,
