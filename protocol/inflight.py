@@ -179,16 +179,17 @@ def requested_wait_ms(frame: bytes | bytearray | memoryview, header: RequestHead
     if header.body_offset is None:
         return 0  # an API the proxy has no schema for: nothing of it is read
     key, pos = header.api_key, header.body_offset + base
-    if key != Api.FETCH and key != Api.PRODUCE and key != Api.JOIN_GROUP:
+    if key == Api.PRODUCE:  # one reading of a Produce's timeout: the one read_request makes with its acks
+        try:
+            return produce_acks_and_timeout(frame, header, base)[1]
+        except ProtocolError:
+            return 0
+    if key != Api.FETCH and key != Api.JOIN_GROUP:
         return _LONG_WAITS_MS.get(key, 0)
     buf = _head(frame, pos)
     try:
         if key == Api.FETCH:
             return max(_i32(buf, pos + (4 if header.api_version < 15 else 0)), 0)
-        if key == Api.PRODUCE:
-            if header.api_version >= 3:
-                pos = _skip_leading_string(buf, pos, header.api_version >= 9)
-            return max(_i32(buf, pos + 2), 0)
         pos = _skip_leading_string(buf, pos, header.api_version >= 6)
         return max(_i32(buf, pos + (4 if header.api_version >= 1 else 0)), 0)
     except (IndexError, ValueError):
