@@ -960,11 +960,7 @@ def run_phase(
             _read_flood(res, f, samplers.values(), lo, hi, "mutations" in flood)
             if alternator is not None:
                 res.alt_slices = [
-                    (
-                        on,
-                        sum(value_at(s.samples, b) - value_at(s.samples, a) for s in samplers.values()) / (b - a) / MIB,
-                    )
-                    for on, a, b in alternator.slices(lo, hi)
+                    (on, _leader_mib_s(samplers.values(), a, b)) for on, a, b in alternator.slices(lo, hi)
                 ]
             if flood == "steady":
                 _read_tenants(res, f, settle, seconds - TAIL_S)
@@ -996,12 +992,9 @@ def _read_victim(res: Result, path: Path, lo: float, hi: float, t0: float) -> No
 def _read_flood(res: Result, f: dict, samplers, lo: float, hi: float, mutated: bool) -> None:
     """A producing flooder's bytes at the leaders and (``mutated``: its loop ran) its mutations, over [lo, hi) of
     its clock."""
-    total = 0.0
     for s in samplers:
-        inc = slice_increments(s.samples, lo, hi)
-        res.flood_slices += [x / res.quota_bytes for x in inc]
-        total += value_at(s.samples, hi) - value_at(s.samples, lo)
-    res.flood_mib_s = total / (hi - lo) / MIB
+        res.flood_slices += [x / res.quota_bytes for x in slice_increments(s.samples, lo, hi)]
+    res.flood_mib_s = _leader_mib_s(samplers, lo, hi)
     m = f["mutations"]
     if mutated:
         res.mutations_per_s = sum(n for t, n in m["events"] if lo <= t < hi) / (hi - lo)
@@ -1014,6 +1007,11 @@ def _read_flood(res: Result, f: dict, samplers, lo: float, hi: float, mutated: b
         res.notes.append(f"mutation errors {m['errors']} ({m.get('first_error')})")
     if m["throttled"]:  # librdkafka's Create/DeleteTopics predate KIP-599's error: it is held by throttle_time
         res.notes.append(f"THROTTLING_QUOTA_EXCEEDED answers {m['throttled']}")
+
+
+def _leader_mib_s(samplers, a: float, b: float) -> float:
+    """A producing flooder's MiB/s at the leaders over [a, b) of its clock: what its leaders' log directories grew."""
+    return sum(value_at(s.samples, b) - value_at(s.samples, a) for s in samplers) / (b - a) / MIB
 
 
 def _read_tenants(res: Result, f: dict, lo_s: float, hi_s: float) -> None:
