@@ -260,6 +260,10 @@ class ApiCost(_Strict):
     """Per KiB of the request."""
     response_ms_per_kib: float = Field(default=0.0, ge=0, le=1000)
     """Per KiB of the response (charged at the connection's next request of that API)."""
+    alone_base_ms: float | None = Field(default=None, ge=0, le=1000)
+    """Per request sent alone (nothing else of its connection awaiting an answer: a consumer's Fetch, a
+    request/response loop), in place of :attr:`base_ms`; unset: :attr:`base_ms` either way. The brokers charge a
+    request sent alone about twice one of a pipelining client (``quotas.kinds.RequestCosts.alone``)."""
 
     def row(self) -> tuple[float, float, float]:
         return (self.base_ms, self.request_ms_per_kib, self.response_ms_per_kib)
@@ -300,6 +304,7 @@ class RequestCostsConfig(_Strict):
             self.produce_replicated_ms,
             self.fetch_head_ms_per_kib,
             self.source,
+            {known[name]: cost.alone_base_ms for name, cost in self.apis.items() if cost.alone_base_ms is not None},
         )
 
 

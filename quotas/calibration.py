@@ -20,6 +20,11 @@ What the probes measure, and what the table gets from each (:func:`proposal`):
   (``fetch_head_ms_per_kib``): what a tailing consumer's Fetch costs beyond an empty one;
 - ``ListOffsets`` and ``Metadata`` of one partition, one topic: their bases.
 
+Each probe keeps many requests in flight, as a pipelining client does. Produce acks=1, the empty Fetch, ListOffsets
+and Metadata are probed a second time one request at a time (``in_flight`` 1): their *alone* bases, what the brokers
+charge a request whose connection awaits no other answer (a consumer's Fetch, a request/response loop), which is
+about twice as much (``quotas.kinds.RequestCosts.alone``).
+
 Every API not probed keeps its built-in row times the median of measured ÷ built-in over the probes
 (``other_apis_scale``): a cluster whose brokers charge half the table for what was probed most likely does for the
 rest too.
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quotas.kinds import BUILTIN_COSTS, FETCH, LIST_OFFSETS, METADATA, PRODUCE, RequestCosts, fetch_head_bytes
 
@@ -64,6 +69,12 @@ class Probe:
     what the client could do, not what the brokers allowed (:attr:`held`)."""
     records: bool = False
     """A Fetch whose answers carry records (the tailing probe): it gives the head term, not the base."""
+    in_flight: int = 16
+    """Requests it kept outstanding: 1 measures the API's base for a request sent alone."""
+
+    @property
+    def alone(self) -> bool:
+        return self.in_flight == 1
 
     @property
     def rate(self) -> float:
@@ -114,6 +125,8 @@ class Proposal:
     probes: tuple[Probe, ...]
     fetch_head_ms_per_kib: float | None = None
     """From the tailing Fetch probe; ``None`` without one (the built-in term, scaled)."""
+    alone: dict[int, float] = field(default_factory=dict)
+    """API key -> its base for a request sent alone (the probes one at a time)."""
 
     def costs(self, source: str) -> RequestCosts:
         """The table the proxy would charge by (what the section parses to): each probed base with the built-in
@@ -122,7 +135,9 @@ class Proposal:
         for key, base in self.bases.items():
             _b, per_in, per_out = BUILTIN_COSTS.cost(key)
             rows[key] = (base, per_in * self.scale, per_out * self.scale)
-        return BUILTIN_COSTS.scaled(self.scale, rows, self.replicated_ms, self.fetch_head_ms_per_kib, source)
+        return BUILTIN_COSTS.scaled(
+            self.scale, rows, self.replicated_ms, self.fetch_head_ms_per_kib, source, self.alone
+        )
 
 
 class CalibrationError(Exception):
@@ -140,11 +155,12 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
             )
         if p.rate <= 0:
             raise CalibrationError(f"probe {p.name}: no answer in the measured time")
-    ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0]
+    # The scale of what was not probed: from the pipelined probes, as the built-in table was fitted to such clients.
+    ratios = [p.cost_ms / p.builtin_ms() for p in probes if p.builtin_ms() > 0 and not p.alone]
     scale = statistics.median(ratios) if ratios else 1.0
     head_ms = BUILTIN_COSTS.fetch_head_ms_per_kib * scale / 1024  # a Fetch answer's head, ms a byte
-    tail = next((p for p in probes if p.api_key == FETCH and p.records), None)
-    empty = next((p for p in probes if p.api_key == FETCH and not p.records), None)
+    tail = next((p for p in probes if p.api_key == FETCH and p.records and not p.alone), None)
+    empty = next((p for p in probes if p.api_key == FETCH and not p.records and not p.alone), None)
     fetch_head: float | None = None
     if tail is not None and empty is not None:
         if tail.head_bytes() <= empty.head_bytes():
@@ -156,9 +172,14 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
         head_ms = max(extra, 0.0) / (tail.head_bytes() - empty.head_bytes())
         fetch_head = head_ms * 1024
     bases: dict[int, float] = {}
+    alone: dict[int, float] = {}
     plain: Probe | None = None
     replicated: Probe | None = None
     for p in probes:
+        if p.alone:
+            if not p.records and (p.api_key != PRODUCE or p.acks == 1):
+                alone[p.api_key] = max(p.cost_ms - p.size_terms_ms() * scale - p.head_bytes() * head_ms, 0.0)
+            continue
         if p.api_key == PRODUCE and p.acks == -1:
             replicated = p
             continue
@@ -172,7 +193,9 @@ def proposal(probes: Sequence[Probe]) -> Proposal:
         replicated_ms = (
             max(replicated.cost_ms - plain.cost_ms, 0.0) if replicated.replication_factor > 1 else 0.0
         )  # acks=-1 to RF 1 waits for nobody: the brokers charge it as acks=1, and so does the table then
-    return Proposal(bases, replicated_ms, scale, tuple(probes), fetch_head)
+    return Proposal(
+        bases, replicated_ms, scale, tuple(probes), fetch_head, {k: v for k, v in alone.items() if k in bases}
+    )
 
 
 def render(p: Proposal, source: str, header: Sequence[str]) -> str:
@@ -190,9 +213,10 @@ def render(p: Proposal, source: str, header: Sequence[str]) -> str:
     costs = p.costs(source)
     for key in sorted(p.bases):
         base, per_in, per_out = costs.cost(key)
+        alone = f", alone_base_ms: {p.alone[key]:.5f}" if key in p.alone else ""
         lines.append(
             f"      {API_NAMES[key]}: {{base_ms: {base:.5f}, request_ms_per_kib: {per_in:.5f}, "
-            f"response_ms_per_kib: {per_out:.5f}}}"
+            f"response_ms_per_kib: {per_out:.5f}{alone}}}"
         )
     lines.append(f"    other_apis_scale: {p.scale:.3f}")
     if p.replicated_ms is not None:

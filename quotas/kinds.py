@@ -228,8 +228,8 @@ class RequestCosts:
     The figures are kept both in ms (what an operator reads and writes) and in percent-seconds per request and per
     byte (what the charge path adds up, a list slot by api key: no dict, no default, per request)."""
 
-    __slots__ = ("by_api", "default", "fetch_head_ms_per_kib", "replicated_ms", "source", "_percent", "_default",
-                 "_fetch_head", "_replicated")  # fmt: skip
+    __slots__ = ("by_api", "default", "fetch_head_ms_per_kib", "replicated_ms", "source", "alone", "_percent",
+                 "_default", "_fetch_head", "_replicated", "_alone")  # fmt: skip
 
     def __init__(
         self,
@@ -238,10 +238,20 @@ class RequestCosts:
         fetch_head_ms_per_kib: float,
         replicated_ms: float,
         source: str,
+        alone: dict[int, float] | None = None,
     ) -> None:
         self.by_api = dict(by_api)
         self.default = default
         """Any API :attr:`by_api` does not name."""
+        self.alone = dict(alone or {})
+        """API key -> its base (ms) for a request sent *alone*: nothing else of its connection awaits an answer, as a
+        consumer's Fetch (one a broker at a time) or a request/response loop sends them. The brokers hold such a
+        client to about half the requests of a pipelining one under the same ``request_percentage`` (a fresh
+        3-broker cluster, 2026-12-07: an empty Fetch v12 one at a time 0.044 and 0.037 ms a request, sixteen in
+        flight 0.018-0.025 ms, whatever its version or isolation level), so one base cannot hold both kinds of
+        client within 0.7-1.3 of the brokers (issue 50: the no-wait consumers read 1.18-1.45). An API not named here
+        charges its :attr:`by_api` base either way (the built-in table names none: it was fitted to pipelining
+        clients)."""
         self.fetch_head_ms_per_kib = fetch_head_ms_per_kib
         """Fetch's steep :data:`FETCH_HEAD_BYTES` of response after its bare :data:`FETCH_BARE_BYTES`
         (:data:`FETCH_HEAD_MS_PER_KIB`)."""
@@ -254,6 +264,12 @@ class RequestCosts:
         self._percent = [_percent_per_byte(self.by_api.get(key, default)) for key in range(top)]
         self._fetch_head = request_time_to_percent(fetch_head_ms_per_kib / 1024)
         self._replicated = request_time_to_percent(replicated_ms)
+        self._alone = [0.0] * top
+        """:attr:`alone` by api key, in percent-seconds more than the pipelined base (0: the same), read per
+        request alone."""
+        for key, base in self.alone.items():
+            if 0 <= key < top:
+                self._alone[key] = request_time_to_percent(base) - self._percent[key][0]
 
     def scaled(
         self,
@@ -262,9 +278,11 @@ class RequestCosts:
         replicated_ms: float | None,
         fetch_head_ms_per_kib: float | None,
         source: str,
+        alone: dict[int, float] | None = None,
     ) -> RequestCosts:
-        """This table with every row and term times ``scale``, then ``rows`` (api key -> row) in place of theirs and
-        the two terms where given: what ``quotas.request_costs`` and a calibration both make of the built-in table."""
+        """This table with every row and term times ``scale``, then ``rows`` (api key -> row) in place of theirs, the
+        two terms where given, and ``alone`` (api key -> the base of a request sent alone, :attr:`alone`): what
+        ``quotas.request_costs`` and a calibration both make of the built-in table."""
         by_api = {k: (b * scale, i * scale, o * scale) for k, (b, i, o) in self.by_api.items()}
         by_api.update(rows)
         d = self.default
@@ -274,6 +292,7 @@ class RequestCosts:
             self.fetch_head_ms_per_kib * scale if fetch_head_ms_per_kib is None else fetch_head_ms_per_kib,
             self.replicated_ms * scale if replicated_ms is None else replicated_ms,
             source,
+            alone,
         )
 
     def cost(self, api_key: int) -> Cost:
@@ -300,7 +319,13 @@ class RequestCosts:
         return a
 
     def request_percent(
-        self, api_key: int, request_bytes: int, last_response_bytes: int, acks: int = 1, replication: int = -1
+        self,
+        api_key: int,
+        request_bytes: int,
+        last_response_bytes: int,
+        acks: int = 1,
+        replication: int = -1,
+        alone: bool = False,
     ) -> float:
         """What ``request_percentage`` records for one request when it arrives (percent-seconds of one thread):
         :meth:`thread_percent` of its size and of the last response of that API on the connection. A Produce's
@@ -309,13 +334,18 @@ class RequestCosts:
         ``sendNoOpResponseExemptThrottle``). Its ``replication``, the largest replication factor of the topics it
         writes to (-1: not known), says whether it adds :attr:`replicated_ms`: a broker completes, on the producer's
         thread, the fetches of the followers the append unblocked, with acks 1 and -1 alike; not known, only an
-        acks=-1 Produce is taken to have followers."""
-        if api_key == PRODUCE:
-            if acks == 0:
-                return 0.0
-            if replication >= 2 or (replication < 0 and acks == -1):
-                return self.thread_percent(api_key, request_bytes, last_response_bytes) + self._replicated
-        return self.thread_percent(api_key, request_bytes, last_response_bytes)
+        acks=-1 Produce is taken to have followers. ``alone``: nothing else of its connection awaits an answer; the
+        API's :attr:`alone` base replaces its pipelined one where the table has one."""
+        if api_key == PRODUCE and acks == 0:
+            return 0.0
+        a = self.thread_percent(api_key, request_bytes, last_response_bytes)
+        if alone:
+            extra = self._alone
+            if 0 <= api_key < len(extra):
+                a += extra[api_key]
+        if api_key == PRODUCE and (replication >= 2 or (replication < 0 and acks == -1)):
+            return a + self._replicated
+        return a
 
     def has_response_term(self, api_key: int) -> bool:
         """Whether :meth:`thread_percent` of this API grows with the response (Produce's does not: its response is

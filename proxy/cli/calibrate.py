@@ -13,9 +13,10 @@ credentials (the same options as ``kafka-throttle-proxy quotas``), it:
    pipelining clients the quota is for keep theirs (a broker reads one request of a connection at a time, and after
    a throttled answer nothing until the throttle is served, KIP-219):
    Produce acks=1 to RF 1, Produce acks=-1 to the default RF, an empty Fetch with ``max_wait_ms`` 0, a Fetch of
-   about a KiB of the records the first probe wrote, ListOffsets, Metadata. After a warm-up it counts the answers
-   over many quota windows (the brokers hold a flooder in cycles about one window long, so a short count reads
-   high);
+   about a KiB of the records the first probe wrote, ListOffsets, Metadata; then Produce acks=1, the empty Fetch,
+   ListOffsets and Metadata again one request at a time, as a consumer's Fetch and a request/response loop come
+   (the brokers charge those about twice as much). After a warm-up it counts the answers over many quota windows
+   (the brokers hold a flooder in cycles about one window long, so a short count reads high);
 3. removes the quotas and the topics, also when it fails or is interrupted (Ctrl-C), and says so if it cannot;
 4. prints the ``quotas.request_costs`` section the rates support (``quotas.calibration``), with comments saying
    when, against which cluster, and each probe's rate and spread; progress goes to stderr.
@@ -72,10 +73,13 @@ CLIENT_PREFIX = "ktp-calibrate-"
 VERSIONS = {"produce": 7, "fetch": 7, "list_offsets": 4, "metadata": 7, "create": 4, "delete": 4, "quotas": 1}
 """Request versions every Kafka from 2.4 to 4.x answers (4.0 removed only older ones: KIP-896)."""
 IN_FLIGHT = 16
-"""Requests a probe keeps outstanding on its connection, as the request-heavy clients the quota is for pipeline
-theirs (librdkafka keeps thousands in flight). One at a time instead, one calibration (2026-12-06, a fresh 3-broker
-cluster) held the empty Fetch and ListOffsets at the same rates as 16 in flight: the number in flight is not what
-moves a broker's charge here, so one probe a request shape is enough."""
+"""Requests a pipelined probe keeps outstanding on its connection, as the request-heavy clients the quota is for
+pipeline theirs (librdkafka keeps thousands in flight). One at a time the brokers charge more: on a fresh 3-broker
+cluster (2026-12-07) they held an empty Fetch v12 sent one at a time to 226 and 272 requests/s under 1 %, sixteen
+in flight to 394-560/s, whatever its version or isolation level; a calibration of 2026-12-06 held both at 596/s,
+two others read 0.079 against 0.036 ms (Fetch) and 0.062 against 0.040 (ListOffsets). So the APIs clients also send
+one at a time are probed both ways (``ProbeSpec.in_flight``) and the proxy charges by what it sees
+(``quotas.kinds.RequestCosts.alone``)."""
 SLICES = 4
 """The measured time is cut into this many slices: their spread says how steady the brokers' hold was."""
 ADMIN_TIMEOUT_MS = 30_000
@@ -95,6 +99,8 @@ class ProbeSpec:
     acks: int = 1
     records: bool = False
     """A Fetch from the start of a written partition (the tailing probe), not of an empty one."""
+    in_flight: int = IN_FLIGHT
+    """Requests kept outstanding: 1 probes the API's base for a request sent alone (``quotas.calibration``)."""
 
 
 PROBES = (
@@ -104,6 +110,11 @@ PROBES = (
     ProbeSpec(f"Fetch, {TAIL_BYTES} B of records, max_wait 0", FETCH, "rf1", records=True),
     ProbeSpec("ListOffsets", LIST_OFFSETS, "empty"),
     ProbeSpec("Metadata, one topic", METADATA, "empty"),
+    # One at a time: a consumer sends its Fetch so (one a broker), a request/response loop everything.
+    ProbeSpec("Produce acks=1 RF 1, one at a time", PRODUCE, "rf1", 1, in_flight=1),
+    ProbeSpec("Fetch, empty, max_wait 0, one at a time", FETCH, "empty", in_flight=1),
+    ProbeSpec("ListOffsets, one at a time", LIST_OFFSETS, "empty", in_flight=1),
+    ProbeSpec("Metadata, one topic, one at a time", METADATA, "empty", in_flight=1),
 )
 
 
@@ -231,7 +242,7 @@ def _request(spec: ProbeSpec, topic: str) -> tuple[Any, Any, int]:
 async def _drive(
     conn: Connection, spec: ProbeSpec, topic: str, warmup: float, seconds: float, progress: Callable[[str], None]
 ) -> tuple[list[float], int, int, int]:
-    """:data:`IN_FLIGHT` requests outstanding for ``warmup + seconds``: the answers per second of each of SLICES
+    """``spec.in_flight`` requests outstanding for ``warmup + seconds``: the answers per second of each of SLICES
     slices of the counted time, how many carried a throttle, the request's size and its largest answer's. Why the
     largest, not the last: a broker holding a Fetch over its request quota answers it empty (the partitions left out,
     ``FetchContext.getThrottledResponse``), and the base is what the probe cost less the size terms of its answer.
@@ -248,7 +259,7 @@ async def _drive(
     largest = 0
     while True:
         now = time.monotonic()
-        while now < end and outstanding < IN_FLIGHT:
+        while now < end and outstanding < spec.in_flight:
             conn.send(req, version)
             outstanding += 1
         if outstanding == 0:
@@ -319,6 +330,8 @@ async def calibrate(
                 # path yet): the first calibration on a fresh cluster read 3-10 x the costs of a warm one. Every
                 # probe's request runs first as fast as the broker answers, under a client id without a quota.
                 for spec in PROBES:
+                    if spec.in_flight != IN_FLIGHT:  # the same request as a pipelined probe's: warmed with it
+                        continue
                     lhost, lport = leaders[topics[spec.topic]]
                     progress(f"warming the brokers: {spec.name.format(rf=rf)}, {args.broker_warmup:.0f} s unthrottled")
                     async with Connection(lhost, lport, sec, f"{CLIENT_PREFIX}{run}-warm") as conn:
@@ -330,12 +343,12 @@ async def calibrate(
                 progress(f"probe {i + 1}/{len(PROBES)}: {name} (broker {lhost}:{lport}, client id {clients[i]})")
                 async with Connection(lhost, lport, sec, clients[i]) as conn:
                     rates, throttled, req_bytes, resp_bytes = await _drive(
-                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks, spec.records), topics[spec.topic],
-                        args.warmup, args.seconds, progress,
+                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks, spec.records, spec.in_flight),
+                        topics[spec.topic], args.warmup, args.seconds, progress,
                     )  # fmt: skip
                 probes.append(
                     Probe(name, spec.api_key, args.percent, req_bytes, resp_bytes, tuple(rates), spec.acks,
-                          rf if spec.topic == "rfd" else 1, throttled, spec.records)
+                          rf if spec.topic == "rfd" else 1, throttled, spec.records, spec.in_flight)
                 )  # fmt: skip
             try:
                 prop = proposal(probes)

@@ -59,10 +59,12 @@ def test_calibrate_prints_costs_the_proxy_accepts_and_leaves_nothing(cluster):
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    assert "probe 6/6" in done.stderr and "removed the probe topics and quotas" in done.stderr, done.stderr
-    assert done.stderr.count("warming the brokers") == 6, done.stderr  # each probe's request, unthrottled first
+    assert "probe 10/10" in done.stderr and "removed the probe topics and quotas" in done.stderr, done.stderr
+    # Each pipelined probe's request, unthrottled first; the one-at-a-time probes send the same requests.
+    assert done.stderr.count("warming the brokers") == 6, done.stderr
     probe_lines = [line for line in done.stdout.splitlines() if line.startswith("#   ")]
-    assert len(probe_lines) == 6, done.stdout  # Produce acks 1, -1; Fetch empty, of records; ListOffsets; Metadata
+    # Produce acks 1, -1; Fetch empty, of records; ListOffsets; Metadata; then four of them one at a time.
+    assert len(probe_lines) == 10, done.stdout
     rf = done.stdout.split("(default replication factor ")[1].split(")")[0]  # the cluster's, read back
     assert any(f"Produce acks=-1 RF {rf}:" in line for line in probe_lines), done.stdout
     doc = yaml.safe_load(done.stdout)
@@ -73,6 +75,7 @@ def test_calibrate_prints_costs_the_proxy_accepts_and_leaves_nothing(cluster):
     assert costs.fetch_head_ms_per_kib is not None  # from the Fetch of records, past the empty one
     for row in costs.apis.values():
         assert 0 < row.base_ms < 10  # a broker's thread time a request: microseconds to milliseconds
+        assert row.alone_base_ms is not None and 0 < row.alone_base_ms < 10  # from its one-at-a-time probe
     assert _left_behind(cluster) == []
 
 
@@ -108,7 +111,7 @@ def test_interrupted_it_still_removes_what_it_made(cluster):
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         seen.append(line)
-        if "probe 1/6" in line:
+        if "probe 1/10" in line:
             break
     else:
         proc.kill()

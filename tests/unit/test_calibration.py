@@ -147,3 +147,70 @@ def test_any_cluster_scale_is_recovered(scale, replicated):
         assert costs.request_percent(
             p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor
         ) * 10 == pytest.approx(p.cost_ms, rel=0.02, abs=1e-6)
+
+
+def _alone_probes(cluster: RequestCosts) -> list[Probe]:
+    """The probes one request at a time, as ``calibrate`` runs them after the pipelined ones."""
+    shapes = [
+        ("Produce acks=1 RF 1, one at a time", PRODUCE, 180, 60, 1),
+        ("Fetch empty, one at a time", FETCH, 90, 99, 1),
+        ("ListOffsets, one at a time", LIST_OFFSETS, 70, 50, 1),
+        ("Metadata, one at a time", METADATA, 40, 300, 1),
+    ]
+    out = []
+    for name, key, req, resp, acks in shapes:
+        ms = cluster.request_percent(key, req, resp, acks, 1, alone=True) * 10
+        rate = P * 10 / ms
+        out.append(Probe(name, key, P, req, resp, (rate, rate * 1.1, rate * 0.9), acks, 1, 40, in_flight=1))
+    return out
+
+
+def _alone_cluster(scale: float, alone_factor: float) -> RequestCosts:
+    """Brokers as :func:`_cluster`, charging a request sent alone ``alone_factor`` x a pipelined one's base."""
+    c = _cluster(scale, 0.2)
+    alone = {k: c.cost(k)[0] * alone_factor for k in (PRODUCE, FETCH, LIST_OFFSETS, METADATA)}
+    return RequestCosts(c.by_api, c.default, c.fetch_head_ms_per_kib, c.replicated_ms, "x", alone)
+
+
+@pytest.mark.parametrize("alone_factor", [1.0, 2.0, 0.8])
+def test_the_probes_one_at_a_time_give_the_alone_bases_and_leave_the_rest(alone_factor):
+    """Brokers charging a request sent alone ``alone_factor`` x a pipelined one (2 x on 2026-12-07's cluster): the
+    one-at-a-time probes give each API's alone base, charged back exactly; the pipelined bases, the scale of the
+    APIs not probed and the replicated term are what the pipelined probes alone give."""
+    cluster = _alone_cluster(0.5, alone_factor)
+    pipelined = _probes(cluster)
+    prop = proposal(pipelined + _alone_probes(cluster))
+    without = proposal(pipelined)
+    assert prop.scale == without.scale and prop.bases == without.bases
+    assert prop.replicated_ms == without.replicated_ms
+    assert set(prop.alone) == {PRODUCE, FETCH, LIST_OFFSETS, METADATA}
+    costs = prop.costs("t")
+    for p in _alone_probes(cluster):
+        alone = costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks, 1, alone=True) * 10
+        assert alone == pytest.approx(p.cost_ms, rel=0.02), p.name
+    for p in pipelined:
+        charged = costs.request_percent(p.api_key, p.request_bytes, p.response_bytes, p.acks, p.replication_factor)
+        assert charged * 10 == pytest.approx(p.cost_ms, rel=0.02), p.name
+    assert costs.request_percent(9, 100, 100, alone=True) == costs.request_percent(9, 100, 100)  # not probed: one
+    assert costs.request_percent(PRODUCE, 180, 0, 0, 1, alone=True) == 0.0  # acks=0: nothing, alone or not
+
+
+def test_the_alone_bases_are_printed_and_read_back_by_the_configuration():
+    prop = proposal(_probes(_alone_cluster(0.5, 2.0)) + _alone_probes(_alone_cluster(0.5, 2.0)))
+    doc = yaml.safe_load(render(prop, "s", []))
+    assert doc["quotas"]["request_costs"]["apis"]["Fetch"]["alone_base_ms"] == pytest.approx(prop.alone[FETCH], 1e-3)
+    cfg = ProxyConfig.model_validate({"upstream": {"bootstrap_servers": ["k:9092"]}, **doc})
+    loaded = cfg.quotas.request_costs.costs()
+    want = prop.costs("x")
+    for key in (PRODUCE, FETCH, LIST_OFFSETS, METADATA, 9):
+        for alone in (False, True):
+            assert loaded.request_percent(key, 100, 90, alone=alone) == pytest.approx(
+                want.request_percent(key, 100, 90, alone=alone), rel=1e-3
+            )
+    assert loaded.request_percent(FETCH, 90, 90, alone=True) > 1.9 * loaded.request_percent(FETCH, 90, 90)
+
+
+def test_a_table_without_alone_bases_charges_a_request_alone_as_any_other():
+    """The built-in table (fitted to pipelining clients) and a configuration from before the alone probes."""
+    for key in (PRODUCE, FETCH, LIST_OFFSETS, METADATA, 9, 500):
+        assert BUILTIN_COSTS.request_percent(key, 200, 300, alone=True) == BUILTIN_COSTS.request_percent(key, 200, 300)

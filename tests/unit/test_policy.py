@@ -88,6 +88,7 @@ class FakeConn:
         self.mute = FakeMute()
         self.traffic = Traffic()
         self.policy_state = None
+        self.inflight: list[object] = []  # its requests awaiting an answer: none, each request is sent alone
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
         raise AssertionError("no cluster lookup expected in these tests")
@@ -247,6 +248,42 @@ def test_request_percentage_charges_estimated_thread_time_not_upstream_time(upst
     charged = _round_trip(policy, conn, clock, header, request, body, upstream_s)
     assert charged == pytest.approx(_expected(header, request, body))
     assert 0.0015 < charged < 0.004  # 15-40 microseconds of a thread, never the 200 ms the clock moved
+
+
+def test_a_request_sent_alone_is_charged_its_alone_base_one_behind_others_the_pipelined_one():
+    """A consumer's Fetch (nothing else of its connection awaiting an answer) is charged the calibrated alone base,
+    the same Fetch sent while the connection has a request in flight the pipelined one: the brokers held a Fetch
+    sent one at a time to half the requests of one sent sixteen in flight (issue 50). An API without an alone base
+    is charged the same either way."""
+    clock = Clock()
+    cfg = ProxyConfig.model_validate(
+        {
+            "upstream": {"bootstrap_servers": ["127.0.0.1:9"]},
+            "quotas": {
+                "enforcement": "kafka",
+                "request_costs": {"apis": {"Fetch": {"base_ms": 0.02, "alone_base_ms": 0.05}}},
+                "entities": [{"entity": {"user": "alice"}, "quotas": {"request_percentage": 1000}}],
+            },
+        }
+    )
+    policy = Policy(cfg, Stats(), clock=clock)
+    policy.keep_values = True
+    costs = cfg.quotas.request_costs.costs()
+    header, request = _fetch()
+    conn = FakeConn()
+    alone = policy.on_request(conn, read_request(header, request), clock())
+    want = costs.request_percent(Api.FETCH, len(request) - 4, 0, alone=True)
+    assert alone.values[REQUEST_PERCENTAGE][0] == pytest.approx(want)
+    conn.inflight.append(object())  # one request of the connection still awaits its answer
+    behind = policy.on_request(conn, read_request(header, request), clock())
+    assert behind.values[REQUEST_PERCENTAGE][0] == pytest.approx(costs.request_percent(Api.FETCH, len(request) - 4, 0))
+    assert alone.values[REQUEST_PERCENTAGE][0] - behind.values[REQUEST_PERCENTAGE][0] == pytest.approx(0.003)
+    meta_h, meta_r = _request(MetadataRequest(topics=None, version=1))
+    conn.inflight.clear()
+    m_alone = policy.on_request(conn, read_request(meta_h, meta_r), clock()).values[REQUEST_PERCENTAGE][0]
+    conn.inflight.append(object())
+    m_behind = policy.on_request(conn, read_request(meta_h, meta_r), clock()).values[REQUEST_PERCENTAGE][0]
+    assert m_alone == m_behind > 0
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.5])

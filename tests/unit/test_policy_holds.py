@@ -48,7 +48,12 @@ class _Conn(SimpleNamespace):
 
     def __init__(self, principal: str, label: str = "broker 1") -> None:
         super().__init__(
-            identity=SimpleNamespace(principal=principal), label=label, upstream_addr=None, holds=0, policy_state=None
+            identity=SimpleNamespace(principal=principal),
+            label=label,
+            upstream_addr=None,
+            holds=0,
+            policy_state=None,
+            inflight=[],
         )
         self.mute = SimpleNamespace(hold=self._hold)
 
