@@ -34,7 +34,7 @@ _I32: Final = struct.Struct(">i")
 class Request:
     """A request frame, read: what the policy decides on. (A plain class: see ``protocol.inflight.Pending``.)"""
 
-    __slots__ = ("header", "frame", "answered", "acks", "timeout_ms", "_spans")
+    __slots__ = ("header", "frame", "answered", "acks", "timeout_ms", "alone", "_spans")
 
     def __init__(self, header: RequestHeader, frame: Any, answered: bool, acks: int = 1, timeout_ms: int = 0) -> None:
         self.header = header
@@ -50,6 +50,10 @@ class Request:
         self.timeout_ms = timeout_ms
         """A Produce's ``timeout_ms`` (``protocol.inflight.requested_wait_ms``: never negative), read with its acks
         (0 for every other API): the session's hung-broker allowance for it."""
+        self.alone = True
+        """Nothing else of its connection awaited an answer when it came (the session sets it from what is in
+        flight): a consumer's Fetch, a request/response loop. The brokers charge such a request about twice one of
+        a pipelining client, and ``request_percentage`` charges it its alone base (``quotas.kinds.RequestCosts``)."""
         self._spans: list[tuple[int, int]] | None = None
 
     def record_spans(self) -> list[tuple[int, int]]:

@@ -213,6 +213,8 @@ class Session:
             raise MalformedRequest(f"malformed request ({api}): {exc}") from None
         if header.client_id is not None and header.client_id != self.client_id:
             self.client_id = header.client_id
+        if len(self.inflight):  # (a request the session answers itself returned above: nothing is charged)
+            request.alone = False
         return request
 
     def forward(self, request: Request, decision: Any, frame: Any, now: float, whole: bool = False) -> None:

@@ -389,12 +389,11 @@ class Policy:
                 replication = -1
                 if key == Api.PRODUCE and acks != 0:
                     replication = self._replication(st, request)
-                # Alone: nothing else of the connection awaits an answer (this request is not in flight yet), as a
-                # consumer's Fetch or a request/response loop; the brokers charge those more (RequestCosts.alone).
+                # Alone: nothing else of the connection awaited an answer when it came (the session's reading), as
+                # a consumer's Fetch or a request/response loop; the brokers charge those more (RequestCosts.alone).
                 a = self.costs.request_percent(
-                    key, size, st.last_out.get(key, 0) if b.out_term else 0, acks, replication,
-                    len(conn.inflight) == 0,
-                )  # fmt: skip
+                    key, size, st.last_out.get(key, 0) if b.out_term else 0, acks, replication, request.alone
+                )
             else:
                 a = amount_from(how, size, 0, key, self.costs)
             d.note(kind.key, a, h.limit, quotas.charge(h, a, now_ms))

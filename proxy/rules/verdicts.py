@@ -12,7 +12,7 @@ nothing to follow), a decision object (forward, and hand the response to ``on_re
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -92,11 +92,6 @@ class PolicyConnection(Protocol):
     def upstream_addr(self) -> tuple[str, int] | None: ...
     @property
     def mute(self) -> Mute: ...
-    @property
-    def inflight(self) -> Sized:
-        """Its requests awaiting an answer (the one being decided is not among them yet): none, and the request
-        was sent alone (``request_percentage`` charges its alone base)."""
-        ...
 
     traffic: Traffic
     """Its traffic since the last decision-log summary (the policy leaves out what it logged on its own)."""

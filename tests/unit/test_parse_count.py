@@ -101,7 +101,6 @@ class Conn:
     mute = Mute()
     traffic = Traffic()
     policy_state = None
-    inflight: tuple = ()
 
     async def ask(self, api_key, api_version, body):
         raise AssertionError("no cluster lookup")

@@ -88,7 +88,6 @@ class FakeConn:
         self.mute = FakeMute()
         self.traffic = Traffic()
         self.policy_state = None
-        self.inflight: list[object] = []  # its requests awaiting an answer: none, each request is sent alone
 
     async def ask(self, api_key: int, api_version: int, body: bytes) -> bytes:
         raise AssertionError("no cluster lookup expected in these tests")
@@ -251,10 +250,10 @@ def test_request_percentage_charges_estimated_thread_time_not_upstream_time(upst
 
 
 def test_a_request_sent_alone_is_charged_its_alone_base_one_behind_others_the_pipelined_one():
-    """A consumer's Fetch (nothing else of its connection awaiting an answer) is charged the calibrated alone base,
-    the same Fetch sent while the connection has a request in flight the pipelined one: the brokers held a Fetch
-    sent one at a time to half the requests of one sent sixteen in flight (issue 50). An API without an alone base
-    is charged the same either way."""
+    """A consumer's Fetch (nothing else of its connection awaiting an answer: the session's ``Request.alone``) is
+    charged the calibrated alone base, the same Fetch sent behind another the pipelined one: the brokers held a
+    Fetch sent one at a time to half the requests of one sent sixteen in flight (issue 50). An API without an
+    alone base is charged the same either way."""
     clock = Clock()
     cfg = ProxyConfig.model_validate(
         {
@@ -269,21 +268,21 @@ def test_a_request_sent_alone_is_charged_its_alone_base_one_behind_others_the_pi
     policy = Policy(cfg, Stats(), clock=clock)
     policy.keep_values = True
     costs = cfg.quotas.request_costs.costs()
-    header, request = _fetch()
     conn = FakeConn()
-    alone = policy.on_request(conn, read_request(header, request), clock())
-    want = costs.request_percent(Api.FETCH, len(request) - 4, 0, alone=True)
-    assert alone.values[REQUEST_PERCENTAGE][0] == pytest.approx(want)
-    conn.inflight.append(object())  # one request of the connection still awaits its answer
-    behind = policy.on_request(conn, read_request(header, request), clock())
-    assert behind.values[REQUEST_PERCENTAGE][0] == pytest.approx(costs.request_percent(Api.FETCH, len(request) - 4, 0))
-    assert alone.values[REQUEST_PERCENTAGE][0] - behind.values[REQUEST_PERCENTAGE][0] == pytest.approx(0.003)
+
+    def charged(header, request, alone: bool) -> float:
+        r = read_request(header, request)
+        r.alone = alone
+        return policy.on_request(conn, r, clock()).values[REQUEST_PERCENTAGE][0]
+
+    header, request = _fetch()
+    alone = charged(header, request, True)
+    assert alone == pytest.approx(costs.request_percent(Api.FETCH, len(request) - 4, 0, alone=True))
+    behind = charged(header, request, False)
+    assert behind == pytest.approx(costs.request_percent(Api.FETCH, len(request) - 4, 0))
+    assert alone - behind == pytest.approx(0.003)  # (0.05 - 0.02) ms in percent-seconds
     meta_h, meta_r = _request(MetadataRequest(topics=None, version=1))
-    conn.inflight.clear()
-    m_alone = policy.on_request(conn, read_request(meta_h, meta_r), clock()).values[REQUEST_PERCENTAGE][0]
-    conn.inflight.append(object())
-    m_behind = policy.on_request(conn, read_request(meta_h, meta_r), clock()).values[REQUEST_PERCENTAGE][0]
-    assert m_alone == m_behind > 0
+    assert charged(meta_h, meta_r, True) == charged(meta_h, meta_r, False) > 0
 
 
 @pytest.mark.parametrize("upstream_s", [0.0001, 0.5])

@@ -48,12 +48,7 @@ class _Conn(SimpleNamespace):
 
     def __init__(self, principal: str, label: str = "broker 1") -> None:
         super().__init__(
-            identity=SimpleNamespace(principal=principal),
-            label=label,
-            upstream_addr=None,
-            holds=0,
-            policy_state=None,
-            inflight=[],
+            identity=SimpleNamespace(principal=principal), label=label, upstream_addr=None, holds=0, policy_state=None
         )
         self.mute = SimpleNamespace(hold=self._hold)
 

@@ -61,6 +61,21 @@ def test_requests_are_read_and_answered_in_order():
     assert [s.response(response(c))[0].header.correlation_id for c in (1, 2, 3)] == [1, 2, 3]
 
 
+def test_a_request_is_alone_when_nothing_else_of_its_connection_awaits_an_answer():
+    """What request_percentage charges an alone base for (issue 50): a consumer's Fetch, a request/response loop.
+    Behind a request still in flight it is pipelined; once that one is answered, the next is alone again."""
+    s = _session()
+    first = s.receive(fetch(1), 0.0)
+    assert first.alone
+    s.forward(first, None, first.frame, 0.0)
+    second = s.receive(fetch(2), 0.0)
+    assert not second.alone
+    s.forward(second, None, second.frame, 0.0)
+    s.response(response(1, bytes(12)))
+    s.response(response(2, bytes(12)))
+    assert s.receive(metadata(3), 0.0).alone
+
+
 def test_a_response_out_of_order_is_a_protocol_error():
     s = _session()
     for c in (1, 2):

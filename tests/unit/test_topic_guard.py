@@ -389,7 +389,6 @@ class _Conn:
         self.mute = None
         self.traffic = Traffic()
         self.policy_state = None
-        self.inflight: list[object] = []
 
 
 def _fleet_policy(monkeypatch, **quotas) -> Policy:
