@@ -21,7 +21,7 @@ What the probes measure, and what the table gets from each (:func:`proposal`):
 - ``ListOffsets`` and ``Metadata`` of one partition, one topic: their bases.
 
 Each probe keeps many requests in flight, as a pipelining client does. Produce acks=1, the empty Fetch, ListOffsets
-and Metadata are probed a second time one request at a time (``in_flight`` 1): their *alone* bases, what the brokers
+and Metadata are probed a second time one request at a time (``Probe.alone``): their *alone* bases, what the brokers
 charge a request whose connection awaits no other answer (a consumer's Fetch, a request/response loop), which is
 about twice as much (``quotas.kinds.RequestCosts.alone``).
 
@@ -69,12 +69,8 @@ class Probe:
     what the client could do, not what the brokers allowed (:attr:`held`)."""
     records: bool = False
     """A Fetch whose answers carry records (the tailing probe): it gives the head term, not the base."""
-    in_flight: int = 16
-    """Requests it kept outstanding: 1 measures the API's base for a request sent alone."""
-
-    @property
-    def alone(self) -> bool:
-        return self.in_flight == 1
+    alone: bool = False
+    """Sent one request at a time, not pipelined: it measures the API's base for a request sent alone."""
 
     @property
     def rate(self) -> float:

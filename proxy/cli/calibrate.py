@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kafka.errors import for_code
@@ -343,12 +343,11 @@ async def calibrate(
                 progress(f"probe {i + 1}/{len(PROBES)}: {name} (broker {lhost}:{lport}, client id {clients[i]})")
                 async with Connection(lhost, lport, sec, clients[i]) as conn:
                     rates, throttled, req_bytes, resp_bytes = await _drive(
-                        conn, ProbeSpec(name, spec.api_key, spec.topic, spec.acks, spec.records, spec.in_flight),
-                        topics[spec.topic], args.warmup, args.seconds, progress,
+                        conn, replace(spec, name=name), topics[spec.topic], args.warmup, args.seconds, progress,
                     )  # fmt: skip
                 probes.append(
                     Probe(name, spec.api_key, args.percent, req_bytes, resp_bytes, tuple(rates), spec.acks,
-                          rf if spec.topic == "rfd" else 1, throttled, spec.records, spec.in_flight)
+                          rf if spec.topic == "rfd" else 1, throttled, spec.records, spec.in_flight == 1)
                 )  # fmt: skip
             try:
                 prop = proposal(probes)

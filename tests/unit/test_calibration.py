@@ -161,7 +161,7 @@ def _alone_probes(cluster: RequestCosts) -> list[Probe]:
     for name, key, req, resp, acks in shapes:
         ms = cluster.request_percent(key, req, resp, acks, 1, alone=True) * 10
         rate = P * 10 / ms
-        out.append(Probe(name, key, P, req, resp, (rate, rate * 1.1, rate * 0.9), acks, 1, 40, in_flight=1))
+        out.append(Probe(name, key, P, req, resp, (rate, rate * 1.1, rate * 0.9), acks, 1, 40, alone=True))
     return out
 
 
